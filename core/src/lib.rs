@@ -1,0 +1,13 @@
+//! sandboxrun-core: what a sandboxrun tool call means and how its output is handled, independent
+//! of Kubernetes and MCP. The API crate, the operator and the frontend build on these types, so
+//! defaults, maxima and the sandbox runner protocol have exactly one definition.
+
+pub mod limits;
+pub mod model;
+pub mod output;
+pub mod runner;
+
+pub use limits::Limits;
+pub use model::{Environment, Phase, Tool, Verdict};
+pub use output::{Capped, cap_bytes, cap_str};
+pub use runner::{EnvelopeError, RUNNER_SCRIPT, RunnerResult, parse_envelope, runner_argv};

@@ -1,0 +1,182 @@
+//! The sandbox runner protocol. The sandbox container runs [`RUNNER_SCRIPT`] with the argv from
+//! [`runner_argv`], without any shell; the script runs the user code in a child interpreter,
+//! captures its stdout and stderr separately (each capped), and prints one JSON envelope line.
+//! [`parse_envelope`] recovers the result from the container log.
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::Limits;
+
+/// The runner program (Python, standard library only), passed to `python3 -c`.
+pub const RUNNER_SCRIPT: &str = include_str!("runner.py");
+
+/// The protocol version this crate reads and the runner writes (`"sandboxrun": 1`).
+pub const ENVELOPE_VERSION: u64 = 1;
+
+/// The sandbox container's full command line:
+/// `python3 -I -S -c RUNNER OUTPUT_BYTES PIDS TIMEOUT_SECONDS CODE`.
+/// `-I` ignores the environment and the user site, `-S` skips `site` so nothing from the image
+/// is imported before the runner; the code is a plain argument, never parsed by a shell.
+pub fn runner_argv(code: &str, limits: &Limits) -> Vec<String> {
+    vec![
+        "python3".to_owned(),
+        "-I".to_owned(),
+        "-S".to_owned(),
+        "-c".to_owned(),
+        RUNNER_SCRIPT.to_owned(),
+        limits.output_bytes.to_string(),
+        limits.pids.to_string(),
+        limits.timeout_seconds.to_string(),
+        code.to_owned(),
+    ]
+}
+
+/// What the runner reported about one execution of user code.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerResult {
+    /// Protocol version, always [`ENVELOPE_VERSION`].
+    #[serde(rename = "sandboxrun")]
+    pub version: u64,
+    /// The child's exit code, or 128 + signal number when a signal killed it.
+    pub exit_code: i32,
+    /// The kept prefix of the child's stdout.
+    pub stdout: String,
+    /// The kept prefix of the child's stderr.
+    pub stderr: String,
+    /// Whether stdout was longer than the cap.
+    pub stdout_truncated: bool,
+    /// Whether stderr was longer than the cap.
+    pub stderr_truncated: bool,
+    /// The signal that killed the child, if one did.
+    pub signal: Option<i32>,
+    /// For a SIGKILLed child: whether the memory cgroup recorded an OOM kill (None: unknown).
+    #[serde(default)]
+    pub oom_kill: Option<bool>,
+    /// Whether the runner killed the child for exceeding its timeout.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// Wall-clock run time of the code in milliseconds, measured by the runner.
+    #[serde(default)]
+    pub duration_millis: Option<u64>,
+}
+
+impl RunnerResult {
+    /// Whether either stream was cut.
+    pub fn truncated(&self) -> bool {
+        self.stdout_truncated || self.stderr_truncated
+    }
+}
+
+/// Why no result could be read from a container log.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum EnvelopeError {
+    /// No line of the log is a runner envelope: the runner never finished (killed, crashed, or
+    /// the log was cut).
+    #[error("the sandbox log holds no result envelope (the runner did not finish)")]
+    Missing,
+    /// The last envelope speaks a protocol version this build does not know.
+    #[error("the sandbox reported result protocol version {0}, this operator reads version 1")]
+    UnsupportedVersion(u64),
+}
+
+/// Only the version field, to tell an envelope of another version from a line that is no
+/// envelope at all.
+#[derive(Deserialize)]
+struct VersionProbe {
+    sandboxrun: u64,
+}
+
+/// Reads the result from a container log: the LAST line that parses as an envelope. User code
+/// can print envelope-looking lines into the log, but the runner prints its own last, after every
+/// other process in the sandbox is dead (see runner.py).
+pub fn parse_envelope(log: &str) -> Result<RunnerResult, EnvelopeError> {
+    for line in log.lines().rev() {
+        let line = line.trim();
+        if !line.starts_with('{') {
+            continue;
+        }
+        let Ok(probe) = serde_json::from_str::<VersionProbe>(line) else {
+            continue;
+        };
+        if probe.sandboxrun != ENVELOPE_VERSION {
+            return Err(EnvelopeError::UnsupportedVersion(probe.sandboxrun));
+        }
+        if let Ok(result) = serde_json::from_str::<RunnerResult>(line) {
+            return Ok(result);
+        }
+    }
+    Err(EnvelopeError::Missing)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"{"sandboxrun":1,"exitCode":0,"stdout":"hi\n","stderr":"","stdoutTruncated":false,"stderrTruncated":false,"signal":null,"oomKill":null}"#;
+
+    #[test]
+    fn parses_a_lone_envelope() {
+        let r = parse_envelope(&format!("\n{OK}\n")).unwrap();
+        assert_eq!(r.exit_code, 0);
+        assert_eq!(r.stdout, "hi\n");
+        assert_eq!(r.signal, None);
+        assert!(!r.truncated());
+    }
+
+    #[test]
+    fn takes_the_last_envelope() {
+        let forged = OK.replace(r#""exitCode":0"#, r#""exitCode":42"#);
+        let log = format!("{forged}\nnoise\n{{\"partial\n{OK}\n");
+        assert_eq!(parse_envelope(&log).unwrap().exit_code, 0);
+    }
+
+    #[test]
+    fn skips_lines_that_are_not_envelopes() {
+        let log = format!("{OK}\n{{\"other\":1}}\n{{not json\nplain text");
+        assert_eq!(parse_envelope(&log).unwrap().stdout, "hi\n");
+    }
+
+    #[test]
+    fn missing_envelope_is_an_error() {
+        assert_eq!(parse_envelope(""), Err(EnvelopeError::Missing));
+        assert_eq!(
+            parse_envelope("Traceback (most recent call last):\nMemoryError\n"),
+            Err(EnvelopeError::Missing)
+        );
+        // A cut envelope (log read with a byte limit) does not parse.
+        assert_eq!(parse_envelope(&OK[..40]), Err(EnvelopeError::Missing));
+    }
+
+    #[test]
+    fn unknown_version_is_reported() {
+        let v2 = OK.replace(r#""sandboxrun":1"#, r#""sandboxrun":2"#);
+        assert_eq!(
+            parse_envelope(&v2),
+            Err(EnvelopeError::UnsupportedVersion(2))
+        );
+    }
+
+    #[test]
+    fn oom_kill_field_is_optional() {
+        let line = r#"{"sandboxrun":1,"exitCode":137,"stdout":"","stderr":"","stdoutTruncated":false,"stderrTruncated":true,"signal":9}"#;
+        let r = parse_envelope(line).unwrap();
+        assert_eq!(r.signal, Some(9));
+        assert_eq!(r.oom_kill, None);
+        assert!(r.truncated());
+    }
+
+    #[test]
+    fn argv_has_no_shell_and_carries_the_limits() {
+        let limits = Limits {
+            output_bytes: 123,
+            pids: 7,
+            timeout_seconds: 9,
+            ..Limits::default()
+        };
+        let argv = runner_argv("print('a; rm -rf /')", &limits);
+        assert_eq!(argv[..4], ["python3", "-I", "-S", "-c"]);
+        assert_eq!(argv[4], RUNNER_SCRIPT);
+        assert_eq!(argv[5..], ["123", "7", "9", "print('a; rm -rf /')"]);
+    }
+}

@@ -1,0 +1,263 @@
+//! The desired state of a run: who asks, for what tool, within which limits.
+
+use kube::{CustomResource, KubeSchema};
+use sandboxrun_core::limits::{self as lim, Limits};
+use sandboxrun_core::{Environment, Tool};
+use serde::{Deserialize, Serialize};
+
+use crate::status::SandboxRunStatus;
+
+/// CEL: a quantity string within [min, max], inclusive.
+fn quantity_rule(field: &str, min: &str, max: &str, example: &str) -> kube::core::Rule {
+    kube::core::Rule::new(format!(
+        "isQuantity(self) && quantity(self).compareTo(quantity('{min}')) >= 0 && \
+         quantity(self).compareTo(quantity('{max}')) <= 0"
+    ))
+    .message(kube::core::Message::Message(format!(
+        "{field} must be a Kubernetes quantity between {min} and {max} (for example {example})"
+    )))
+}
+
+fn cpu_rule() -> kube::core::Rule {
+    quantity_rule("cpu", lim::MIN_CPU, lim::MAX_CPU, lim::DEFAULT_CPU)
+}
+
+fn memory_rule() -> kube::core::Rule {
+    quantity_rule(
+        "memory",
+        lim::MIN_MEMORY,
+        lim::MAX_MEMORY,
+        lim::DEFAULT_MEMORY,
+    )
+}
+
+/// CEL on the spec: exactly one tool.
+const ONE_TOOL_RULE: &str =
+    "[has(self.python), has(self.sql), has(self.metrics)].filter(x, x).size() == 1";
+
+/// CEL transition rule on the spec: the tool cannot be swapped for another (each tool's own
+/// content is immutable through its field rule, which only runs when old and new both have it).
+const SAME_TOOL_RULE: &str = "has(self.python) == has(oldSelf.python) && has(self.sql) == has(oldSelf.sql) && has(self.metrics) == has(oldSelf.metrics)";
+
+/// A tool call to execute: exactly one of `python`, `sql` or `metrics`. Everything but
+/// `approval` is immutable once created.
+// Clippy reads the repeated `type_ = ...` inside separate printcolumn(...) groups as duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "sandboxrun.dev",
+    version = "v1alpha1",
+    kind = "SandboxRun",
+    plural = "sandboxruns",
+    shortname = "sbr",
+    category = "sandboxrun",
+    namespaced,
+    status = "SandboxRunStatus",
+    doc = "A tool call (Python, SQL or metrics) executed in isolation by the sandboxrun operator",
+    printcolumn(name = "Agent", type_ = "string", json_path = ".spec.agent"),
+    printcolumn(name = "Tool", type_ = "string", json_path = ".status.tool"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Exit", type_ = "integer", json_path = ".status.exitCode"),
+    printcolumn(
+        name = "Duration(ms)",
+        type_ = "integer",
+        json_path = ".status.durationMillis"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = kube::core::Rule::new(ONE_TOOL_RULE).message("exactly one of python, sql or metrics must be set"))]
+#[x_kube(validation = kube::core::Rule::new(SAME_TOOL_RULE).message("the tool of a SandboxRun cannot be changed; create a new one"))]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxRunSpec {
+    /// Identity of the calling agent, set by the frontend from the caller's credentials.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("agent is immutable"))]
+    pub agent: String,
+
+    /// Environment the call targets: sandbox (default), staging or production.
+    #[serde(default)]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("environment is immutable"))]
+    pub environment: Environment,
+
+    /// Run a Python snippet in a single-use sandbox Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("python is immutable"))]
+    pub python: Option<PythonSpec>,
+
+    /// Run a read-only SQL query (not executed yet: such runs end Rejected, ToolNotImplemented).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("sql is immutable"))]
+    pub sql: Option<SqlSpec>,
+
+    /// Run a metrics query (not executed yet: such runs end Rejected, ToolNotImplemented).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("metrics is immutable"))]
+    pub metrics: Option<MetricsSpec>,
+
+    /// Resource limits; every field has a default.
+    #[serde(default)]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("limits are immutable"))]
+    pub limits: LimitsSpec,
+
+    /// Seconds a finished run is kept before the operator deletes it (default 3600).
+    #[serde(default = "default_ttl")]
+    #[schemars(range(min = 0, max = lim::MAX_TTL_SECONDS_AFTER_FINISHED))]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("ttlSecondsAfterFinished is immutable"))]
+    pub ttl_seconds_after_finished: u32,
+
+    /// Approval of an escalated run, set by a person with RBAC rights; the only mutable field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+}
+
+fn default_ttl() -> u32 {
+    lim::DEFAULT_TTL_SECONDS_AFTER_FINISHED
+}
+
+impl SandboxRunSpec {
+    /// The tool this run asks for (the schema guarantees exactly one is set; should an object
+    /// bypass validation, python wins, then sql, then metrics).
+    pub fn tool(&self) -> Option<Tool> {
+        if self.python.is_some() {
+            Some(Tool::Python)
+        } else if self.sql.is_some() {
+            Some(Tool::Sql)
+        } else if self.metrics.is_some() {
+            Some(Tool::Metrics)
+        } else {
+            None
+        }
+    }
+}
+
+/// A Python snippet.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct PythonSpec {
+    /// Source code, run as `python3 -I -c CODE` (at most 262144 characters).
+    #[schemars(length(min = 1, max = lim::MAX_CODE_BYTES))]
+    pub code: String,
+}
+
+/// A read-only SQL query.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct SqlSpec {
+    /// Name of a database configured in the operator.
+    #[schemars(length(min = 1, max = 253))]
+    pub database: String,
+    /// The query; only read-only statements pass policy.
+    #[schemars(length(min = 1, max = 65536))]
+    pub query: String,
+}
+
+/// A metrics query: an instant query, or a range query when `range` is set.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct MetricsSpec {
+    /// The query (PromQL, or a name of the service's own counters).
+    #[schemars(length(min = 1, max = 65536))]
+    pub query: String,
+    /// Time range for a range query; absent means an instant query.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<MetricsRange>,
+}
+
+/// Time range of a metrics range query.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct MetricsRange {
+    /// Start of the range (RFC 3339 timestamp).
+    #[schemars(length(min = 1, max = 64))]
+    pub start: String,
+    /// End of the range (RFC 3339 timestamp).
+    #[schemars(length(min = 1, max = 64))]
+    pub end: String,
+    /// Resolution step as a duration (for example `30s`).
+    #[schemars(length(min = 1, max = 32))]
+    pub step: String,
+}
+
+/// Resource limits of the run. Defaults and maxima come from `sandboxrun_core::limits`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LimitsSpec {
+    /// Wall-clock limit in seconds, 1 to 600 (default 30); the run ends TimedOut past it.
+    #[serde(default = "default_timeout")]
+    #[schemars(range(min = lim::MIN_TIMEOUT_SECONDS, max = lim::MAX_TIMEOUT_SECONDS))]
+    pub timeout_seconds: u32,
+    /// CPU limit (= request) as a quantity, up to 4 (default 500m).
+    #[serde(default = "default_cpu")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = cpu_rule())]
+    pub cpu: String,
+    /// Memory limit (= request) as a quantity, 16Mi to 4Gi (default 256Mi).
+    #[serde(default = "default_memory")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = memory_rule())]
+    pub memory: String,
+    /// Maximum number of processes of the code, 1 to 1024 (default 64).
+    #[serde(default = "default_pids")]
+    #[schemars(range(min = lim::MIN_PIDS, max = lim::MAX_PIDS))]
+    pub pids: u32,
+    /// Cap on each of stdout and stderr in bytes, 1 to 1048576 (default 65536).
+    #[serde(default = "default_output_bytes")]
+    #[schemars(range(min = lim::MIN_OUTPUT_BYTES, max = lim::MAX_OUTPUT_BYTES))]
+    pub output_bytes: u32,
+}
+
+fn default_timeout() -> u32 {
+    lim::DEFAULT_TIMEOUT_SECONDS
+}
+fn default_cpu() -> String {
+    lim::DEFAULT_CPU.to_owned()
+}
+fn default_memory() -> String {
+    lim::DEFAULT_MEMORY.to_owned()
+}
+fn default_pids() -> u32 {
+    lim::DEFAULT_PIDS
+}
+fn default_output_bytes() -> u32 {
+    lim::DEFAULT_OUTPUT_BYTES
+}
+
+impl Default for LimitsSpec {
+    fn default() -> Self {
+        Limits::default().into()
+    }
+}
+
+impl From<Limits> for LimitsSpec {
+    fn from(l: Limits) -> Self {
+        Self {
+            timeout_seconds: l.timeout_seconds,
+            cpu: l.cpu,
+            memory: l.memory,
+            pids: l.pids,
+            output_bytes: l.output_bytes,
+        }
+    }
+}
+
+impl LimitsSpec {
+    /// The effective limits, numbers clamped into their accepted ranges.
+    pub fn effective(&self) -> Limits {
+        Limits {
+            timeout_seconds: self.timeout_seconds,
+            cpu: self.cpu.clone(),
+            memory: self.memory.clone(),
+            pids: self.pids,
+            output_bytes: self.output_bytes,
+        }
+        .clamped()
+    }
+}
+
+/// Approval of a run that policy escalated.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Approval {
+    /// Whether a person approved the run.
+    #[serde(default)]
+    pub approved: bool,
+}

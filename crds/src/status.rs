@@ -1,0 +1,89 @@
+//! The observed state of a run, written only by the operator (server-side apply, field manager
+//! `sandboxrun-operator`).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use sandboxrun_core::{Phase, Tool, Verdict};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Condition type: the code started executing (True) or not yet / never (False).
+pub const CONDITION_STARTED: &str = "Started";
+/// Condition type: the run reached a terminal phase (True, reason says how) or not yet (False).
+pub const CONDITION_COMPLETED: &str = "Completed";
+
+/// What happened to a run. Absent fields are unknown or not applicable yet.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxRunStatus {
+    /// Where the run is in its life.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// The tool the run uses (python, sql or metrics), for printer columns and selectors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<Tool>,
+    /// What policy decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    /// Kubernetes conditions (`Started`, `Completed`) with reasons and observedGeneration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// Exit code of the code: 128 + signal number when a signal killed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Standard output of the code, capped at `limits.outputBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    /// Standard error of the code, capped at `limits.outputBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+    /// Whether stdout or stderr was cut at the cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated: Option<bool>,
+    /// When the code started executing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the run reached its terminal phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Execution time in milliseconds, from start to completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_millis: Option<i64>,
+    /// Name of the sandbox Pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    /// Machine-readable reason of the current phase (for example `OOMKilled`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable explanation of the current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Structured result of sql and metrics runs (rows, samples).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form")]
+    pub result: Option<serde_json::Value>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Policy's judgement of a run.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct Decision {
+    /// Allow, Block or Escalate.
+    pub verdict: Verdict,
+    /// The policy rule that decided.
+    #[serde(default)]
+    pub rule: String,
+    /// Why the rule decided so.
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// Schema of a free-form JSON value the API server keeps as is.
+fn free_form(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Structured result of sql and metrics runs (rows, samples).",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}

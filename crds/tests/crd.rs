@@ -1,0 +1,259 @@
+//! The generated CRD: checked-in copies are current, validation rules are present and behave as
+//! the API server will evaluate them (CEL evaluated client-side with kube-cel), and the types
+//! round-trip through JSON.
+
+use std::path::PathBuf;
+
+use kube::CustomResourceExt;
+use sandboxrun_api::{SandboxRun, SandboxRunStatus, crd_yaml};
+use sandboxrun_core::{Phase, Tool};
+use serde_json::{Value, json};
+
+const REGENERATE: &str = "cargo run -p sandboxrun-api --bin crdgen > crds/sandboxrun.dev_sandboxruns.yaml && cp crds/sandboxrun.dev_sandboxruns.yaml charts/sandboxrun/crds/";
+
+#[test]
+fn crd_is_up_to_date() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let generated = crd_yaml();
+    for path in [
+        "crds/sandboxrun.dev_sandboxruns.yaml",
+        "charts/sandboxrun/crds/sandboxrun.dev_sandboxruns.yaml",
+    ] {
+        let checked_in = std::fs::read_to_string(root.join(path))
+            .unwrap_or_else(|e| panic!("{path}: {e}; regenerate with: {REGENERATE}"));
+        assert!(
+            checked_in == generated,
+            "{path} is stale: it differs from what the types generate. Regenerate with: {REGENERATE}"
+        );
+    }
+}
+
+fn schema() -> Value {
+    let crd = SandboxRun::crd();
+    serde_json::to_value(
+        crd.spec.versions[0]
+            .schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[test]
+fn schema_carries_the_cel_rules_and_bounds() {
+    let s = schema();
+    let spec = &s["properties"]["spec"];
+    let rules: Vec<&str> = spec["x-kubernetes-validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rule"].as_str().unwrap())
+        .collect();
+    assert!(rules.contains(
+        &"[has(self.python), has(self.sql), has(self.metrics)].filter(x, x).size() == 1"
+    ));
+    let limits = &spec["properties"]["limits"]["properties"];
+    assert_eq!(limits["timeoutSeconds"]["minimum"], json!(1.0));
+    assert_eq!(limits["timeoutSeconds"]["maximum"], json!(600.0));
+    assert_eq!(limits["pids"]["maximum"], json!(1024.0));
+    assert_eq!(limits["outputBytes"]["maximum"], json!(1_048_576.0));
+    assert_eq!(
+        spec["properties"]["python"]["properties"]["code"]["maxLength"],
+        json!(262_144)
+    );
+    let cpu_rule = limits["cpu"]["x-kubernetes-validations"][0]["rule"]
+        .as_str()
+        .unwrap();
+    assert!(cpu_rule.contains("quantity('4')"), "{cpu_rule}");
+    let mem_rule = limits["memory"]["x-kubernetes-validations"][0]["rule"]
+        .as_str()
+        .unwrap();
+    assert!(mem_rule.contains("quantity('4Gi')"), "{mem_rule}");
+    assert_eq!(
+        s["properties"]["status"]["properties"]["result"]["x-kubernetes-preserve-unknown-fields"],
+        json!(true)
+    );
+    let crd = SandboxRun::crd();
+    assert_eq!(crd.spec.names.short_names, Some(vec!["sbr".to_owned()]));
+    assert!(
+        crd.spec.versions[0]
+            .subresources
+            .as_ref()
+            .unwrap()
+            .status
+            .is_some()
+    );
+}
+
+/// A run as the API server sees it after defaulting.
+fn run(spec: Value) -> Value {
+    let mut full = json!({
+        "agent": "analyst-01",
+        "environment": "sandbox",
+        "limits": {"timeoutSeconds": 30, "cpu": "500m", "memory": "256Mi", "pids": 64, "outputBytes": 65536},
+        "ttlSecondsAfterFinished": 3600,
+    });
+    full.as_object_mut()
+        .unwrap()
+        .extend(spec.as_object().unwrap().clone());
+    json!({
+        "apiVersion": "sandboxrun.dev/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": "r", "namespace": "ns"},
+        "spec": full,
+    })
+}
+
+fn messages(object: &Value, old: Option<&Value>) -> Vec<String> {
+    match kube_cel::validate(&schema(), object, old) {
+        Ok(()) => vec![],
+        Err(errors) => errors.into_vec().into_iter().map(|e| e.message).collect(),
+    }
+}
+
+#[test]
+fn one_tool_is_accepted() {
+    assert_eq!(
+        messages(&run(json!({"python": {"code": "print(1)"}})), None),
+        Vec::<String>::new()
+    );
+    assert!(
+        messages(
+            &run(json!({"sql": {"database": "db", "query": "select 1"}})),
+            None
+        )
+        .is_empty()
+    );
+    assert!(messages(&run(json!({"metrics": {"query": "up", "range": {"start": "a", "end": "b", "step": "30s"}}})), None).is_empty());
+}
+
+#[test]
+fn no_tool_or_two_tools_are_rejected_with_a_readable_message() {
+    for spec in [
+        json!({}),
+        json!({"python": {"code": "1"}, "sql": {"database": "db", "query": "select 1"}}),
+    ] {
+        let m = messages(&run(spec), None);
+        assert!(
+            m.iter()
+                .any(|m| m == "exactly one of python, sql or metrics must be set"),
+            "{m:?}"
+        );
+    }
+}
+
+#[test]
+fn quantities_above_the_maximum_or_malformed_are_rejected() {
+    for (cpu, memory, ok) in [
+        ("500m", "256Mi", true),
+        ("4", "4Gi", true),
+        ("4001m", "256Mi", false),
+        ("8", "256Mi", false),
+        ("500m", "5Gi", false),
+        ("500m", "1Mi", false),
+        ("lots", "256Mi", false),
+        ("500m", "-1", false),
+    ] {
+        let mut r = run(json!({"python": {"code": "1"}}));
+        r["spec"]["limits"]["cpu"] = json!(cpu);
+        r["spec"]["limits"]["memory"] = json!(memory);
+        let m = messages(&r, None);
+        assert_eq!(m.is_empty(), ok, "cpu={cpu} memory={memory}: {m:?}");
+        if !ok {
+            assert!(
+                m.iter()
+                    .all(|m| m.contains("must be a Kubernetes quantity")),
+                "{m:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn spec_is_immutable_except_approval() {
+    let old = run(json!({"python": {"code": "print(1)"}}));
+
+    let mut approved = old.clone();
+    approved["spec"]["approval"] = json!({"approved": true});
+    assert!(messages(&approved, Some(&old)).is_empty());
+
+    let mut code = old.clone();
+    code["spec"]["python"]["code"] = json!("print(2)");
+    assert_eq!(messages(&code, Some(&old)), ["python is immutable"]);
+
+    let mut agent = old.clone();
+    agent["spec"]["agent"] = json!("someone-else");
+    assert_eq!(messages(&agent, Some(&old)), ["agent is immutable"]);
+
+    let mut limits = old.clone();
+    limits["spec"]["limits"]["timeoutSeconds"] = json!(600);
+    assert_eq!(messages(&limits, Some(&old)), ["limits are immutable"]);
+
+    let swapped = run(json!({"sql": {"database": "db", "query": "select 1"}}));
+    assert_eq!(
+        messages(&swapped, Some(&old)),
+        ["the tool of a SandboxRun cannot be changed; create a new one"]
+    );
+}
+
+#[test]
+fn defaults_fill_an_empty_spec() {
+    let r: SandboxRun = serde_json::from_value(json!({
+        "apiVersion": "sandboxrun.dev/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": "r"},
+        "spec": {"agent": "a", "python": {"code": "print(1)"}},
+    }))
+    .unwrap();
+    assert_eq!(
+        r.spec.limits.effective(),
+        sandboxrun_core::Limits::default()
+    );
+    assert_eq!(r.spec.ttl_seconds_after_finished, 3600);
+    assert_eq!(r.spec.tool(), Some(Tool::Python));
+    assert_eq!(r.spec.approval, None);
+}
+
+#[test]
+fn run_with_status_round_trips() {
+    let value = json!({
+        "apiVersion": "sandboxrun.dev/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": "hello", "namespace": "sandboxrun-runs", "generation": 1},
+        "spec": {
+            "agent": "analyst-01",
+            "environment": "staging",
+            "python": {"code": "print('hello')"},
+            "limits": {"timeoutSeconds": 5, "cpu": "1", "memory": "512Mi", "pids": 32, "outputBytes": 1024},
+            "ttlSecondsAfterFinished": 30,
+            "approval": {"approved": true}
+        },
+        "status": {
+            "phase": "Succeeded",
+            "tool": "python",
+            "decision": {"verdict": "Allow", "rule": "default", "reason": "sandbox"},
+            "conditions": [{
+                "type": "Completed", "status": "True", "reason": "Succeeded", "message": "exit code 0",
+                "lastTransitionTime": "2026-11-29T08:00:01Z", "observedGeneration": 1
+            }],
+            "exitCode": 0,
+            "stdout": "hello\n",
+            "stderr": "",
+            "truncated": false,
+            "startTime": "2026-11-29T08:00:00Z",
+            "completionTime": "2026-11-29T08:00:01Z",
+            "durationMillis": 1000,
+            "podName": "hello-sandbox",
+            "reason": "Succeeded",
+            "message": "exit code 0",
+            "result": {"rows": [[1, "a"]]},
+            "observedGeneration": 1
+        }
+    });
+    let run: SandboxRun = serde_json::from_value(value.clone()).unwrap();
+    let status: &SandboxRunStatus = run.status.as_ref().unwrap();
+    assert_eq!(status.phase, Some(Phase::Succeeded));
+    assert_eq!(run.spec.limits.effective().memory, "512Mi");
+    assert_eq!(serde_json::to_value(&run).unwrap(), value);
+}

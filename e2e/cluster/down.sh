@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Stops every process up.sh started (by pid), removes the Pods' containers, undoes the host
+# changes (sysctls, iptables chains, bridge, routes, mounts) and deletes the cluster state, so the
+# next up.sh starts clean. Safe to run when nothing is up.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+set +e  # teardown goes on past individual failures
+
+stop() { # name [timeout_s]
+  local name=$1 timeout=${2:-15} pidfile="$STATE_DIR/pids/$1.pid" pid
+  [[ -f $pidfile ]] || return 0
+  pid=$(cat "$pidfile")
+  if kill -0 "$pid" 2>/dev/null; then
+    log "stopping $name ($pid)"
+    kill -TERM "$pid"
+    for ((i = 0; i < timeout * 5; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+  fi
+  rm -f "$pidfile"
+}
+
+# The kubelet first so it does not restart what we remove, then every pod through the CRI (this
+# stops the runc and runsc shims cleanly and tears down pod networking), then the control plane.
+stop kube-proxy
+stop kubelet
+if [[ -S $CONTAINERD_SOCK ]]; then
+  crictl=("$TOOLS_BIN/crictl" --runtime-endpoint "unix://$CONTAINERD_SOCK" --timeout 20s)
+  "${crictl[@]}" stopp $("${crictl[@]}" pods -q 2>/dev/null) >/dev/null 2>&1
+  "${crictl[@]}" rmp -fa >/dev/null 2>&1
+fi
+stop kube-scheduler
+stop kube-controller-manager
+stop kube-apiserver
+stop etcd
+stop containerd 30
+# Shims outlive containerd by design; any left belong to our socket and are ours to end.
+for pid in $(pgrep -f "containerd-shim.*-address $CONTAINERD_SOCK"); do kill -KILL "$pid" 2>/dev/null; done
+for pid in $(pgrep -f "runsc.*$RUN_DIR"); do kill -KILL "$pid" 2>/dev/null; done
+
+# kube-proxy removes its own iptables chains.
+[[ -x $K8S_BIN/kube-proxy ]] && "$K8S_BIN/kube-proxy" --cleanup >/dev/null 2>&1
+iptables -w -D FORWARD -j SANDBOXRUN-EGRESS 2>/dev/null
+iptables -w -F SANDBOXRUN-EGRESS 2>/dev/null; iptables -w -X SANDBOXRUN-EGRESS 2>/dev/null
+# The bridge plugin's masquerade/forward chains, should any exist.
+ip route del unreachable "$SERVICE_CIDR" 2>/dev/null
+ip link del "$BRIDGE" 2>/dev/null
+rm -rf /var/lib/cni/networks/sandboxrun
+
+# Restore the sysctls up.sh recorded (the kubelet, kube-proxy and the bridge plugin change some).
+if [[ -f $STATE_DIR/sysctl.orig ]]; then
+  while IFS='=' read -r key value; do sysctl -qw "$key=$value" 2>/dev/null; done < "$STATE_DIR/sysctl.orig"
+fi
+
+# Unmount everything below our directories, deepest first (pod volumes, the kubelet's bind mount,
+# containerd's overlay snapshots, network namespaces).
+for dir in "$STATE_DIR" "$RUN_DIR"; do
+  awk -v d="$dir" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/self/mounts | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null; done
+done
+for ns in /run/netns/cni-*; do
+  [[ -e $ns ]] || continue
+  # Only namespaces no process uses any more (ours are gone by now).
+  ip netns pids "$(basename "$ns")" 2>/dev/null | grep -q . || { umount "$ns" 2>/dev/null; rm -f "$ns"; }
+done
+
+# Kubelet cgroups for pods.
+for c in /sys/fs/cgroup/*/kubepods; do
+  [[ -d $c ]] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null
+done
+
+rm -rf "$STATE_DIR" "$RUN_DIR"
+log "cluster down"
+exit 0

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: formatting, lints, unit tests, then a local Kubernetes
+# cluster (e2e/cluster/up.sh) and the end-to-end suite against it. The cluster is torn down at the
+# end, also when a test fails. Needs root (the cluster runs containerd and a kubelet).
+#
+#   e2e/run-tests.sh            everything
+#   E2E_KEEP_CLUSTER=1 ...      leave the cluster running afterwards (for debugging)
+#   E2E_SKIP_CLUSTER=1 ...      only the checks and unit tests
+set -euo pipefail
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$PATH"
+step() { printf '\n==> %s\n' "$*"; }
+
+step "checks: cargo fmt, cargo clippy"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "unit and integration tests (no cluster)"
+cargo test --workspace --locked --exclude sandboxrun-e2e
+
+[[ ${E2E_SKIP_CLUSTER:-} == 1 ]] && exit 0
+
+step "local cluster: e2e/cluster/up.sh"
+cleanup() {
+  local rc=$?
+  if [[ ${E2E_KEEP_CLUSTER:-} == 1 ]]; then
+    echo "cluster left running (E2E_KEEP_CLUSTER=1); stop it with e2e/cluster/down.sh"
+  else
+    step "tearing the cluster down"
+    "$REPO_ROOT/e2e/cluster/down.sh" || true
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+up_output="$("$REPO_ROOT/e2e/cluster/up.sh")"
+export "${up_output##*$'\n'}"   # the last line is KUBECONFIG=<path>
+echo "KUBECONFIG=$KUBECONFIG"
+kubectl() { "$(dirname "$KUBECONFIG")/bin/kubectl" "$@"; }
+kubectl get nodes -o wide
+kubectl get runtimeclass
+
+step "end-to-end tests against the cluster"
+# Two at a time: each test starts Pods, and the machine has two cores.
+cargo test -p sandboxrun-e2e --locked -- --test-threads=2

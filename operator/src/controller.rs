@@ -1,0 +1,434 @@
+//! The SandboxRun controller: `reconcile` and `error_policy` over a shared [`Context`]. Every
+//! decision is derived from the run and its Pod as they are now (see `phase`), so reconciling
+//! twice, or after a restart, converges on the same state.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use sandboxrun_api::{SandboxRun, SandboxRunStatus};
+use sandboxrun_core::{Phase, Tool};
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::events::Events;
+use crate::metrics::Metrics;
+use crate::phase::{self, Next, Outcome, Progress};
+use crate::pod::{self, BuildError, SandboxConfig};
+use crate::{result, ttl};
+
+/// The one field manager of every status write (server-side apply).
+pub const FIELD_MANAGER: &str = "sandboxrun-operator";
+/// Longest wait between retries of a failing reconciliation.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// What every reconciliation shares.
+pub struct Context {
+    /// Kubernetes client.
+    pub client: Client,
+    /// Sandbox Pod settings from the configuration.
+    pub sandbox: SandboxConfig,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Event publisher.
+    pub events: Events,
+    /// Consecutive failures per run, for exponential backoff.
+    failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
+}
+
+impl Context {
+    /// A context with no failures recorded.
+    pub fn new(
+        client: Client,
+        sandbox: SandboxConfig,
+        metrics: Arc<Metrics>,
+        events: Events,
+    ) -> Self {
+        Self {
+            client,
+            sandbox,
+            metrics,
+            events,
+            failures: Mutex::default(),
+        }
+    }
+}
+
+/// Why a reconciliation failed; all of these are retried.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The run is not namespaced (cannot happen for objects read from the API).
+    #[error("the run has no namespace")]
+    NoNamespace,
+    /// The sandbox Pod could not be built.
+    #[error("building the sandbox Pod: {0}")]
+    Build(#[from] BuildError),
+    /// The finished sandbox's log could not be read yet (retried until the retry window ends).
+    #[error("reading the log of Pod {pod}: {source}")]
+    LogUnreadable {
+        /// The Pod.
+        pod: String,
+        /// The API error.
+        source: kube::Error,
+    },
+}
+
+impl Error {
+    /// Short name for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "Kube",
+            Error::NoNamespace => "NoNamespace",
+            Error::Build(_) => "Build",
+            Error::LogUnreadable { .. } => "LogUnreadable",
+        }
+    }
+}
+
+/// Writes the whole status with server-side apply: fields the operator stops setting are removed.
+async fn apply_status(
+    runs: &Api<SandboxRun>,
+    name: &str,
+    status: &SandboxRunStatus,
+) -> Result<(), Error> {
+    let patch = json!({
+        "apiVersion": SandboxRun::api_version(&()),
+        "kind": SandboxRun::kind(&()),
+        "status": status,
+    });
+    runs.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes a Pod; one that is already gone is fine.
+async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<(), Error> {
+    match pods.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Requeue delay until `deadline` (at least a second: the Pod watch usually comes first).
+fn until(deadline: Timestamp, now: Timestamp) -> Duration {
+    let left = deadline.duration_since(now).as_millis().max(1000);
+    Duration::from_millis(left as u64)
+}
+
+/// Reconciles one SandboxRun.
+pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciles.inc();
+    let action = reconcile_inner(&run, &ctx).await?;
+    ctx.failures
+        .lock()
+        .expect("not poisoned")
+        .remove(&ObjectRef::from_obj(run.as_ref()));
+    Ok(action)
+}
+
+async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Error> {
+    let ns = run.namespace().ok_or(Error::NoNamespace)?;
+    let name = run.name_any();
+    if run.metadata.deletion_timestamp.is_some() {
+        // Garbage collection removes the Pod through its ownerReference.
+        return Ok(Action::await_change());
+    }
+    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let now = Timestamp::now();
+    let mut prev = run.status.clone().unwrap_or_default();
+
+    if prev.phase.is_some_and(Phase::is_terminal) {
+        return finished(run, &prev, &runs, &pods, now).await;
+    }
+
+    let tool = run.spec.tool();
+    if tool != Some(Tool::Python) {
+        let (reason, message) = match tool {
+            Some(t) => (
+                "ToolNotImplemented",
+                format!(
+                    "the {t} tool is not executed by this version of sandboxrun yet; only python runs"
+                ),
+            ),
+            None => (
+                "NoTool",
+                "the run sets none of python, sql or metrics".to_owned(),
+            ),
+        };
+        let outcome = phase::rejected(reason, message, now);
+        return finish(run, ctx, &prev, tool, &outcome, None, &runs, &pods, now).await;
+    }
+
+    let pod_name = pod::pod_name(&name);
+    let limits = run.spec.limits.effective();
+    // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod.
+    let pod = pods.get_opt(&pod_name).await?;
+    if pod.is_none() {
+        // The cached run may lag our own last status write (for example the terminal one,
+        // just before we deleted the Pod): decide on the run as it is now.
+        match runs.get_opt(&name).await? {
+            Some(fresh) => prev = fresh.status.unwrap_or_default(),
+            None => return Ok(Action::await_change()),
+        }
+        if prev.phase.is_some_and(Phase::is_terminal) {
+            return finished(run, &prev, &runs, &pods, now).await;
+        }
+    }
+
+    match phase::next(&prev, pod.as_ref(), &limits, now) {
+        Next::CreatePod => {
+            let desired = pod::build(run, &ctx.sandbox)?;
+            match pods.create(&PostParams::default(), &desired).await {
+                Ok(_) => {
+                    info!(run = %name, namespace = %ns, pod = %pod_name, "created sandbox pod");
+                    // Counted here, once per Pod: a lagging cache can show "no phase" again.
+                    ctx.metrics.entered(Phase::Pending);
+                    ctx.events.pod_created(run, &pod_name).await;
+                }
+                // Created before a restart, or by a concurrent reconcile: same Pod, same name.
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                // Refused for good (admission, quota, Pod Security, unknown RuntimeClass):
+                // retrying would fail the same way.
+                Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                    let outcome = phase::rejected(
+                        "PodCreationFailed",
+                        format!("the API server refused the sandbox Pod: {}", e.message),
+                        now,
+                    );
+                    let outcome = Outcome {
+                        phase: Phase::Failed,
+                        ..outcome
+                    };
+                    return finish(run, ctx, &prev, tool, &outcome, None, &runs, &pods, now).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+            let deadline = now
+                .checked_add(SignedDuration::from_secs(
+                    i64::from(limits.timeout_seconds + pod::ACTIVE_DEADLINE_GRACE_SECONDS)
+                        + phase::OPERATOR_DEADLINE_SLACK_SECONDS,
+                ))
+                .unwrap_or(now);
+            let progress = Progress {
+                phase: Phase::Pending,
+                reason: "PodCreated".to_owned(),
+                message: format!("created sandbox Pod {pod_name}"),
+                started_at: None,
+                deadline,
+            };
+            progress_to(run, ctx, &prev, &progress, &pod_name, &runs, now).await
+        }
+        Next::Progress(progress) => {
+            progress_to(run, ctx, &prev, &progress, &pod_name, &runs, now).await
+        }
+        Next::Collect(exited) => {
+            let outcome = match result::read_log(&pods, &pod_name, &limits).await {
+                Ok(log) => phase::collected(&exited, &log, &limits),
+                Err(source) => match phase::log_unreadable(&exited, &source.to_string(), now) {
+                    Some(outcome) => outcome,
+                    None => {
+                        return Err(Error::LogUnreadable {
+                            pod: pod_name,
+                            source,
+                        });
+                    }
+                },
+            };
+            finish(
+                run,
+                ctx,
+                &prev,
+                tool,
+                &outcome,
+                Some(&pod_name),
+                &runs,
+                &pods,
+                now,
+            )
+            .await
+        }
+        Next::Finish(outcome) => {
+            finish(
+                run,
+                ctx,
+                &prev,
+                tool,
+                &outcome,
+                Some(&pod_name),
+                &runs,
+                &pods,
+                now,
+            )
+            .await
+        }
+    }
+}
+
+/// Records a non-terminal state (only when it changed) and waits for the Pod to move.
+async fn progress_to(
+    run: &SandboxRun,
+    ctx: &Context,
+    prev: &SandboxRunStatus,
+    progress: &Progress,
+    pod_name: &str,
+    runs: &Api<SandboxRun>,
+    now: Timestamp,
+) -> Result<Action, Error> {
+    let status = phase::progress_status(prev, progress, pod_name, run.metadata.generation, now);
+    if &status != prev {
+        apply_status(runs, &run.name_any(), &status).await?;
+    }
+    if prev.phase != Some(progress.phase) && progress.phase == Phase::Running {
+        ctx.metrics.entered(Phase::Running);
+        ctx.events.started(run, pod_name).await;
+        if let (Some(start), Some(created)) = (
+            progress.started_at,
+            run.metadata.creation_timestamp.as_ref(),
+        ) {
+            // Whole seconds: Kubernetes timestamps have no finer resolution.
+            let wait = start.duration_since(created.0).as_secs_f64();
+            ctx.metrics.queue_to_start.observe(wait.max(0.0));
+        }
+    }
+    Ok(Action::requeue(until(progress.deadline, now)))
+}
+
+/// Records a terminal outcome, then deletes the Pod and schedules the TTL.
+#[allow(clippy::too_many_arguments)]
+async fn finish(
+    run: &SandboxRun,
+    ctx: &Context,
+    prev: &SandboxRunStatus,
+    tool: Option<Tool>,
+    outcome: &Outcome,
+    pod_name: Option<&str>,
+    runs: &Api<SandboxRun>,
+    pods: &Api<Pod>,
+    now: Timestamp,
+) -> Result<Action, Error> {
+    let name = run.name_any();
+    let status = phase::outcome_status(prev, tool, outcome, pod_name, run.metadata.generation, now);
+    // The status first: the Pod (and its log) must outlive the only record of the result.
+    apply_status(runs, &name, &status).await?;
+    info!(run = %name, phase = %outcome.phase, reason = %outcome.reason, "run finished");
+    ctx.metrics.entered(outcome.phase);
+    if let Some(start) = outcome.started_at {
+        let secs = outcome.finished_at.duration_since(start).as_secs_f64();
+        ctx.metrics.run_duration.observe(secs.max(0.0));
+    }
+    ctx.events
+        .finished(run, outcome.phase, &outcome.reason, &outcome.message)
+        .await;
+    if let Some(pod) = pod_name {
+        delete_pod(pods, pod).await?;
+    }
+    Ok(after_ttl(run, &status, now))
+}
+
+/// Time left before a finished run is deleted (`None`: due now). Counted from its completion
+/// time, or from its creation should the completion time be missing.
+fn ttl_left(run: &SandboxRun, status: &SandboxRunStatus, now: Timestamp) -> Option<Duration> {
+    let completed = status
+        .completion_time
+        .as_ref()
+        .or(run.metadata.creation_timestamp.as_ref())
+        .map_or(now, |t| t.0);
+    ttl::time_left(completed, run.spec.ttl_seconds_after_finished, now)
+}
+
+/// Requeue for the TTL of a run that just finished.
+fn after_ttl(run: &SandboxRun, status: &SandboxRunStatus, now: Timestamp) -> Action {
+    // When due already, reconcile again right away: the terminal path deletes the run.
+    Action::requeue(ttl_left(run, status, now).unwrap_or(Duration::from_millis(1)))
+}
+
+/// A run in a terminal phase: make sure its Pod is gone, delete the run once its TTL passed.
+async fn finished(
+    run: &SandboxRun,
+    status: &SandboxRunStatus,
+    runs: &Api<SandboxRun>,
+    pods: &Api<Pod>,
+    now: Timestamp,
+) -> Result<Action, Error> {
+    if let Some(pod) = &status.pod_name {
+        // Covers a crash between recording the result and deleting the Pod.
+        delete_pod(pods, pod).await?;
+    }
+    match ttl_left(run, status, now) {
+        Some(left) => Ok(Action::requeue(left)),
+        None => {
+            info!(run = %run.name_any(), "TTL expired, deleting run");
+            match runs
+                .delete(&run.name_any(), &DeleteParams::background())
+                .await
+            {
+                Ok(_) => Ok(Action::await_change()),
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(Action::await_change()),
+                Err(e) => Err(e.into()),
+            }
+        }
+    }
+}
+
+/// Retries a failed reconciliation with exponential backoff per run: 1 s, 2 s, 4 s ... 60 s.
+pub fn error_policy(run: Arc<SandboxRun>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.error(error.kind());
+    let mut failures = ctx.failures.lock().expect("not poisoned");
+    let n = failures
+        .entry(ObjectRef::from_obj(run.as_ref()))
+        .or_insert(0);
+    *n = n.saturating_add(1);
+    let delay = Duration::from_secs(1u64 << (*n - 1).min(6)).min(MAX_BACKOFF);
+    warn!(run = %run.name_any(), error = %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+/// Runs the controller until `shutdown` completes; in-flight reconciliations finish first.
+pub async fn run(
+    ctx: Arc<Context>,
+    namespace: &str,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let (runs, pods): (Api<SandboxRun>, Api<Pod>) = if namespace.is_empty() {
+        (Api::all(client.clone()), Api::all(client))
+    } else {
+        (
+            Api::namespaced(client.clone(), namespace),
+            Api::namespaced(client, namespace),
+        )
+    };
+    if let Err(e) = runs.list(&ListParams::default().limit(1)).await {
+        warn!(error = %e, "cannot list SandboxRuns: is the CRD installed and RBAC granted?");
+    }
+    let pod_watch =
+        watcher::Config::default().labels(&format!("{}={}", pod::LABEL_MANAGED_BY, pod::MANAGER));
+    Controller::new(runs, watcher::Config::default().any_semantic())
+        .owns(pods, pod_watch)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => tracing::debug!(run = %obj.name, "reconciled"),
+                Err(e) => tracing::debug!(error = %e, "reconcile error"),
+            }
+        })
+        .await;
+}

@@ -1,0 +1,81 @@
+//! Kubernetes Events on SandboxRuns (`kubectl describe sandboxrun` shows them).
+
+use kube::Resource;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use sandboxrun_api::SandboxRun;
+use sandboxrun_core::Phase;
+
+/// Publishes Events about runs; failures are logged, never fatal: an Event is a courtesy.
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+}
+
+impl Events {
+    /// A publisher reporting as `sandboxrun-operator`, instance `identity`.
+    pub fn new(client: kube::Client, identity: String) -> Self {
+        let reporter = Reporter {
+            controller: "sandboxrun-operator".to_owned(),
+            instance: Some(identity),
+        };
+        Self {
+            recorder: Recorder::new(client, reporter),
+        }
+    }
+
+    async fn publish(
+        &self,
+        run: &SandboxRun,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            // The Events API limits notes to 1 kB.
+            note: Some(sandboxrun_core::cap_str(&note, 1000).text),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &run.object_ref(&())).await {
+            tracing::warn!(error = %e, reason, "could not publish event");
+        }
+    }
+
+    /// The sandbox Pod was created.
+    pub async fn pod_created(&self, run: &SandboxRun, pod: &str) {
+        self.publish(
+            run,
+            EventType::Normal,
+            "PodCreated",
+            "CreatePod",
+            format!("created sandbox Pod {pod}"),
+        )
+        .await;
+    }
+
+    /// The code started executing.
+    pub async fn started(&self, run: &SandboxRun, pod: &str) {
+        self.publish(
+            run,
+            EventType::Normal,
+            "Started",
+            "Run",
+            format!("code started in Pod {pod}"),
+        )
+        .await;
+    }
+
+    /// The run reached a terminal phase.
+    pub async fn finished(&self, run: &SandboxRun, phase: Phase, reason: &str, message: &str) {
+        let type_ = if phase == Phase::Succeeded {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        self.publish(run, type_, reason, "Finish", format!("{phase}: {message}"))
+            .await;
+    }
+}

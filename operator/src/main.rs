@@ -1,0 +1,105 @@
+//! sandboxrun-operator: reconciles SandboxRuns into single-use sandbox Pods.
+
+mod config;
+mod controller;
+mod events;
+mod leader;
+mod metrics;
+mod phase;
+mod pod;
+mod result;
+mod ttl;
+
+use std::sync::Arc;
+
+use clap::Parser;
+use tokio::sync::watch;
+use tracing::info;
+use tracing_subscriber::EnvFilter;
+
+use crate::config::Config;
+use crate::controller::Context;
+use crate::pod::SandboxConfig;
+
+/// Completes on SIGTERM (what the kubelet sends) or Ctrl-C.
+async fn termination() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing the SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM received, shutting down"),
+        _ = tokio::signal::ctrl_c() => info!("interrupt received, shutting down"),
+    }
+}
+
+/// A future that completes once `rx` turns true.
+async fn until_true(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    tracing_subscriber::fmt()
+        .json()
+        .with_current_span(false)
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    // TLS: the workspace enables exactly one rustls crypto provider (ring, through kube), so
+    // rustls picks it without an explicit install; a second provider would panic here instead.
+
+    let identity = config.identity();
+    info!(?config, %identity, "starting sandboxrun-operator");
+    let client = kube::Client::try_default().await?;
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        termination().await;
+        let _ = stop_tx.send(true);
+    });
+
+    let metrics = Arc::new(metrics::Metrics::default());
+    let server = tokio::spawn(metrics::serve(
+        config.metrics_addr,
+        metrics.clone(),
+        until_true(stop_rx.clone()),
+    ));
+
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        SandboxConfig {
+            runtime_class: config.runtime_class.clone(),
+            image: config.sandbox_image.clone(),
+            tmp_size: config.tmp_size.clone(),
+        },
+        metrics,
+        events::Events::new(client.clone(), identity.clone()),
+    ));
+
+    if config.leader_election {
+        let lease = leader::LeaseConfig {
+            name: config.lease_name.clone(),
+            namespace: config.lease_namespace.clone(),
+            identity,
+        };
+        let namespace = config.namespace.clone();
+        leader::run_while_leader(client, lease, stop_rx.clone(), |stop| {
+            let ctx = ctx.clone();
+            let namespace = namespace.clone();
+            async move { controller::run(ctx, &namespace, stop).await }
+        })
+        .await?;
+    } else {
+        controller::run(ctx, &config.namespace, until_true(stop_rx.clone())).await;
+    }
+
+    // The metrics server stops with the same signal; wait so the port is released cleanly.
+    match server.await {
+        Ok(Err(e)) => tracing::warn!(error = %e, "metrics server failed"),
+        Err(e) => tracing::warn!(error = %e, "metrics server task failed"),
+        Ok(Ok(())) => {}
+    }
+    info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,185 @@
+//! Prometheus metrics and the HTTP server that exposes them with a health check.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::{EncodeLabelSet, text::encode};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use sandboxrun_core::Phase;
+
+/// Label set naming a phase.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    /// The phase a run entered.
+    pub phase: String,
+}
+
+/// Label set naming an error kind.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// The kind of error (see `controller::Error::kind`).
+    pub error: String,
+}
+
+/// The operator's metrics.
+pub struct Metrics {
+    registry: Registry,
+    /// Reconciliations started.
+    pub reconciles: Counter,
+    /// Reconciliations that returned an error, by kind.
+    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    /// Runs that entered each phase.
+    pub runs: Family<PhaseLabels, Counter>,
+    /// Execution time of finished runs, seconds.
+    pub run_duration: Histogram,
+    /// Time from a run's creation to its code starting, seconds.
+    pub queue_to_start: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("sandboxrun");
+        let reconciles = Counter::default();
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        let runs = Family::<PhaseLabels, Counter>::default();
+        // 50 ms to ~10 min: runs are bounded by the 600 s timeout.
+        let run_duration = Histogram::new([
+            0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+        ]);
+        // Sandbox start-up is about a second under gVisor; the tail shows queueing.
+        let queue_to_start = Histogram::new([
+            0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
+        ]);
+        registry.register(
+            "reconciles",
+            "Reconciliations of SandboxRuns",
+            reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconciliations that failed, by error kind",
+            reconcile_errors.clone(),
+        );
+        registry.register("runs", "Runs that entered each phase", runs.clone());
+        registry.register(
+            "run_duration_seconds",
+            "Execution time of finished runs",
+            run_duration.clone(),
+        );
+        registry.register(
+            "queue_to_start_seconds",
+            "Time from a run's creation to its code starting",
+            queue_to_start.clone(),
+        );
+        // Every phase appears from the start, so rates work before the first run.
+        for phase in Phase::ALL {
+            let _ = runs.get_or_create(&PhaseLabels {
+                phase: phase.to_string(),
+            });
+        }
+        Self {
+            registry,
+            reconciles,
+            reconcile_errors,
+            runs,
+            run_duration,
+            queue_to_start,
+        }
+    }
+}
+
+impl Metrics {
+    /// Counts a run entering a phase.
+    pub fn entered(&self, phase: Phase) {
+        self.runs
+            .get_or_create(&PhaseLabels {
+                phase: phase.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a failed reconciliation.
+    pub fn error(&self, kind: &str) {
+        self.reconcile_errors
+            .get_or_create(&ErrorLabels {
+                error: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The metrics in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}
+
+async fn metrics(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.render(),
+    )
+}
+
+async fn healthz() -> impl IntoResponse {
+    (StatusCode::OK, "ok\n")
+}
+
+/// The HTTP routes: `/metrics` and `/healthz`.
+pub fn router(m: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(m)
+}
+
+/// Serves the routes until `shutdown` completes.
+pub async fn serve(
+    addr: SocketAddr,
+    m: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics and /healthz");
+    axum::serve(listener, router(m))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_metric() {
+        let m = Metrics::default();
+        m.reconciles.inc();
+        m.error("Kube");
+        m.entered(Phase::Succeeded);
+        m.run_duration.observe(1.2);
+        m.queue_to_start.observe(0.8);
+        let text = m.render();
+        for needle in [
+            "sandboxrun_reconciles_total 1",
+            "sandboxrun_reconcile_errors_total{error=\"Kube\"} 1",
+            "sandboxrun_runs_total{phase=\"Succeeded\"} 1",
+            "sandboxrun_runs_total{phase=\"Pending\"} 0",
+            "sandboxrun_run_duration_seconds_count 1",
+            "sandboxrun_queue_to_start_seconds_count 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+    }
+}

@@ -1,0 +1,396 @@
+//! Phase derivation from Pod states, one test per transition.
+
+use super::*;
+use serde_json::json;
+
+fn t(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+const T0: &str = "2026-11-29T08:00:00Z";
+
+fn limits() -> Limits {
+    Limits {
+        timeout_seconds: 5,
+        ..Limits::default()
+    }
+}
+
+fn pending_status() -> SandboxRunStatus {
+    SandboxRunStatus {
+        phase: Some(Phase::Pending),
+        pod_name: Some("r-sandbox".into()),
+        ..Default::default()
+    }
+}
+
+fn pod(status: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "r-sandbox", "creationTimestamp": T0},
+        "status": status,
+    }))
+    .unwrap()
+}
+
+fn container(state: serde_json::Value) -> serde_json::Value {
+    json!([{"name": "sandbox", "image": "img", "imageID": "", "ready": false, "restartCount": 0, "state": state}])
+}
+
+const OK_LOG: &str = "\n{\"sandboxrun\":1,\"exitCode\":0,\"stdout\":\"hello from sandboxrun\\n\",\"stderr\":\"\",\"stdoutTruncated\":false,\"stderrTruncated\":false,\"signal\":null,\"oomKill\":null,\"timedOut\":false,\"durationMillis\":42}\n";
+
+fn exited(reason: &str, code: i32) -> Exited {
+    Exited {
+        exit_code: code,
+        reason: Some(reason.into()),
+        started_at: Some(t("2026-11-29T08:00:01Z")),
+        finished_at: t("2026-11-29T08:00:02.5Z"),
+    }
+}
+
+#[test]
+fn no_pod_and_no_status_creates_the_pod() {
+    assert_eq!(
+        next(&SandboxRunStatus::default(), None, &limits(), t(T0)),
+        Next::CreatePod
+    );
+}
+
+#[test]
+fn pod_missing_after_creation_is_pod_deleted() {
+    for phase in [Phase::Pending, Phase::Running] {
+        let status = SandboxRunStatus {
+            phase: Some(phase),
+            ..pending_status()
+        };
+        let Next::Finish(o) = next(&status, None, &limits(), t(T0)) else {
+            panic!()
+        };
+        assert_eq!(o.phase, Phase::Failed);
+        assert_eq!(o.reason, "PodDeleted");
+    }
+}
+
+#[test]
+fn pod_being_deleted_by_someone_else_is_pod_deleted() {
+    let mut p = pod(
+        json!({"phase": "Running", "containerStatuses": container(json!({"running": {"startedAt": T0}}))}),
+    );
+    p.metadata.deletion_timestamp = Some(Time(t(T0)));
+    let Next::Finish(o) = next(&pending_status(), Some(&p), &limits(), t(T0)) else {
+        panic!()
+    };
+    assert_eq!(o.reason, "PodDeleted");
+    assert_eq!(o.started_at, Some(t(T0)));
+}
+
+#[test]
+fn fresh_pod_is_pending() {
+    let p = pod(json!({"phase": "Pending"}));
+    let Next::Progress(pr) = next(&SandboxRunStatus::default(), Some(&p), &limits(), t(T0)) else {
+        panic!()
+    };
+    assert_eq!(pr.phase, Phase::Pending);
+    assert_eq!(pr.reason, "PodCreated");
+    // creation + 5s timeout + 10s grace + 30s slack
+    assert_eq!(pr.deadline, t("2026-11-29T08:00:45Z"));
+}
+
+#[test]
+fn waiting_container_reports_its_reason() {
+    let p = pod(
+        json!({"phase": "Pending", "containerStatuses": container(json!({"waiting": {"reason": "ContainerCreating"}}))}),
+    );
+    let Next::Progress(pr) = next(&pending_status(), Some(&p), &limits(), t(T0)) else {
+        panic!()
+    };
+    assert_eq!(
+        (pr.phase, pr.reason.as_str()),
+        (Phase::Pending, "ContainerCreating")
+    );
+}
+
+#[test]
+fn running_container_is_running_with_start_time() {
+    let p = pod(
+        json!({"phase": "Running", "startTime": T0, "containerStatuses": container(json!({"running": {"startedAt": "2026-11-29T08:00:01Z"}}))}),
+    );
+    let Next::Progress(pr) = next(
+        &pending_status(),
+        Some(&p),
+        &limits(),
+        t("2026-11-29T08:00:02Z"),
+    ) else {
+        panic!()
+    };
+    assert_eq!(pr.phase, Phase::Running);
+    assert_eq!(pr.started_at, Some(t("2026-11-29T08:00:01Z")));
+}
+
+#[test]
+fn image_failures_end_image_unavailable() {
+    for reason in [
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+    ] {
+        let p = pod(
+            json!({"phase": "Pending", "containerStatuses": container(json!({"waiting": {"reason": reason, "message": "not found"}}))}),
+        );
+        let Next::Finish(o) = next(&pending_status(), Some(&p), &limits(), t(T0)) else {
+            panic!()
+        };
+        assert_eq!(
+            (o.phase, o.reason.as_str()),
+            (Phase::Failed, "ImageUnavailable")
+        );
+        assert!(o.message.contains(reason) && o.message.contains("not found"));
+    }
+}
+
+#[test]
+fn kubelet_deadline_is_timed_out() {
+    let p = pod(
+        json!({"phase": "Failed", "reason": "DeadlineExceeded", "containerStatuses": container(json!({"terminated": {"exitCode": 137, "reason": "Error", "startedAt": T0, "finishedAt": T0}}))}),
+    );
+    let Next::Finish(o) = next(&pending_status(), Some(&p), &limits(), t(T0)) else {
+        panic!()
+    };
+    assert_eq!(
+        (o.phase, o.reason.as_str()),
+        (Phase::TimedOut, "DeadlineExceeded")
+    );
+}
+
+#[test]
+fn operator_clock_times_out_a_pod_that_never_finishes() {
+    let p = pod(json!({"phase": "Pending", "startTime": T0}));
+    assert!(matches!(
+        next(
+            &pending_status(),
+            Some(&p),
+            &limits(),
+            t("2026-11-29T08:00:44Z")
+        ),
+        Next::Progress(_)
+    ));
+    let Next::Finish(o) = next(
+        &pending_status(),
+        Some(&p),
+        &limits(),
+        t("2026-11-29T08:00:45Z"),
+    ) else {
+        panic!()
+    };
+    assert_eq!(
+        (o.phase, o.reason.as_str()),
+        (Phase::TimedOut, "DeadlineExceeded")
+    );
+}
+
+#[test]
+fn evicted_pod_fails_with_the_pod_reason() {
+    let p = pod(json!({"phase": "Failed", "reason": "Evicted", "message": "node low on memory"}));
+    let Next::Finish(o) = next(&pending_status(), Some(&p), &limits(), t(T0)) else {
+        panic!()
+    };
+    assert_eq!(
+        (o.phase, o.reason.as_str(), o.message.as_str()),
+        (Phase::Failed, "Evicted", "node low on memory")
+    );
+}
+
+#[test]
+fn terminated_container_is_collected() {
+    let p = pod(
+        json!({"phase": "Succeeded", "containerStatuses": container(json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": "2026-11-29T08:00:01Z", "finishedAt": "2026-11-29T08:00:02.5Z"}}))}),
+    );
+    assert_eq!(
+        next(&pending_status(), Some(&p), &limits(), t(T0)),
+        Next::Collect(exited("Completed", 0))
+    );
+}
+
+#[test]
+fn envelope_exit_zero_succeeds() {
+    let o = collected(&exited("Completed", 0), OK_LOG, &limits());
+    assert_eq!(
+        (o.phase, o.reason.as_str()),
+        (Phase::Succeeded, "Succeeded")
+    );
+    assert_eq!(o.exit_code, Some(0));
+    assert_eq!(o.stdout.as_deref(), Some("hello from sandboxrun\n"));
+    assert_eq!(o.truncated, Some(false));
+}
+
+#[test]
+fn envelope_non_zero_fails_with_both_streams() {
+    let log = OK_LOG
+        .replace("\"exitCode\":0", "\"exitCode\":3")
+        .replace("\"stderr\":\"\"", "\"stderr\":\"oops\\n\"");
+    let o = collected(&exited("Error", 3), &log, &limits());
+    assert_eq!((o.phase, o.reason.as_str()), (Phase::Failed, "NonZeroExit"));
+    assert_eq!(o.exit_code, Some(3));
+    assert_eq!(o.stderr.as_deref(), Some("oops\n"));
+    assert_eq!(o.stdout.as_deref(), Some("hello from sandboxrun\n"));
+}
+
+#[test]
+fn envelope_sigkill_is_oom_killed_unless_the_cgroup_says_otherwise() {
+    let killed = OK_LOG
+        .replace("\"exitCode\":0", "\"exitCode\":137")
+        .replace("\"signal\":null", "\"signal\":9");
+    let o = collected(&exited("Error", 137), &killed, &limits());
+    assert_eq!((o.phase, o.reason.as_str()), (Phase::Failed, "OOMKilled"));
+    let not_oom = killed.replace("\"oomKill\":null", "\"oomKill\":false");
+    let o = collected(&exited("Error", 137), &not_oom, &limits());
+    assert_eq!(o.reason, "NonZeroExit");
+}
+
+#[test]
+fn container_oom_killed_wins_over_the_envelope() {
+    let o = collected(&exited("OOMKilled", 137), "", &limits());
+    assert_eq!((o.phase, o.reason.as_str()), (Phase::Failed, "OOMKilled"));
+    assert!(o.message.contains("256Mi"));
+}
+
+#[test]
+fn runner_timeout_is_timed_out_with_output() {
+    let log = OK_LOG
+        .replace("\"timedOut\":false", "\"timedOut\":true")
+        .replace("\"exitCode\":0", "\"exitCode\":137");
+    let o = collected(&exited("Error", 137), &log, &limits());
+    assert_eq!(
+        (o.phase, o.reason.as_str()),
+        (Phase::TimedOut, "DeadlineExceeded")
+    );
+    assert_eq!(o.stdout.as_deref(), Some("hello from sandboxrun\n"));
+}
+
+#[test]
+fn missing_envelope_is_no_result_with_the_log_tail() {
+    let o = collected(
+        &exited("Error", 1),
+        "Traceback...\nModuleNotFoundError: No module named 'resource'\n",
+        &limits(),
+    );
+    assert_eq!((o.phase, o.reason.as_str()), (Phase::Failed, "NoResult"));
+    assert!(o.message.contains("exit code 1"), "{}", o.message);
+    assert!(
+        o.message.contains("No module named 'resource'"),
+        "{}",
+        o.message
+    );
+    assert_eq!(o.exit_code, None);
+}
+
+#[test]
+fn output_is_recapped_and_flagged() {
+    let big = OK_LOG.replace("hello from sandboxrun\\n", &"x".repeat(500));
+    let o = collected(
+        &exited("Completed", 0),
+        &big,
+        &Limits {
+            output_bytes: 100,
+            ..limits()
+        },
+    );
+    assert_eq!(o.stdout.as_ref().unwrap().len(), 100);
+    assert_eq!(o.truncated, Some(true));
+    assert_eq!(o.phase, Phase::Succeeded);
+}
+
+#[test]
+fn unreadable_logs_are_retried_then_no_result() {
+    let e = exited("Completed", 0);
+    assert_eq!(log_unreadable(&e, "503", t("2026-11-29T08:00:30Z")), None);
+    let o = log_unreadable(&e, "503", t("2026-11-29T08:01:03Z")).unwrap();
+    assert_eq!((o.phase, o.reason.as_str()), (Phase::Failed, "NoResult"));
+}
+
+#[test]
+fn statuses_carry_conditions_with_generation_and_stable_transition_times() {
+    let p = Progress {
+        phase: Phase::Pending,
+        reason: "PodCreated".into(),
+        message: "created".into(),
+        started_at: None,
+        deadline: t(T0),
+    };
+    let s1 = progress_status(
+        &SandboxRunStatus::default(),
+        &p,
+        "r-sandbox",
+        Some(1),
+        t(T0),
+    );
+    assert_eq!(s1.phase, Some(Phase::Pending));
+    assert_eq!(s1.tool, Some(Tool::Python));
+    assert_eq!(s1.observed_generation, Some(1));
+    assert_eq!(s1.conditions.len(), 2);
+    assert!(
+        s1.conditions
+            .iter()
+            .all(|c| c.status == "False" && c.observed_generation == Some(1))
+    );
+
+    // Same condition status later: the transition time stays.
+    let s2 = progress_status(&s1, &p, "r-sandbox", Some(1), t("2026-11-29T08:00:09Z"));
+    assert_eq!(s2.conditions, s1.conditions);
+
+    let running = Progress {
+        phase: Phase::Running,
+        started_at: Some(t("2026-11-29T08:00:01Z")),
+        ..p
+    };
+    let s3 = progress_status(
+        &s2,
+        &running,
+        "r-sandbox",
+        Some(1),
+        t("2026-11-29T08:00:01Z"),
+    );
+    let started = s3.conditions.iter().find(|c| c.type_ == "Started").unwrap();
+    assert_eq!(
+        (started.status.as_str(), started.last_transition_time.0),
+        ("True", t("2026-11-29T08:00:01Z"))
+    );
+
+    let o = collected(&exited("Completed", 0), OK_LOG, &limits());
+    let s4 = outcome_status(
+        &s3,
+        Some(Tool::Python),
+        &o,
+        Some("r-sandbox"),
+        Some(1),
+        t("2026-11-29T08:00:03Z"),
+    );
+    assert_eq!(s4.phase, Some(Phase::Succeeded));
+    // The runner's measurement wins over second-granular Kubernetes timestamps.
+    assert_eq!(s4.duration_millis, Some(42));
+    let without = Outcome {
+        duration_millis: None,
+        ..o.clone()
+    };
+    let s5 = outcome_status(
+        &s3,
+        Some(Tool::Python),
+        &without,
+        None,
+        Some(1),
+        t("2026-11-29T08:00:03Z"),
+    );
+    assert_eq!(s5.duration_millis, Some(1500));
+    assert_eq!(s4.completion_time, Some(Time(t("2026-11-29T08:00:02.5Z"))));
+    let completed = s4
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Completed")
+        .unwrap();
+    assert_eq!(
+        (completed.status.as_str(), completed.reason.as_str()),
+        ("True", "Succeeded")
+    );
+    let started = s4.conditions.iter().find(|c| c.type_ == "Started").unwrap();
+    assert_eq!(started.last_transition_time.0, t("2026-11-29T08:00:01Z"));
+}

@@ -1,0 +1,437 @@
+//! The sandbox Pod: a pure function from a SandboxRun and the operator's configuration. Every
+//! isolation invariant of DESIGN.md is set here and asserted field by field in the tests.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, Pod, PodDNSConfig, PodSecurityContext, PodSpec,
+    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+use sandboxrun_api::SandboxRun;
+use sandboxrun_core::{Limits, Tool, runner_argv};
+
+/// Name of the single container of a sandbox Pod.
+pub const CONTAINER: &str = "sandbox";
+/// Seconds added to the run's timeout for `activeDeadlineSeconds`. The runner enforces the
+/// timeout itself from the moment the code starts; the Pod deadline counts from when the kubelet
+/// accepts the Pod, so it must leave room for sandbox and interpreter start-up (gVisor: ~1-2 s)
+/// and only fires when the runner itself is stuck.
+pub const ACTIVE_DEADLINE_GRACE_SECONDS: u32 = 10;
+/// The uid and gid sandbox code runs as (the conventional "nonroot" id of distroless images).
+pub const SANDBOX_UID: i64 = 65532;
+/// Ephemeral storage of a sandbox: only logs are written outside the memory-backed /tmp.
+pub const EPHEMERAL_STORAGE: &str = "64Mi";
+
+/// Label: who manages the object.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`LABEL_MANAGED_BY`] on sandbox Pods.
+pub const MANAGER: &str = "sandboxrun-operator";
+/// Label: the SandboxRun a Pod belongs to.
+pub const LABEL_RUN: &str = "sandboxrun.dev/run";
+/// Label: the agent that asked for the run.
+pub const LABEL_AGENT: &str = "sandboxrun.dev/agent";
+/// Label: the tool the run uses.
+pub const LABEL_TOOL: &str = "sandboxrun.dev/tool";
+
+/// What the operator's configuration contributes to every sandbox Pod.
+#[derive(Clone, Debug)]
+pub struct SandboxConfig {
+    /// RuntimeClass (gVisor by default).
+    pub runtime_class: String,
+    /// Sandbox image, providing python3.
+    pub image: String,
+    /// Size limit of the memory-backed /tmp.
+    pub tmp_size: String,
+}
+
+/// 32-bit FNV-1a, as 8 hex digits: a stable suffix that keeps shortened names unique.
+fn short_hash(s: &str) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in s.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("{h:08x}")
+}
+
+/// Name of the sandbox Pod of a run: `<run>-sandbox`, or when that exceeds 63 characters (the
+/// limit for a Pod's hostname), a prefix of the run name, a hash of the full name and `-sandbox`.
+/// Deterministic, so a restarted operator finds the Pod it created.
+pub fn pod_name(run_name: &str) -> String {
+    let plain = format!("{run_name}-sandbox");
+    if plain.len() <= 63 {
+        return plain;
+    }
+    // 63 = prefix (45) + "-" + hash (8) + "-sandbox" (8) + 1 spare; run names are DNS subdomains
+    // (ASCII), so byte slicing is safe. Dots and dashes are trimmed so the name stays valid.
+    let prefix = run_name[..45].trim_end_matches(['-', '.']);
+    format!("{prefix}-{}-sandbox", short_hash(run_name))
+}
+
+/// A valid label value for arbitrary text: invalid characters become `_`, at most 63 characters
+/// (longer values keep a prefix and a hash), alphanumeric at both ends.
+pub fn label_value(raw: &str) -> String {
+    let cleaned: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let shortened = if cleaned.len() > 63 {
+        format!("{}-{}", &cleaned[..54], short_hash(raw))
+    } else {
+        cleaned
+    };
+    let trimmed = shortened.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if trimmed.is_empty() {
+        "unknown".to_owned()
+    } else {
+        trimmed.to_owned()
+    }
+}
+
+/// The labels of a run's sandbox Pod.
+pub fn labels(run: &SandboxRun, tool: Tool) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_MANAGED_BY.to_owned(), MANAGER.to_owned()),
+        (LABEL_RUN.to_owned(), label_value(&run.name_any())),
+        (LABEL_AGENT.to_owned(), label_value(&run.spec.agent)),
+        (LABEL_TOOL.to_owned(), tool.as_str().to_owned()),
+    ])
+}
+
+/// The owner reference that ties the Pod to its run: garbage collection deletes the Pod with
+/// the run, and the run cannot disappear from a foreground deletion before the Pod is gone.
+fn owner_reference(run: &SandboxRun) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: SandboxRun::api_version(&()).into_owned(),
+        kind: SandboxRun::kind(&()).into_owned(),
+        name: run.metadata.name.clone()?,
+        uid: run.metadata.uid.clone()?,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    })
+}
+
+/// Why a Pod cannot be built for a run.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BuildError {
+    /// The run has no python section.
+    #[error("the run has no python code")]
+    NotPython,
+    /// The run lacks a name, namespace or uid (it was not read from the API server).
+    #[error("the run has no name, namespace or uid")]
+    Unidentified,
+}
+
+/// The sandbox Pod of a Python run.
+pub fn build(run: &SandboxRun, config: &SandboxConfig) -> Result<Pod, BuildError> {
+    let python = run.spec.python.as_ref().ok_or(BuildError::NotPython)?;
+    let owner = owner_reference(run).ok_or(BuildError::Unidentified)?;
+    let namespace = run.namespace().ok_or(BuildError::Unidentified)?;
+    let limits: Limits = run.spec.limits.effective();
+
+    let resources = BTreeMap::from([
+        ("cpu".to_owned(), Quantity(limits.cpu.clone())),
+        ("memory".to_owned(), Quantity(limits.memory.clone())),
+        (
+            "ephemeral-storage".to_owned(),
+            Quantity(EPHEMERAL_STORAGE.to_owned()),
+        ),
+    ]);
+
+    let container = Container {
+        name: CONTAINER.to_owned(),
+        image: Some(config.image.clone()),
+        image_pull_policy: Some("IfNotPresent".to_owned()),
+        // The code is an argv element: no shell ever parses it.
+        command: Some(runner_argv(&python.code, &limits)),
+        working_dir: Some("/tmp".to_owned()),
+        resources: Some(ResourceRequirements {
+            // requests = limits: the Pod is Guaranteed QoS and never overcommits the node.
+            requests: Some(resources.clone()),
+            limits: Some(resources),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            privileged: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            run_as_user: Some(SANDBOX_UID),
+            run_as_group: Some(SANDBOX_UID),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                add: None,
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                localhost_profile: None,
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "tmp".to_owned(),
+            mount_path: "/tmp".to_owned(),
+            ..Default::default()
+        }]),
+        stdin: Some(false),
+        tty: Some(false),
+        ..Default::default()
+    };
+
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(pod_name(&run.name_any())),
+            namespace: Some(namespace),
+            labels: Some(labels(run, Tool::Python)),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            runtime_class_name: Some(config.runtime_class.clone()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            restart_policy: Some("Never".to_owned()),
+            active_deadline_seconds: Some(i64::from(
+                limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
+            )),
+            // Nothing to shut down cleanly: the result is read before the Pod is deleted.
+            termination_grace_period_seconds: Some(1),
+            host_network: Some(false),
+            host_pid: Some(false),
+            host_ipc: Some(false),
+            share_process_namespace: Some(false),
+            // No cluster DNS: the sandbox has no network, and the search list would reveal the
+            // namespace and cluster domain.
+            dns_policy: Some("None".to_owned()),
+            dns_config: Some(PodDNSConfig {
+                nameservers: Some(vec!["127.0.0.1".to_owned()]),
+                ..Default::default()
+            }),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(SANDBOX_UID),
+                run_as_group: Some(SANDBOX_UID),
+                fs_group: Some(SANDBOX_UID),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    localhost_profile: None,
+                }),
+                ..Default::default()
+            }),
+            containers: vec![container],
+            volumes: Some(vec![Volume {
+                name: "tmp".to_owned(),
+                // Memory-backed: the root is read-only and nothing may reach the node's disk.
+                // tmpfs pages count against the container's memory limit.
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".to_owned()),
+                    size_limit: Some(Quantity(config.tmp_size.clone())),
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandboxrun_api::{LimitsSpec, PythonSpec, SandboxRunSpec, SqlSpec};
+    use sandboxrun_core::RUNNER_SCRIPT;
+
+    fn config() -> SandboxConfig {
+        SandboxConfig {
+            runtime_class: "gvisor".into(),
+            image: "localhost/sandboxrun/sandbox-python:dev".into(),
+            tmp_size: "16Mi".into(),
+        }
+    }
+
+    fn run() -> SandboxRun {
+        let mut run = SandboxRun::new(
+            "hello",
+            SandboxRunSpec {
+                agent: "analyst@example.com".into(),
+                environment: Default::default(),
+                python: Some(PythonSpec {
+                    code: "print('hi'); import os".into(),
+                }),
+                sql: None,
+                metrics: None,
+                limits: LimitsSpec {
+                    timeout_seconds: 5,
+                    cpu: "250m".into(),
+                    memory: "128Mi".into(),
+                    pids: 32,
+                    output_bytes: 1000,
+                },
+                ttl_seconds_after_finished: 30,
+                approval: None,
+            },
+        );
+        run.metadata.namespace = Some("sandboxrun-runs".into());
+        run.metadata.uid = Some("0b5f6c1e-uid".into());
+        run
+    }
+
+    #[test]
+    fn metadata_names_labels_and_owner() {
+        let pod = build(&run(), &config()).unwrap();
+        let m = &pod.metadata;
+        assert_eq!(m.name.as_deref(), Some("hello-sandbox"));
+        assert_eq!(m.namespace.as_deref(), Some("sandboxrun-runs"));
+        let labels = m.labels.as_ref().unwrap();
+        assert_eq!(
+            labels["app.kubernetes.io/managed-by"],
+            "sandboxrun-operator"
+        );
+        assert_eq!(labels["sandboxrun.dev/run"], "hello");
+        assert_eq!(labels["sandboxrun.dev/agent"], "analyst_example.com");
+        assert_eq!(labels["sandboxrun.dev/tool"], "python");
+        let owners = m.owner_references.as_ref().unwrap();
+        assert_eq!(owners.len(), 1);
+        let o = &owners[0];
+        assert_eq!(o.api_version, "sandboxrun.dev/v1alpha1");
+        assert_eq!(o.kind, "SandboxRun");
+        assert_eq!(o.name, "hello");
+        assert_eq!(o.uid, "0b5f6c1e-uid");
+        assert_eq!(o.controller, Some(true));
+        assert_eq!(o.block_owner_deletion, Some(true));
+    }
+
+    #[test]
+    fn pod_spec_isolation() {
+        let pod = build(&run(), &config()).unwrap();
+        let s = pod.spec.unwrap();
+        assert_eq!(s.runtime_class_name.as_deref(), Some("gvisor"));
+        assert_eq!(s.automount_service_account_token, Some(false));
+        assert_eq!(s.enable_service_links, Some(false));
+        assert_eq!(s.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(s.active_deadline_seconds, Some(5 + 10));
+        assert_eq!(s.host_network, Some(false));
+        assert_eq!(s.host_pid, Some(false));
+        assert_eq!(s.host_ipc, Some(false));
+        assert_eq!(s.share_process_namespace, Some(false));
+        assert_eq!(s.dns_policy.as_deref(), Some("None"));
+        assert_eq!(s.service_account_name, None);
+        assert_eq!(s.node_name, None);
+        let psc = s.security_context.unwrap();
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert_eq!(psc.run_as_user, Some(65532));
+        assert_eq!(psc.run_as_group, Some(65532));
+        assert_eq!(psc.fs_group, Some(65532));
+        assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        let volumes = s.volumes.unwrap();
+        assert_eq!(volumes.len(), 1);
+        let tmp = volumes[0].empty_dir.as_ref().unwrap();
+        assert_eq!(volumes[0].name, "tmp");
+        assert_eq!(tmp.medium.as_deref(), Some("Memory"));
+        assert_eq!(tmp.size_limit, Some(Quantity("16Mi".into())));
+        assert!(volumes[0].host_path.is_none());
+        assert_eq!(s.containers.len(), 1);
+        assert!(s.init_containers.is_none());
+    }
+
+    #[test]
+    fn container_isolation_resources_and_command() {
+        let pod = build(&run(), &config()).unwrap();
+        let c = &pod.spec.unwrap().containers[0];
+        assert_eq!(c.name, "sandbox");
+        assert_eq!(
+            c.image.as_deref(),
+            Some("localhost/sandboxrun/sandbox-python:dev")
+        );
+        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.privileged, Some(false));
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.run_as_user, Some(65532));
+        let caps = sc.capabilities.as_ref().unwrap();
+        assert_eq!(caps.drop.as_deref(), Some(&["ALL".to_owned()][..]));
+        assert_eq!(caps.add, None);
+        assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+
+        let r = c.resources.as_ref().unwrap();
+        assert_eq!(r.requests, r.limits);
+        let limits = r.limits.as_ref().unwrap();
+        assert_eq!(limits["cpu"], Quantity("250m".into()));
+        assert_eq!(limits["memory"], Quantity("128Mi".into()));
+        assert_eq!(limits["ephemeral-storage"], Quantity("64Mi".into()));
+
+        let mounts = c.volume_mounts.as_ref().unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].mount_path, "/tmp");
+        assert_eq!(mounts[0].name, "tmp");
+
+        // No shell: python3 runs the runner directly, the code is the last argv element.
+        let cmd = c.command.as_ref().unwrap();
+        assert_eq!(cmd[..4], ["python3", "-I", "-S", "-c"]);
+        assert_eq!(cmd[4], RUNNER_SCRIPT);
+        assert_eq!(cmd[5..], ["1000", "32", "5", "print('hi'); import os"]);
+        assert!(c.args.is_none());
+        assert!(c.env.is_none());
+        assert!(c.env_from.is_none());
+        assert!(c.ports.is_none());
+    }
+
+    #[test]
+    fn tool_other_than_python_builds_no_pod() {
+        let mut r = run();
+        r.spec.python = None;
+        r.spec.sql = Some(SqlSpec {
+            database: "db".into(),
+            query: "select 1".into(),
+        });
+        assert_eq!(build(&r, &config()), Err(BuildError::NotPython));
+        let mut r = run();
+        r.metadata.uid = None;
+        assert_eq!(build(&r, &config()), Err(BuildError::Unidentified));
+    }
+
+    #[test]
+    fn long_run_names_give_valid_distinct_pod_names() {
+        assert_eq!(pod_name("a"), "a-sandbox");
+        let exact = "x".repeat(55);
+        assert_eq!(pod_name(&exact).len(), 63);
+        let a = pod_name(&format!("{}-a", "y".repeat(100)));
+        let b = pod_name(&format!("{}-b", "y".repeat(100)));
+        assert_ne!(a, b);
+        for n in [&a, &b] {
+            assert!(n.len() <= 63, "{n}");
+            assert!(n.ends_with("-sandbox"));
+        }
+        assert_eq!(a, pod_name(&format!("{}-a", "y".repeat(100))));
+        let dotted = pod_name(&format!("{}.{}", "z".repeat(44), "w".repeat(40)));
+        assert!(!dotted.contains(".-"), "{dotted}");
+    }
+
+    #[test]
+    fn label_values_are_always_valid() {
+        assert_eq!(label_value("analyst-01"), "analyst-01");
+        assert_eq!(label_value("a b/c"), "a_b_c");
+        assert_eq!(label_value("--x--"), "x");
+        assert_eq!(label_value("@@@"), "unknown");
+        assert_eq!(label_value(""), "unknown");
+        let long = label_value(&"é".repeat(100));
+        assert!(long.len() <= 63);
+        let v = label_value(&"a".repeat(200));
+        assert!(v.len() <= 63);
+        assert!(
+            v.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        );
+    }
+}

@@ -1,0 +1,44 @@
+//! Reading a finished sandbox's log from the API server.
+
+use futures::AsyncReadExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::LogParams;
+use sandboxrun_core::Limits;
+
+use crate::pod::CONTAINER;
+
+/// Most log bytes to read: the envelope holds both streams (each at most `outputBytes`), and
+/// JSON escaping can grow a byte sixfold (control characters become `\u00XX`); plus room for
+/// the envelope's own fields. Larger logs can only come from code that wrote into the runner's
+/// stdout on purpose; the cut envelope then fails to parse and the run ends NoResult.
+pub fn log_limit_bytes(limits: &Limits) -> i64 {
+    12 * i64::from(limits.output_bytes) + 65_536
+}
+
+/// The sandbox container's log, decoded leniently: a byte limit can cut a character in two, and
+/// the API returns raw bytes.
+pub async fn read_log(pods: &Api<Pod>, pod: &str, limits: &Limits) -> Result<String, kube::Error> {
+    let params = LogParams {
+        container: Some(CONTAINER.to_owned()),
+        limit_bytes: Some(log_limit_bytes(limits)),
+        ..Default::default()
+    };
+    let mut stream = pods.log_stream(pod, &params).await?;
+    let mut bytes = Vec::new();
+    stream
+        .read_to_end(&mut bytes)
+        .await
+        .map_err(|e| kube::Error::Service(Box::new(e)))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_covers_the_worst_case_envelope() {
+        assert_eq!(log_limit_bytes(&Limits::default()), 12 * 65_536 + 65_536);
+    }
+}
