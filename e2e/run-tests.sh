@@ -40,6 +40,10 @@ kubectl() { "$(dirname "$KUBECONFIG")/bin/kubectl" "$@"; }
 kubectl get nodes -o wide
 kubectl get runtimeclass
 
+step "install sandboxrun with helm (e2e/install.sh)"
+"$REPO_ROOT/e2e/install.sh"
+kubectl -n sandboxrun-system get pods -o wide
+
 step "end-to-end tests against the cluster"
 # Two at a time: each test starts Pods, and the machine has two cores.
 cargo test -p sandboxrun-e2e --locked -- --test-threads=2

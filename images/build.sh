@@ -12,6 +12,9 @@
 #   build.sh import --address SOCK [--snapshotter S] [NAME...]
 #                                 `ctr images import` into namespace k8s.io
 #   build.sh path NAME            print the tarball path of an image
+#   build.sh rootfs NAME DIR      unpack the root file system of sandbox-python
+#                                 or base into DIR (for the local sandbox driver);
+#                                 a no-op when DIR already holds that layer
 #   build.sh clean                delete the image cache
 #
 # Images (the names are a contract other scripts rely on):
@@ -437,6 +440,63 @@ usage() {
 }
 
 # ---------------------------------------------------------------------------
+# Unpacked root file systems, for sandboxrun's local (embedded) sandbox driver,
+# which bind-mounts DIR read-only as the sandbox's / (bubblewrap) or uses it as
+# an OCI bundle's root (gVisor).
+
+# The marker in an unpacked root: which image and layer it holds.  Its presence
+# also says the unpacking finished (it is written last).
+readonly ROOTFS_MARKER=.sandboxrun-rootfs
+
+# unpack_rootfs NAME DIR: DIR becomes the root file system of image NAME,
+# unpacked from its cached layer (built first if missing).  Idempotent: when
+# DIR's marker names the same layer digest nothing is done.  Otherwise the
+# layer is unpacked next to DIR and swapped in with renames, so DIR is never
+# seen half-written by a sandbox that starts meanwhile.
+unpack_rootfs() {
+  local name=$1 dir=$2 kind packages diffid want parent tmp old
+  case $name in
+    sandbox-python) kind=sandbox-python packages=$PYTHON_PACKAGES ;;
+    base) kind=base packages=$BASE_PACKAGES ;;
+    *) die "rootfs: no root file system for '$name' (sandbox-python or base)" ;;
+  esac
+  rootfs_layer "$kind" "$packages"
+  diffid=$(<"$LAYER.diffid")
+  want="image $REGISTRY/$name:$(tag_of "$name") layer $diffid"
+  if [[ -f $dir/$ROOTFS_MARKER && $(<"$dir/$ROOTFS_MARKER") == "$want" ]]; then
+    log "rootfs: $dir already holds $name ($diffid)"
+    return 0
+  fi
+  [[ ! -e $dir || -d $dir ]] || die "rootfs: $dir exists and is not a directory"
+  if [[ -d $dir && ! -f $dir/$ROOTFS_MARKER ]] && [[ -n $(ls -A "$dir") ]]; then
+    die "rootfs: $dir is not empty and holds no $ROOTFS_MARKER: refusing to replace it"
+  fi
+  parent=$(dirname "$dir")
+  mkdir -p "$parent"
+  tmp=$(mktemp -d "$parent/.rootfs-$name.XXXXXX")
+  TMP_DIRS+=("$tmp")
+  log "rootfs: unpacking $(basename "$LAYER") into $dir"
+  # As root, keep the layer's owners (root:root, /etc/shadow root:shadow 0640),
+  # so the unprivileged sandbox user cannot read what it must not.
+  local owner=()
+  ((EUID == 0)) && owner=(--same-owner --numeric-owner)
+  tar --extract --gzip --file="$LAYER" --directory="$tmp" "${owner[@]}" \
+    --same-permissions --no-overwrite-dir
+  chmod 0755 "$tmp"
+  printf '%s\n' "$want" >"$tmp/$ROOTFS_MARKER"
+  chmod 0644 "$tmp/$ROOTFS_MARKER"
+  old=""
+  if [[ -d $dir ]]; then
+    old="$parent/.rootfs-$name.old.$$"
+    mv "$dir" "$old"
+    TMP_DIRS+=("$old")
+  fi
+  mv "$tmp" "$dir"
+  [[ -n $old ]] && rm -rf --one-file-system "$old"
+  log "rootfs: $dir holds $name ($diffid)"
+}
+
+# ---------------------------------------------------------------------------
 # Command line.
 
 main() {
@@ -496,6 +556,12 @@ main() {
     path)
       (($# == 1)) || die "usage: build.sh path NAME"
       tarball_of "$1"
+      return 0
+      ;;
+    rootfs)
+      (($# == 2)) || die "usage: build.sh rootfs NAME DIR"
+      lock_cache
+      unpack_rootfs "$1" "$2"
       return 0
       ;;
     clean)

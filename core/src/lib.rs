@@ -3,11 +3,15 @@
 //! defaults, maxima and the sandbox runner protocol have exactly one definition.
 
 pub mod limits;
+pub mod local;
 pub mod model;
 pub mod output;
 pub mod runner;
 
 pub use limits::Limits;
+pub use local::{
+    Isolation, LocalRun, LocalSandbox, LocalSandboxConfig, LocalSandboxError, Preference,
+};
 pub use model::{Environment, Phase, Tool, Verdict};
 pub use output::{Capped, cap_bytes, cap_str};
 pub use runner::{EnvelopeError, RUNNER_SCRIPT, RunnerResult, parse_envelope, runner_argv};

@@ -1,6 +1,8 @@
 //! Shared helpers for the end-to-end suite. Every test takes its cluster from `KUBECONFIG`, so the
 //! same suite runs against the local harness (`e2e/cluster/up.sh`), kind, or any other cluster.
 
+pub mod runs;
+
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
@@ -80,13 +82,21 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
-        // Deletion is asynchronous in the cluster; fire it and move on.
-        let api = Api::<Namespace>::all(self.client.clone());
+        // The test's runtime is about to shut down (or is blocked in this drop), so the delete
+        // runs on a runtime and client of its own, on a thread we wait for.
         let name = self.name.clone();
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let _ = api.delete(&name, &DeleteParams::background()).await;
-            });
+        let handle = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let client = client().await?;
+                Api::<Namespace>::all(client)
+                    .delete(&name, &DeleteParams::background())
+                    .await?;
+                anyhow::Ok(())
+            })
+        });
+        if let Ok(Err(err)) = handle.join() {
+            eprintln!("warning: could not delete test namespace {}: {err:#}", self.name);
         }
     }
 }

@@ -1,0 +1,107 @@
+//! The bubblewrap engine: Linux namespaces around the runner, no second kernel. Weaker than
+//! gVisor (the code talks to the host kernel, through bwrap's default seccomp-free syscall
+//! surface), which is why [`super::Preference::Auto`] takes gVisor when it works.
+//!
+//! What the command line does, flag by flag:
+//! - `--unshare-all --unshare-user --disable-userns`: new user, mount, PID, network, IPC, UTS and
+//!   cgroup namespaces; the network namespace has only a down-then-up `lo`, so nothing outside
+//!   is reachable; the code cannot create further user namespaces (a classic kernel attack
+//!   surface).
+//! - `--die-with-parent --new-session`: the sandbox dies with the driver's `bwrap` process (which
+//!   is what `kill_on_drop` kills), and has no controlling terminal to inject input into.
+//! - `--as-pid-1`: the runner is PID 1 of the sandbox, so that before printing its envelope it
+//!   can kill every other process of the sandbox (`kill(-1)`), as in the Pod; and PID 1 cannot be
+//!   killed by the code it runs.
+//! - `--clearenv --setenv ...`: only PATH, HOME and LANG reach the sandbox (bwrap passes the
+//!   host environment otherwise).
+//! - `--ro-bind ROOTFS /`: the image is the whole, read-only file system; nothing of the host's
+//!   is mounted (no `/sys`, no host `/tmp`). `--proc` is the sandbox's own PID namespace,
+//!   `--dev` a minimal `/dev` (null, zero, random, tty, ...).
+//! - `--size N --tmpfs /tmp`: the only writable place, memory-backed and size-limited.
+//! - `--uid/--gid 65532 --cap-drop ALL`: the image's unprivileged `sandbox` user (the Pod's
+//!   `runAsUser`), with no capabilities even inside the user namespace; bwrap always sets
+//!   `no_new_privs`.
+//!
+//! When the driver runs as root, bwrap maps the sandbox uid to the caller's host uid (0): the
+//! code has no capabilities anywhere, every host path it could write is read-only or a private
+//! tmpfs, and its processes are confined by the run's cgroup. Dropping to an unprivileged host
+//! uid first would be stronger but makes a rootfs under `/root` unreachable (bwrap resolves its
+//! bind sources as the calling user); see the driver's notes.
+
+use std::ffi::OsString;
+use std::path::Path;
+
+/// The sandbox user and group: the image's `sandbox` (see images/README.md).
+pub(super) const SANDBOX_ID: u32 = 65532;
+
+/// bwrap's arguments up to and including `--`; the runner's argv follows.
+pub(super) fn args(rootfs: &Path, tmp_size_bytes: u64) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::with_capacity(48);
+    let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
+    push(&[
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--as-pid-1",
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/local/bin:/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--ro-bind",
+    ]);
+    args.push(rootfs.as_os_str().to_owned());
+    let size = tmp_size_bytes.to_string();
+    let id = SANDBOX_ID.to_string();
+    let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
+    push(&[
+        "/",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        &size,
+        "--tmpfs",
+        "/tmp",
+        "--uid",
+        &id,
+        "--gid",
+        &id,
+        "--cap-drop",
+        "ALL",
+        "--chdir",
+        "/tmp",
+        "--",
+    ]);
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_is_cleared_and_root_is_read_only() {
+        let args = args(Path::new("/r"), 1024);
+        let s: Vec<&str> = args.iter().map(|a| a.to_str().unwrap()).collect();
+        let at = |flag: &str| s.iter().position(|a| *a == flag).unwrap();
+        assert!(at("--clearenv") < at("--setenv"));
+        assert_eq!(s[at("--ro-bind") + 1..at("--ro-bind") + 3], ["/r", "/"]);
+        assert_eq!(
+            s[at("--size") + 1..at("--size") + 4],
+            ["1024", "--tmpfs", "/tmp"]
+        );
+        assert_eq!(s.last(), Some(&"--"));
+        assert!(!s.contains(&"--bind") && !s.contains(&"--share-net"));
+    }
+}

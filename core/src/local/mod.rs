@@ -1,0 +1,945 @@
+//! The embedded ("local") sandbox driver: runs `run_python` on this machine, without Kubernetes,
+//! under the same constraints as the cluster's sandbox Pods: gVisor (`runsc`) when it is present
+//! and works, else bubblewrap (`bwrap`); a clean environment (PATH, HOME, LANG only), no network
+//! (only `lo`), the read-only `sandbox-python` image as the whole file system, a private
+//! size-limited `/tmp`, the unprivileged uid 65532, no capabilities, memory / pid / CPU / time
+//! limits and capped output.
+//!
+//! Inside the sandbox the same runner as in the Pod ([`crate::runner`]) runs the code in a child
+//! interpreter, enforces the timeout, caps each stream and prints one envelope line, which is
+//! read back from the sandbox's stdout.
+//!
+//! How the limits are enforced:
+//! - time: the runner kills the code at `timeoutSeconds` (the run ends `TimedOut`); the driver
+//!   kills the whole sandbox at `timeoutSeconds` + a start-up grace, should the runner hang;
+//! - memory, pids, CPU: a cgroup per run ([`cgroup`]) holding every sandbox process, when the
+//!   driver can create one (root, or a writable cgroup v2 subtree). An OOM kill is read from the
+//!   group's counters, so it is reported as `OOMKilled` even when it took the runner down too.
+//!   Without cgroups (an unprivileged user on a cgroup v1 machine) the fallback is rlimits, which
+//!   are per process and weaker: `RLIMIT_AS` = the memory limit (a large allocation then fails
+//!   with `MemoryError`, a non-zero exit), `RLIMIT_NPROC` = the pid limit (set by the runner; it
+//!   counts per user namespace, so per sandbox), `RLIMIT_FSIZE` = the `/tmp` size;
+//! - output: the runner keeps `outputBytes` of each stream and flags truncation; the driver itself
+//!   keeps only a bounded tail of the sandbox's stdout, whatever the code writes into it;
+//! - cancellation: dropping the future returned by [`LocalSandbox::run_python`] kills the engine
+//!   process (`kill_on_drop`, its process group), `runsc delete --force`s a gVisor sandbox, kills
+//!   whatever is left in the run's cgroup, and removes the cgroup and the bundle directory before
+//!   the drop returns. bubblewrap's `--die-with-parent` covers the no-cgroup case.
+
+mod bwrap;
+mod cgroup;
+mod gvisor;
+mod quantity;
+mod rootfs;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::process::Command;
+
+use crate::Phase;
+use crate::limits::Limits;
+use crate::runner::{ENVELOPE_VERSION, RunnerResult, parse_envelope, runner_argv};
+
+pub use quantity::{cpu_millis, memory_bytes};
+pub use rootfs::MARKER as ROOTFS_MARKER;
+
+use cgroup::{CgroupLimits, RunCgroup};
+
+/// Default size of the sandbox's `/tmp` (the Pod's memory-backed `/tmp` is 16Mi by default;
+/// locally a little more room costs nothing).
+pub const DEFAULT_TMP_SIZE_BYTES: u64 = 64 << 20;
+
+/// How long the driver waits beyond the code's timeout before it kills the sandbox itself: the
+/// runner normally ends the run at the timeout; this covers sandbox start-up and a hung runner.
+const START_GRACE: Duration = Duration::from_secs(10);
+
+/// How much of the engine's own stderr (bwrap or runsc errors) is kept for error messages.
+const ENGINE_STDERR_BYTES: usize = 16 * 1024;
+
+/// Processes the sandbox needs besides the code's own under bubblewrap (bwrap, the runner and
+/// its reader threads: cgroup pid limits count threads).
+const BWRAP_PID_OVERHEAD: u64 = 16;
+
+/// The same under gVisor: the Sentry and the Gofer are Go programs with dozens of threads, and
+/// each address space of the sandboxed code is a host stub process (systrap).
+const GVISOR_PID_OVERHEAD: u64 = 256;
+
+/// Which engine actually runs the sandboxes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isolation {
+    /// gVisor's `runsc`: a user-space kernel between the code and the host kernel.
+    Gvisor,
+    /// bubblewrap: Linux namespaces on the host kernel.
+    Bubblewrap,
+}
+
+impl Isolation {
+    /// The lowercase name used in configuration and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Gvisor => "gvisor",
+            Isolation::Bubblewrap => "bubblewrap",
+        }
+    }
+}
+
+impl fmt::Display for Isolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the user asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Preference {
+    /// gVisor if a runsc is found and its probe works, else bubblewrap.
+    #[default]
+    Auto,
+    /// gVisor or an error.
+    Gvisor,
+    /// bubblewrap or an error.
+    Bubblewrap,
+}
+
+impl FromStr for Preference {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Preference::Auto),
+            "gvisor" | "runsc" => Ok(Preference::Gvisor),
+            "bubblewrap" | "bwrap" => Ok(Preference::Bubblewrap),
+            other => Err(format!(
+                "unknown isolation {other:?}: expected auto, gvisor or bubblewrap"
+            )),
+        }
+    }
+}
+
+/// Where things are and what to use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalSandboxConfig {
+    /// The unpacked `sandbox-python` image (see [`LocalSandboxConfig::default_rootfs`]).
+    pub rootfs: PathBuf,
+    /// Which engine to use.
+    pub preference: Preference,
+    /// A specific runsc; None searches `PATH`, then `~/.cache/sandboxrun/gvisor-*/runsc`.
+    pub runsc: Option<PathBuf>,
+    /// A specific bwrap; None searches `PATH`.
+    pub bwrap: Option<PathBuf>,
+    /// Size of each sandbox's private `/tmp`, in bytes.
+    pub tmp_size_bytes: u64,
+    /// The driver's working directory: runsc's state (`runsc/`) and per-run OCI bundles
+    /// (`bundles/`). Created with mode 0700.
+    pub state_dir: PathBuf,
+}
+
+impl LocalSandboxConfig {
+    /// `~/.cache/sandboxrun/rootfs/sandbox-python` (`$SANDBOXRUN_CACHE/rootfs/sandbox-python`
+    /// when set), where `images/build.sh rootfs sandbox-python DIR` is expected to unpack.
+    pub fn default_rootfs() -> PathBuf {
+        rootfs::default_rootfs()
+    }
+
+    /// `/run/sandboxrun` for root, else `$XDG_RUNTIME_DIR/sandboxrun`, else
+    /// `$TMPDIR/sandboxrun-<uid>`: runtime state that need not survive a reboot.
+    pub fn default_state_dir() -> PathBuf {
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        if uid == 0 {
+            return PathBuf::from("/run/sandboxrun");
+        }
+        match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+            Some(dir) => PathBuf::from(dir).join("sandboxrun"),
+            None => std::env::temp_dir().join(format!("sandboxrun-{uid}")),
+        }
+    }
+}
+
+impl Default for LocalSandboxConfig {
+    fn default() -> Self {
+        Self {
+            rootfs: Self::default_rootfs(),
+            preference: Preference::Auto,
+            runsc: None,
+            bwrap: None,
+            tmp_size_bytes: DEFAULT_TMP_SIZE_BYTES,
+            state_dir: Self::default_state_dir(),
+        }
+    }
+}
+
+/// Why the driver could not be set up or a run could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalSandboxError {
+    /// The image directory is missing or incomplete.
+    #[error(
+        "the sandbox root file system {path} is not usable: {detail}. Create it with: \
+         images/build.sh rootfs sandbox-python {path}"
+    )]
+    RootfsMissing {
+        /// The configured directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// gVisor was required but no runsc binary was found.
+    #[error(
+        "gVisor was requested but no runsc was found (looked in: {searched}). Install it \
+         (`apt-get install runsc`, or build gvisor.dev/gvisor/runsc from the Go module proxy \
+         into ~/.cache/sandboxrun/gvisor-VERSION/), or use bubblewrap"
+    )]
+    RunscNotFound {
+        /// Where the driver looked.
+        searched: String,
+    },
+    /// bubblewrap was required but not found.
+    #[error(
+        "bubblewrap was requested but no bwrap was found on PATH. Install it: \
+         apt-get install bubblewrap (Debian/Ubuntu) or dnf install bubblewrap (Fedora)"
+    )]
+    BwrapNotFound,
+    /// An engine was found but could not run `print(1)`.
+    #[error("the {engine} probe (python print(1)) failed with {}: {detail}", path.display())]
+    ProbeFailed {
+        /// The engine probed.
+        engine: Isolation,
+        /// The binary used.
+        path: PathBuf,
+        /// What happened.
+        detail: String,
+    },
+    /// Automatic selection found no working engine.
+    #[error(
+        "no sandbox engine works on this machine ({details}). Install bubblewrap \
+         (apt-get install bubblewrap) or gVisor's runsc, then try again"
+    )]
+    NoEngine {
+        /// Why each engine was rejected.
+        details: String,
+    },
+    /// A limit the driver cannot interpret.
+    #[error("invalid {field} limit {value:?}: expected a Kubernetes quantity such as {example}")]
+    InvalidLimit {
+        /// `memory` or `cpu`.
+        field: &'static str,
+        /// The rejected value.
+        value: String,
+        /// A valid example.
+        example: &'static str,
+    },
+    /// A system call or file operation of the driver failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What the driver was doing.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> LocalSandboxError {
+    let context = context.into();
+    move |source| LocalSandboxError::Io { context, source }
+}
+
+/// The result of one run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalRun {
+    /// What the runner reported; when the sandbox ended without an envelope (killed, OOM), a
+    /// result synthesised by the driver with the reason in `stderr`.
+    pub result: RunnerResult,
+    /// `Succeeded`, `Failed` or `TimedOut`.
+    pub outcome: Phase,
+    /// Why the run did not succeed: `NonZeroExit`, `OOMKilled`, `DeadlineExceeded` or
+    /// `NoResult` (the Pod's reasons); None on success.
+    pub reason: Option<String>,
+    /// Wall-clock time of the whole sandbox, start-up included, in milliseconds (the code's
+    /// own run time is `result.duration_millis`).
+    pub duration_ms: u64,
+}
+
+/// A configured, probed engine. Cheap to clone; runs may proceed concurrently.
+#[derive(Clone, Debug)]
+pub struct LocalSandbox {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    isolation: Isolation,
+    engine: PathBuf,
+    rootfs: PathBuf,
+    tmp_size_bytes: u64,
+    state_dir: PathBuf,
+    /// Whether per-run cgroups are used (else rlimits).
+    cgroups: bool,
+    /// Whether the driver runs as root (runsc needs `--rootless` otherwise).
+    root: bool,
+}
+
+impl LocalSandbox {
+    /// Checks the root file system, finds the engine the preference asks for and probes it once
+    /// by running `print(1)` through the whole path. Fails with what is missing and how to
+    /// install it.
+    pub async fn detect(config: LocalSandboxConfig) -> Result<Self, LocalSandboxError> {
+        let rootfs = rootfs::check(&config.rootfs)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&config.state_dir)
+            .map_err(io_err(format!(
+                "cannot create the state directory {}",
+                config.state_dir.display()
+            )))?;
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let make = |isolation, engine| LocalSandbox {
+            inner: Arc::new(Inner {
+                isolation,
+                engine,
+                rootfs: rootfs.clone(),
+                tmp_size_bytes: config.tmp_size_bytes,
+                state_dir: config.state_dir.clone(),
+                cgroups: cgroup::available(),
+                root,
+            }),
+        };
+        let gvisor = || async {
+            let candidates = gvisor::candidates(config.runsc.as_deref());
+            if candidates.is_empty() {
+                return Err(LocalSandboxError::RunscNotFound {
+                    searched: format!("PATH, {}/gvisor-*/runsc", rootfs::cache_dir().display()),
+                });
+            }
+            let mut last = None;
+            for path in candidates {
+                let sandbox = make(Isolation::Gvisor, path);
+                match sandbox.probe().await {
+                    Ok(()) => return Ok(sandbox),
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(last.expect("at least one candidate was probed"))
+        };
+        let bubblewrap = || async {
+            let path = match &config.bwrap {
+                Some(path) => path.clone(),
+                None => which("bwrap").ok_or(LocalSandboxError::BwrapNotFound)?,
+            };
+            let sandbox = make(Isolation::Bubblewrap, path);
+            sandbox.probe().await.map(|()| sandbox)
+        };
+        match config.preference {
+            Preference::Gvisor => gvisor().await,
+            Preference::Bubblewrap => bubblewrap().await,
+            Preference::Auto => match gvisor().await {
+                Ok(sandbox) => Ok(sandbox),
+                Err(gvisor_err) => match bubblewrap().await {
+                    Ok(sandbox) => Ok(sandbox),
+                    Err(bwrap_err) => Err(LocalSandboxError::NoEngine {
+                        details: format!("gVisor: {gvisor_err}; bubblewrap: {bwrap_err}"),
+                    }),
+                },
+            },
+        }
+    }
+
+    /// The engine in use.
+    pub fn isolation(&self) -> Isolation {
+        self.inner.isolation
+    }
+
+    /// The engine binary in use (`runsc` or `bwrap`).
+    pub fn engine_path(&self) -> &Path {
+        &self.inner.engine
+    }
+
+    /// Whether memory, pid and CPU limits are enforced by a per-run cgroup (true) or only by
+    /// rlimits (false, see the module documentation).
+    pub fn uses_cgroups(&self) -> bool {
+        self.inner.cgroups
+    }
+
+    /// Runs `print(1)` and expects `1`.
+    async fn probe(&self) -> Result<(), LocalSandboxError> {
+        let limits = Limits {
+            timeout_seconds: 20,
+            ..Limits::default()
+        };
+        let failed = |detail: String| LocalSandboxError::ProbeFailed {
+            engine: self.inner.isolation,
+            path: self.inner.engine.clone(),
+            detail,
+        };
+        let run = self
+            .run_python("print(1)", &limits)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        if run.outcome == Phase::Succeeded && run.result.stdout == "1\n" {
+            Ok(())
+        } else {
+            Err(failed(format!(
+                "ended {:?} ({}), stdout {:?}, stderr {:?}",
+                run.outcome,
+                run.reason.as_deref().unwrap_or("-"),
+                run.result.stdout,
+                run.result.stderr.trim_end()
+            )))
+        }
+    }
+
+    /// Runs `code` in a fresh sandbox under `limits` (clamped to the accepted ranges) and
+    /// returns how it ended. An `Err` means the sandbox could not be started at all; anything
+    /// the code does (crash, timeout, OOM) is an `Ok` with the matching outcome. Dropping the
+    /// future kills the sandbox and removes everything it used.
+    pub async fn run_python(
+        &self,
+        code: &str,
+        limits: &Limits,
+    ) -> Result<LocalRun, LocalSandboxError> {
+        let inner = &*self.inner;
+        let limits = limits.clamped();
+        let memory =
+            memory_bytes(&limits.memory).ok_or_else(|| LocalSandboxError::InvalidLimit {
+                field: "memory",
+                value: limits.memory.clone(),
+                example: "256Mi",
+            })?;
+        let cpu = cpu_millis(&limits.cpu).ok_or_else(|| LocalSandboxError::InvalidLimit {
+            field: "cpu",
+            value: limits.cpu.clone(),
+            example: "500m",
+        })?;
+        let argv = runner_argv(code, &limits);
+        let id = new_id();
+        let started = Instant::now();
+        let mut cleanup = Cleanup::default();
+        if inner.cgroups {
+            let overhead = match inner.isolation {
+                Isolation::Gvisor => GVISOR_PID_OVERHEAD,
+                Isolation::Bubblewrap => BWRAP_PID_OVERHEAD,
+            };
+            let group = RunCgroup::create(
+                &id,
+                CgroupLimits {
+                    memory_bytes: memory,
+                    pids: u64::from(limits.pids) + overhead,
+                    cpu_millis: cpu,
+                },
+            )
+            .map_err(io_err("cannot create the run's cgroup"))?;
+            cleanup.cgroup = Some(group);
+        }
+        let rlimits = Rlimits {
+            address_space: (!inner.cgroups).then_some(memory),
+            file_size: inner.tmp_size_bytes,
+        };
+
+        let mut cmd = Command::new(&inner.engine);
+        match inner.isolation {
+            Isolation::Bubblewrap => {
+                cmd.args(bwrap::args(&inner.rootfs, inner.tmp_size_bytes));
+                cmd.args(&argv);
+                let fds = cleanup
+                    .cgroup
+                    .as_ref()
+                    .map(RunCgroup::procs_fds)
+                    .unwrap_or_default();
+                // SAFETY: the closure only makes async-signal-safe system calls (write,
+                // setrlimit) on data prepared before fork.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        cgroup::join_current(&fds)?;
+                        rlimits.apply()
+                    });
+                }
+            }
+            Isolation::Gvisor => {
+                let runsc_root = inner.state_dir.join("runsc");
+                let bundle = inner.state_dir.join("bundles").join(&id);
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&runsc_root)
+                    .map_err(io_err("cannot create runsc's state directory"))?;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o711)
+                    .create(&bundle)
+                    .map_err(io_err("cannot create the run's OCI bundle"))?;
+                cleanup.bundle = Some(bundle.clone());
+                let config = gvisor::config(&gvisor::BundleSpec {
+                    rootfs: &inner.rootfs,
+                    argv: &argv,
+                    tmp_size_bytes: inner.tmp_size_bytes,
+                    memory_bytes: memory,
+                    pids: u64::from(limits.pids),
+                    cgroups_path: cleanup.cgroup.as_ref().map(RunCgroup::oci_path),
+                    rlimit_as: rlimits.address_space,
+                });
+                let path = bundle.join("config.json");
+                std::fs::write(&path, config.to_string())
+                    .and_then(|()| {
+                        std::fs::set_permissions(&path, PermissionsExt::from_mode(0o600))
+                    })
+                    .map_err(io_err("cannot write the run's OCI config"))?;
+                cmd.args(gvisor::run_args(&runsc_root, inner.root, &bundle, &id));
+                cleanup.runsc_delete = Some((
+                    inner.engine.clone(),
+                    gvisor::delete_args(&runsc_root, inner.root, &id),
+                ));
+            }
+        }
+        cmd.env_clear()
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+
+        let mut child = cmd
+            .spawn()
+            .map_err(io_err(format!("cannot start {}", inner.engine.display())))?;
+        cleanup.pgid = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok());
+        let mut stdout = child.stdout.take().expect("stdout is piped");
+        let mut stderr = child.stderr.take().expect("stderr is piped");
+        // The envelope escapes at most 6 bytes per byte of output, for both streams.
+        let envelope_max = 12 * limits.output_bytes as usize + 4096;
+        let mut out = TailBuffer::new(envelope_max);
+        let mut err = Vec::new();
+        let deadline = Duration::from_secs(u64::from(limits.timeout_seconds)) + START_GRACE;
+        let waited = tokio::time::timeout(deadline, async {
+            let (status, (), ()) = tokio::join!(
+                child.wait(),
+                read_tail(&mut stdout, &mut out),
+                read_head(&mut stderr, &mut err, ENGINE_STDERR_BYTES),
+            );
+            status
+        })
+        .await;
+        let (status, deadline_hit) = match waited {
+            Ok(status) => {
+                cleanup.reaped = true;
+                (status.ok(), false)
+            }
+            Err(_) => {
+                cleanup.kill_now();
+                let status = child.wait().await.ok();
+                cleanup.reaped = true;
+                (status, true)
+            }
+        };
+        let oom = cleanup.cgroup.as_ref().is_some_and(RunCgroup::oom_killed);
+        let pids_hit = cleanup
+            .cgroup
+            .as_ref()
+            .is_some_and(RunCgroup::pids_limit_hit);
+        let log = String::from_utf8_lossy(out.bytes());
+        let engine_stderr = String::from_utf8_lossy(&err);
+        let (result, outcome, reason) = classify(
+            parse_envelope(&log).ok(),
+            Observed {
+                oom,
+                pids_hit,
+                deadline_hit,
+                status,
+            },
+            engine_stderr.trim(),
+        );
+        drop(cleanup);
+        Ok(LocalRun {
+            result,
+            outcome,
+            reason,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+}
+
+/// What the driver saw of a run besides its envelope.
+#[derive(Clone, Copy, Debug, Default)]
+struct Observed {
+    /// The run's cgroup recorded an OOM kill.
+    oom: bool,
+    /// The run's cgroup refused a fork at its pid limit.
+    pids_hit: bool,
+    /// The driver killed the sandbox at its own deadline.
+    deadline_hit: bool,
+    /// How the engine process ended.
+    status: Option<ExitStatus>,
+}
+
+/// Turns what was observed into the run's outcome, the Pod's way: the envelope when there is
+/// one, else the cgroup's OOM counter, the deadline, or "no result".
+fn classify(
+    envelope: Option<RunnerResult>,
+    seen: Observed,
+    engine_stderr: &str,
+) -> (RunnerResult, Phase, Option<String>) {
+    use std::os::unix::process::ExitStatusExt;
+    let Observed {
+        oom,
+        pids_hit,
+        deadline_hit,
+        status,
+    } = seen;
+    if let Some(r) = envelope {
+        let (phase, reason) = if r.timed_out {
+            (Phase::TimedOut, Some("DeadlineExceeded"))
+        } else if r.exit_code == 0 {
+            (Phase::Succeeded, None)
+        } else if r.oom_kill == Some(true) || (oom && r.signal == Some(libc::SIGKILL)) {
+            (Phase::Failed, Some("OOMKilled"))
+        } else {
+            (Phase::Failed, Some("NonZeroExit"))
+        };
+        return (r, phase, reason.map(str::to_owned));
+    }
+    let signal = status.and_then(|s| s.signal());
+    let exit_code = match (status.and_then(|s| s.code()), signal) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 137,
+    };
+    let (phase, reason, why) = if oom {
+        (
+            Phase::Failed,
+            "OOMKilled",
+            "the sandbox ran out of memory and was killed".to_owned(),
+        )
+    } else if deadline_hit {
+        (
+            Phase::TimedOut,
+            "DeadlineExceeded",
+            "the sandbox did not finish in time and was killed".to_owned(),
+        )
+    } else {
+        let mut detail = String::new();
+        if pids_hit {
+            // gVisor's Sentry dies when the host refuses it threads for a fork bomb.
+            detail.push_str(" after reaching its process limit");
+        }
+        if !engine_stderr.is_empty() {
+            detail.push_str(": ");
+            detail.push_str(engine_stderr);
+        }
+        (
+            Phase::Failed,
+            "NoResult",
+            format!("the sandbox ended without a result (exit status {exit_code}){detail}"),
+        )
+    };
+    let result = RunnerResult {
+        version: ENVELOPE_VERSION,
+        exit_code,
+        stdout: String::new(),
+        stderr: why,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        signal: if oom || deadline_hit {
+            Some(libc::SIGKILL)
+        } else {
+            signal
+        },
+        oom_kill: Some(oom),
+        timed_out: deadline_hit,
+        duration_millis: None,
+    };
+    (result, phase, Some(reason.to_owned()))
+}
+
+/// Everything a run holds that must not outlive it. Dropping it (normally, on error, or because
+/// the run's future was dropped) kills and removes all of it, synchronously.
+#[derive(Default)]
+struct Cleanup {
+    /// The engine's process group (its leader is the engine process).
+    pgid: Option<libc::pid_t>,
+    /// Whether the engine process has been reaped (its pid may then be reused: never signal it).
+    reaped: bool,
+    /// `runsc delete --force` for a gVisor run.
+    runsc_delete: Option<(PathBuf, Vec<OsString>)>,
+    /// The run's cgroup (kills what is left and is removed on drop).
+    cgroup: Option<RunCgroup>,
+    /// The run's OCI bundle directory.
+    bundle: Option<PathBuf>,
+}
+
+impl Cleanup {
+    /// Kills the engine and the whole sandbox now (the deadline passed or the run is abandoned).
+    fn kill_now(&mut self) {
+        if !self.reaped
+            && let Some(pgid) = self.pgid
+        {
+            // SAFETY: signalling a process group we created and have not reaped.
+            unsafe { libc::killpg(pgid, libc::SIGKILL) };
+        }
+        if let Some((runsc, args)) = self.runsc_delete.take() {
+            let _ = std::process::Command::new(runsc)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+        if let Some(group) = &self.cgroup {
+            group.kill_all();
+        }
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.kill_now();
+        }
+        // A `runsc run` that returned on its own has already deleted its container.
+        self.runsc_delete = None;
+        self.cgroup = None;
+        if let Some(bundle) = self.bundle.take() {
+            let _ = std::fs::remove_dir_all(bundle);
+        }
+    }
+}
+
+/// Per-process limits set between fork and exec of the engine (inherited by the sandbox).
+#[derive(Clone, Copy, Debug)]
+struct Rlimits {
+    /// `RLIMIT_AS`, only when there is no cgroup to limit memory.
+    address_space: Option<u64>,
+    /// `RLIMIT_FSIZE`: no single file larger than `/tmp`.
+    file_size: u64,
+}
+
+impl Rlimits {
+    /// Only calls setrlimit, so it is safe between fork and exec.
+    fn apply(self) -> std::io::Result<()> {
+        let set = |resource, value: u64| {
+            let limit = libc::rlimit {
+                rlim_cur: value,
+                rlim_max: value,
+            };
+            // SAFETY: setrlimit with a valid pointer to a local struct.
+            if unsafe { libc::setrlimit(resource, &limit) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        };
+        set(libc::RLIMIT_CORE, 0)?;
+        set(libc::RLIMIT_FSIZE, self.file_size)?;
+        if let Some(bytes) = self.address_space {
+            set(libc::RLIMIT_AS, bytes)?;
+        }
+        Ok(())
+    }
+}
+
+/// Keeps the last `keep` bytes of a stream (the envelope is the last line; whatever the code
+/// forged or flooded before it may be dropped), in at most twice that memory.
+struct TailBuffer {
+    keep: usize,
+    data: Vec<u8>,
+}
+
+impl TailBuffer {
+    fn new(keep: usize) -> Self {
+        Self {
+            keep,
+            data: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, chunk: &[u8]) {
+        self.data.extend_from_slice(chunk);
+        if self.data.len() > 2 * self.keep {
+            let cut = self.data.len() - self.keep;
+            self.data.drain(..cut);
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        let start = self.data.len().saturating_sub(self.keep);
+        &self.data[start..]
+    }
+}
+
+async fn read_tail(pipe: &mut (impl AsyncRead + Unpin), buf: &mut TailBuffer) {
+    let mut chunk = vec![0u8; 64 * 1024];
+    while let Ok(n) = pipe.read(&mut chunk).await {
+        if n == 0 {
+            break;
+        }
+        buf.push(&chunk[..n]);
+    }
+}
+
+async fn read_head(pipe: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>, cap: usize) {
+    let mut chunk = vec![0u8; 16 * 1024];
+    while let Ok(n) = pipe.read(&mut chunk).await {
+        if n == 0 {
+            break;
+        }
+        let room = cap.saturating_sub(buf.len());
+        buf.extend_from_slice(&chunk[..n.min(room)]);
+    }
+}
+
+/// A name for a run, unique on this machine: runsc container ID and cgroup name.
+fn new_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "sbr-{}-{}-{nanos:09}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The first executable `name` on `PATH`.
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    use super::*;
+
+    fn envelope(exit_code: i32) -> RunnerResult {
+        RunnerResult {
+            version: 1,
+            exit_code,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            signal: None,
+            oom_kill: None,
+            timed_out: false,
+            duration_millis: Some(1),
+        }
+    }
+
+    #[test]
+    fn envelope_outcomes() {
+        let ok = classify(Some(envelope(0)), Observed::default(), "");
+        assert_eq!((ok.1, ok.2), (Phase::Succeeded, None));
+        let failed = classify(Some(envelope(3)), Observed::default(), "");
+        assert_eq!(
+            (failed.1, failed.2.as_deref()),
+            (Phase::Failed, Some("NonZeroExit"))
+        );
+        let timed = classify(
+            Some(RunnerResult {
+                timed_out: true,
+                exit_code: 137,
+                ..envelope(137)
+            }),
+            Observed::default(),
+            "",
+        );
+        assert_eq!(
+            (timed.1, timed.2.as_deref()),
+            (Phase::TimedOut, Some("DeadlineExceeded"))
+        );
+        let killed = RunnerResult {
+            signal: Some(9),
+            ..envelope(137)
+        };
+        let oom = classify(
+            Some(killed),
+            Observed {
+                oom: true,
+                ..Observed::default()
+            },
+            "",
+        );
+        assert_eq!(
+            (oom.1, oom.2.as_deref()),
+            (Phase::Failed, Some("OOMKilled"))
+        );
+    }
+
+    #[test]
+    fn missing_envelope_outcomes() {
+        let status = Some(ExitStatus::from_raw(9));
+        let seen = |oom, deadline_hit| Observed {
+            oom,
+            deadline_hit,
+            status,
+            pids_hit: false,
+        };
+        let oom = classify(None, seen(true, false), "");
+        assert_eq!(
+            (oom.1, oom.2.as_deref()),
+            (Phase::Failed, Some("OOMKilled"))
+        );
+        assert_eq!(oom.0.exit_code, 137);
+        let late = classify(None, seen(false, true), "");
+        assert_eq!(
+            (late.1, late.2.as_deref()),
+            (Phase::TimedOut, Some("DeadlineExceeded"))
+        );
+        let lost = classify(
+            None,
+            Observed {
+                status: Some(ExitStatus::from_raw(1 << 8)),
+                pids_hit: true,
+                ..Observed::default()
+            },
+            "bwrap: no",
+        );
+        assert_eq!(
+            (lost.1, lost.2.as_deref()),
+            (Phase::Failed, Some("NoResult"))
+        );
+        assert!(
+            lost.0.stderr.contains("process limit: bwrap: no"),
+            "{}",
+            lost.0.stderr
+        );
+        assert_eq!(lost.0.exit_code, 1);
+    }
+
+    #[test]
+    fn tail_buffer_keeps_the_end() {
+        let mut t = TailBuffer::new(4);
+        for chunk in [&b"abc"[..], b"def", b"ghij"] {
+            t.push(chunk);
+        }
+        assert_eq!(t.bytes(), b"ghij");
+        assert!(t.data.len() <= 8);
+    }
+
+    #[test]
+    fn preference_parses() {
+        assert_eq!("auto".parse(), Ok(Preference::Auto));
+        assert_eq!("bwrap".parse(), Ok(Preference::Bubblewrap));
+        assert_eq!("gVisor".parse(), Ok(Preference::Gvisor));
+        assert!("docker".parse::<Preference>().is_err());
+    }
+}

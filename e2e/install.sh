@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the sandboxrun binaries, packs them into images (images/build.sh app, no Docker needed),
+# imports them into the local cluster's containerd and installs the Helm chart with
+# `helm upgrade --install`, exactly as an operator would. Used by run-tests.sh; also handy alone:
+#
+#   sudo e2e/install.sh            # against the cluster from e2e/cluster/up.sh
+#
+# Images are tagged with a digest of their binary, so a changed binary rolls the Deployment.
+set -euo pipefail
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$REPO_ROOT/e2e/cluster/lib.sh"
+export PATH="$HOME/.cargo/bin:$STATE_DIR/bin:$PATH"
+export KUBECONFIG="${KUBECONFIG:-$KUBECONFIG_FILE}"
+cd "$REPO_ROOT"
+
+RELEASE=${SANDBOXRUN_RELEASE:-sandboxrun}
+RELEASE_NAMESPACE=${SANDBOXRUN_NAMESPACE:-sandboxrun-system}
+APPS=(operator)
+[[ -d mcp-frontend ]] && APPS+=(mcp)
+
+log "building release binaries: ${APPS[*]}"
+cargo build --release --locked $(for app in "${APPS[@]}"; do printf -- '-p sandboxrun-%s ' "$app"; done)
+
+declare -A TAGS
+for app in "${APPS[@]}"; do
+  binary="target/release/sandboxrun-$app"
+  tag="$(sha256sum "$binary" | cut -c1-12)"
+  "$REPO_ROOT/images/build.sh" app "$app" "$binary" --import-address "$CONTAINERD_SOCK" >&2
+  ctr --address "$CONTAINERD_SOCK" -n k8s.io images tag --force \
+    "localhost/sandboxrun/$app:dev" "localhost/sandboxrun/$app:$tag" >/dev/null
+  TAGS[$app]=$tag
+done
+
+helm_args=(--namespace "$RELEASE_NAMESPACE" --create-namespace --wait --timeout 3m
+  --set "operator.image.tag=${TAGS[operator]}")
+[[ -n ${TAGS[mcp]:-} ]] && helm_args+=(--set "frontend.image.tag=${TAGS[mcp]}")
+log "helm upgrade --install $RELEASE charts/sandboxrun ${helm_args[*]} $*"
+helm upgrade --install "$RELEASE" charts/sandboxrun "${helm_args[@]}" "$@" >&2
+kubectl -n "$RELEASE_NAMESPACE" rollout status deployment --timeout=120s >&2
+log "sandboxrun installed in $RELEASE_NAMESPACE (runs go to the chart's sandbox namespace)"

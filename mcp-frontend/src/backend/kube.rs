@@ -1,0 +1,223 @@
+//! The cluster backend: each call becomes a SandboxRun that the operator executes in a gVisor
+//! Pod. The frontend creates it, follows that one object with a watch (no polling) until its
+//! phase is terminal, and deletes it when the caller goes away.
+
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt, future::BoxFuture};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use sandboxrun_api::{LimitsSpec, PythonSpec, SandboxRun, SandboxRunSpec};
+use sandboxrun_core::{Environment, Phase, limits::DEFAULT_TTL_SECONDS_AFTER_FINISHED};
+use tokio_util::sync::CancellationToken;
+
+use super::{Backend, BackendError, ProgressFn, RunOutput, RunRequest, outcome};
+
+/// Label on every SandboxRun this frontend creates, so operators can tell them apart.
+const CREATED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/created-by", "sandboxrun-mcp");
+
+/// Creates SandboxRuns in one namespace and waits for their results.
+#[derive(Clone)]
+pub struct KubeBackend {
+    api: Api<SandboxRun>,
+    namespace: String,
+    /// Time allowed on top of a run's own timeout for scheduling, image start and result
+    /// collection before the frontend gives up on the operator.
+    grace: Duration,
+}
+
+impl KubeBackend {
+    /// Connects with the ambient configuration (KUBECONFIG, or the in-cluster service account).
+    pub async fn connect(namespace: String, grace: Duration) -> anyhow::Result<Self> {
+        let client = Client::try_default().await?;
+        Ok(Self {
+            api: Api::namespaced(client, &namespace),
+            namespace,
+            grace,
+        })
+    }
+
+    /// The SandboxRun object for a request: generated name `run-…`, the caller as agent.
+    pub fn build(req: &RunRequest) -> SandboxRun {
+        let spec = SandboxRunSpec {
+            agent: req.agent.clone(),
+            environment: Environment::Sandbox,
+            python: Some(PythonSpec {
+                code: req.code.clone(),
+            }),
+            sql: None,
+            metrics: None,
+            limits: LimitsSpec::from(req.limits.clone()),
+            ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
+            approval: None,
+        };
+        let mut run = SandboxRun::new("", spec);
+        run.metadata = ObjectMeta {
+            generate_name: Some("run-".to_owned()),
+            labels: Some([CREATED_BY_LABEL].map(|(k, v)| (k.to_owned(), v.to_owned())).into()),
+            ..ObjectMeta::default()
+        };
+        run
+    }
+
+    async fn run(
+        &self,
+        req: RunRequest,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> Result<RunOutput, BackendError> {
+        let created = self
+            .api
+            .create(&PostParams::default(), &Self::build(&req))
+            .await
+            .map_err(|e| {
+                BackendError::Unavailable(format!(
+                    "could not create a SandboxRun in namespace {}: {e}; check that the \
+                     sandboxrun CRD is installed and the frontend may create sandboxruns",
+                    self.namespace
+                ))
+            })?;
+        let name = created.name_any();
+        tracing::info!(run = %name, agent = %req.agent, "created SandboxRun");
+        progress(Phase::Pending);
+        // From here on the run exists: whatever ends this future (cancellation, a dropped
+        // request, a shutdown) deletes it unless a result was read.
+        let mut guard = DeleteOnDrop::new(self.api.clone(), name.clone());
+        let deadline = Duration::from_secs(u64::from(req.limits.timeout_seconds)) + self.grace;
+
+        let result = tokio::select! {
+            r = self.follow(&name, &progress) => r,
+            () = cancel.cancelled() => Err(BackendError::Cancelled),
+            () = tokio::time::sleep(deadline) => Err(BackendError::Unavailable(format!(
+                "SandboxRun {name} did not finish within {}s; check that the sandboxrun operator \
+                 is running and watching namespace {}", deadline.as_secs(), self.namespace))),
+        };
+        if result.is_ok() {
+            // A finished run stays for its TTL: the audit trail.
+            guard.disarm();
+        }
+        result
+    }
+
+    /// Watches the named SandboxRun until it is terminal.
+    async fn follow(&self, name: &str, progress: &ProgressFn) -> Result<RunOutput, BackendError> {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
+        let mut reported_running = false;
+        let mut seen = false;
+        while let Some(event) = events.next().await {
+            let run = match event {
+                Ok(watcher::Event::Apply(run) | watcher::Event::InitApply(run)) => run,
+                Ok(watcher::Event::Delete(_)) => return Err(deleted(name)),
+                Ok(watcher::Event::InitDone) if !seen => return Err(deleted(name)),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
+                Err(e) => {
+                    // The backoff retries; a lasting outage ends at the caller's deadline.
+                    tracing::warn!(run = %name, error = %e, "watch of SandboxRun failed; retrying");
+                    continue;
+                }
+            };
+            seen = true;
+            let Some(status) = run.status.as_ref() else {
+                continue;
+            };
+            if let Some(output) = outcome::from_status(name, status) {
+                return Ok(output);
+            }
+            if status.phase == Some(Phase::Running) && !reported_running {
+                reported_running = true;
+                progress(Phase::Running);
+            }
+        }
+        Err(BackendError::Unavailable(format!(
+            "the watch of SandboxRun {name} ended unexpectedly"
+        )))
+    }
+}
+
+fn deleted(name: &str) -> BackendError {
+    BackendError::Unavailable(format!(
+        "SandboxRun {name} was deleted before it finished; try again"
+    ))
+}
+
+impl Backend for KubeBackend {
+    fn name(&self) -> &'static str {
+        "kube"
+    }
+
+    fn run_python(
+        &self,
+        req: RunRequest,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> BoxFuture<'_, Result<RunOutput, BackendError>> {
+        self.run(req, progress, cancel).boxed()
+    }
+}
+
+/// Deletes a SandboxRun when dropped while armed. Deletion cascades to its Pod through the
+/// ownerReference, so a cancelled call leaves nothing running.
+struct DeleteOnDrop {
+    api: Api<SandboxRun>,
+    name: String,
+    armed: bool,
+}
+
+impl DeleteOnDrop {
+    fn new(api: Api<SandboxRun>, name: String) -> Self {
+        Self {
+            api,
+            name,
+            armed: true,
+        }
+    }
+
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for DeleteOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let (api, name) = (self.api.clone(), std::mem::take(&mut self.name));
+        // Drop cannot await; outside a runtime (process exit) the run's TTL still applies.
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                match api.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => tracing::info!(run = %name, "deleted unfinished SandboxRun"),
+                    Err(e) => tracing::warn!(run = %name, error = %e, "could not delete SandboxRun"),
+                }
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandboxrun_core::Limits;
+
+    #[test]
+    fn built_run_carries_agent_code_and_limits() {
+        let req = RunRequest {
+            agent: "analyst-01".into(),
+            code: "print(1)".into(),
+            limits: Limits {
+                timeout_seconds: 7,
+                ..Limits::default()
+            },
+        };
+        let run = KubeBackend::build(&req);
+        assert_eq!(run.metadata.name, None);
+        assert_eq!(run.metadata.generate_name.as_deref(), Some("run-"));
+        assert_eq!(run.spec.agent, "analyst-01");
+        assert_eq!(run.spec.python.as_ref().unwrap().code, "print(1)");
+        assert_eq!(run.spec.limits.timeout_seconds, 7);
+        assert_eq!(run.labels()["app.kubernetes.io/created-by"], "sandboxrun-mcp");
+    }
+}

@@ -1,0 +1,146 @@
+//! Command line of `sandboxrun-mcp`.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use sandboxrun_core::limits::{DEFAULT_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS};
+
+/// The sandboxrun MCP server: gives AI agents a `run_python` tool that runs code in a sandbox.
+#[derive(Debug, Parser)]
+#[command(name = "sandboxrun-mcp", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve MCP over stdin/stdout for a local client (logs go to stderr). No API key: the
+    /// local user is trusted.
+    Stdio {
+        /// Where and how code runs.
+        #[command(flatten)]
+        backend: BackendArgs,
+        /// Agent identity recorded for calls made over stdio.
+        #[arg(long, env = "SANDBOXRUN_AGENT", default_value = "local")]
+        agent: String,
+    },
+    /// Serve MCP over HTTP: Streamable HTTP at /mcp, legacy SSE at /sse and /messages, plus
+    /// /healthz and /metrics. Every MCP request needs an API key.
+    Serve {
+        /// Where and how code runs.
+        #[command(flatten)]
+        backend: BackendArgs,
+        /// HTTP settings.
+        #[command(flatten)]
+        http: HttpArgs,
+    },
+    /// Print the SHA-256 of an API key read from stdin, for the key file's `sha256` field.
+    HashKey,
+}
+
+/// Which backend runs the code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// Create a SandboxRun in a cluster and wait for the operator's result.
+    Kube,
+    /// Run in a gVisor or bubblewrap sandbox on this machine.
+    Local,
+}
+
+/// Backend and policy options, common to `stdio` and `serve`.
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// Where code runs.
+    #[arg(long, env = "SANDBOXRUN_BACKEND", value_enum, default_value = "local")]
+    pub backend: BackendKind,
+    /// Namespace of the SandboxRuns (kube backend).
+    #[arg(long, env = "SANDBOXRUN_NAMESPACE", default_value = "sandboxrun-runs")]
+    pub namespace: String,
+    /// Seconds allowed beyond a run's timeout for scheduling and start-up before the frontend
+    /// gives up on the operator (kube backend).
+    #[arg(long, default_value_t = 120)]
+    pub kube_grace_seconds: u64,
+    /// Largest timeoutSeconds a caller may request.
+    #[arg(long, default_value_t = MAX_TIMEOUT_SECONDS)]
+    pub max_timeout_seconds: u32,
+    /// Timeout of a call that asks for none.
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT_SECONDS)]
+    pub default_timeout_seconds: u32,
+    /// Root filesystem of the local sandbox (default: ~/.cache/sandboxrun/rootfs/sandbox-python).
+    #[arg(long, env = "SANDBOXRUN_ROOTFS")]
+    pub rootfs: Option<PathBuf>,
+    /// Local isolation: auto (gVisor if it works, else bubblewrap), gvisor or bubblewrap.
+    #[arg(long, env = "SANDBOXRUN_ISOLATION", default_value = "auto")]
+    pub isolation: String,
+    /// Path of runsc (default: search PATH and ~/.cache/sandboxrun).
+    #[arg(long)]
+    pub runsc: Option<PathBuf>,
+    /// Path of bwrap (default: search PATH).
+    #[arg(long)]
+    pub bwrap: Option<PathBuf>,
+    /// Size of the local sandbox's private /tmp, in bytes.
+    #[arg(long, default_value_t = sandboxrun_core::local::DEFAULT_TMP_SIZE_BYTES)]
+    pub tmp_size_bytes: u64,
+    /// Runtime state directory of the local sandbox.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+}
+
+/// HTTP server options.
+#[derive(Debug, Args)]
+pub struct HttpArgs {
+    /// Address to listen on.
+    #[arg(long, env = "SANDBOXRUN_LISTEN", default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    /// YAML file listing accepted keys: `- {agent: NAME, sha256: HEX}` per key.
+    #[arg(long, env = "SANDBOXRUN_API_KEYS_FILE")]
+    pub api_keys_file: Option<PathBuf>,
+    /// Kubernetes Secret (in --namespace) whose `keys.yaml` lists more keys, same format.
+    #[arg(long, env = "SANDBOXRUN_API_KEYS_SECRET")]
+    pub api_keys_secret: Option<String>,
+    /// Host header values accepted (`host` for any port, or `host:port`); repeatable. Default:
+    /// localhost, 127.0.0.1, ::1. `*` accepts any host (only behind a proxy that checks it).
+    #[arg(long = "allowed-host", env = "SANDBOXRUN_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Origin values accepted from browsers (`scheme://host:port`); repeatable. Requests
+    /// without an Origin header always pass.
+    #[arg(long = "allowed-origin", env = "SANDBOXRUN_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// Requests a minute per agent, on average.
+    #[arg(long, default_value = "600")]
+    pub rate_limit_per_minute: NonZeroU32,
+    /// Requests an agent may make in a burst.
+    #[arg(long, default_value = "60")]
+    pub rate_limit_burst: NonZeroU32,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body_bytes: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn serve_defaults() {
+        let cli = Cli::try_parse_from(["sandboxrun-mcp", "serve"]).unwrap();
+        let Command::Serve { backend, http } = cli.command else {
+            panic!("serve expected")
+        };
+        assert_eq!(backend.backend, BackendKind::Local);
+        assert_eq!(http.listen.to_string(), "127.0.0.1:8000");
+        assert_eq!(http.max_body_bytes, 1 << 20);
+        assert!(http.allowed_hosts.is_empty());
+    }
+}

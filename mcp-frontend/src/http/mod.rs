@@ -1,0 +1,260 @@
+//! `sandboxrun-mcp serve`: MCP over HTTP. Streamable HTTP at `/mcp` (rmcp's service: sessions
+//! for 2025-06-18 and 2025-11-25 clients, stateless for 2026-07-28), legacy HTTP+SSE at `/sse`
+//! and `/messages`, and unauthenticated `/healthz` and `/metrics` for probes and scrapers.
+//!
+//! Every MCP route passes, outermost first: the body size limit (413), Origin and Host
+//! validation (403), the API key (401) and the agent's rate limit (429).
+
+pub mod auth;
+pub mod origin;
+pub mod ratelimit;
+pub mod sse;
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+use tower_http::limit::RequestBodyLimitLayer;
+
+use crate::server::{Agent, SandboxRunServer, Shared};
+use auth::KeyStore;
+use origin::{OriginPolicy, Refusal};
+use ratelimit::{RateLimiter, retry_after_secs};
+
+/// Settings of the HTTP server.
+pub struct HttpConfig {
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Accepted API keys.
+    pub keys: KeyStore,
+    /// Allowed Origin and Host values.
+    pub origin: OriginPolicy,
+    /// Requests a minute per agent, on average.
+    pub rate_per_minute: NonZeroU32,
+    /// Requests an agent may make at once.
+    pub rate_burst: NonZeroU32,
+    /// Largest request body, in bytes.
+    pub body_limit: usize,
+}
+
+/// State of the HTTP routes.
+pub struct HttpState {
+    /// The MCP server's shared state.
+    pub shared: Arc<Shared>,
+    keys: KeyStore,
+    limiter: RateLimiter,
+    origin: OriginPolicy,
+    sessions: sse::Sessions,
+    body_limit: usize,
+    /// Cancelled at shutdown: ends SSE sessions and Streamable HTTP sessions.
+    shutdown: CancellationToken,
+}
+
+/// A JSON-RPC error object as an HTTP response, so MCP clients can show the message.
+pub fn jsonrpc_error_response(status: StatusCode, code: i64, message: &str) -> Response {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": code, "message": message},
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+/// Builds the application: routes, security layers, state.
+pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationToken) -> Router {
+    let state = Arc::new(HttpState {
+        shared: shared.clone(),
+        keys: config.keys.clone(),
+        limiter: RateLimiter::new(config.rate_per_minute, config.rate_burst),
+        origin: config.origin.clone(),
+        sessions: sse::Sessions::default(),
+        body_limit: config.body_limit,
+        shutdown: shutdown.clone(),
+    });
+
+    let mut mcp_config = StreamableHttpServerConfig::default()
+        .with_max_request_body_bytes(config.body_limit)
+        .with_cancellation_token(shutdown.child_token());
+    mcp_config = match config.origin.rmcp_allowed_hosts() {
+        Some(hosts) => mcp_config.with_allowed_hosts(hosts),
+        None => mcp_config.disable_allowed_hosts(),
+    };
+    let streamable = StreamableHttpService::new(
+        move || Ok(SandboxRunServer::new(shared.clone(), None)),
+        Arc::new(LocalSessionManager::default()),
+        mcp_config,
+    );
+
+    let mcp = Router::new()
+        .route_service("/mcp", streamable)
+        .layer(middleware::from_fn(session_deleted))
+        .route("/sse", get(sse::connect))
+        .route("/messages", post(sse::message))
+        .layer(middleware::from_fn(require_json))
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(state.clone(), check_origin));
+
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
+        .merge(mcp)
+        .layer(RequestBodyLimitLayer::new(config.body_limit))
+        .layer(middleware::from_fn_with_state(state.clone(), explain_too_large))
+        .with_state(state)
+}
+
+/// Serves until `shutdown` is cancelled.
+pub async fn serve(
+    config: HttpConfig,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let app = router(&config, shared, shutdown.clone());
+    let listener = tokio::net::TcpListener::bind(config.listen).await?;
+    tracing::info!(addr = %listener.local_addr()?, keys = config.keys.len(), "serving MCP over HTTP");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await?;
+    Ok(())
+}
+
+async fn metrics(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.shared.metrics.encode(),
+    )
+}
+
+/// rmcp answers a session DELETE with 202; clients (the Python SDK among them) expect 200 or
+/// 204 and log a failure otherwise. The session is gone either way, so say 204.
+async fn session_deleted(req: Request, next: Next) -> Response {
+    let delete = req.method() == axum::http::Method::DELETE;
+    let mut resp = next.run(req).await;
+    if delete && resp.status() == StatusCode::ACCEPTED {
+        *resp.status_mut() = StatusCode::NO_CONTENT;
+    }
+    resp
+}
+
+/// 403 for a foreign Origin or an unexpected Host.
+async fn check_origin(State(state): State<Arc<HttpState>>, req: Request, next: Next) -> Response {
+    match state.origin.check(req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(refusal) => {
+            state.shared.metrics.observe_rejection("forbidden");
+            let message = match refusal {
+                Refusal::Origin(o) => format!(
+                    "Origin {o} is not allowed; browser clients must be served from an origin \
+                     listed with --allowed-origin"
+                ),
+                Refusal::Host(h) => format!(
+                    "Host {h:?} is not allowed; connect through a host name listed with \
+                     --allowed-host"
+                ),
+            };
+            tracing::info!(%message, "refused request");
+            jsonrpc_error_response(StatusCode::FORBIDDEN, -32001, &message)
+        }
+    }
+}
+
+/// 401 without a valid key; 429 past the agent's rate. Puts the [`Agent`] into the request.
+async fn authenticate(State(state): State<Arc<HttpState>>, mut req: Request, next: Next) -> Response {
+    let Some(key) = auth::presented_key(req.headers()) else {
+        return unauthorized(
+            &state,
+            "missing API key: send it as 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'",
+            "Bearer realm=\"sandboxrun\"",
+        );
+    };
+    let Some(agent) = state.keys.agent_for(key).map(str::to_owned) else {
+        return unauthorized(
+            &state,
+            "invalid API key: check the key you were given; keys are case-sensitive",
+            "Bearer realm=\"sandboxrun\", error=\"invalid_token\"",
+        );
+    };
+    if let Err(wait) = state.limiter.check(&agent) {
+        state.shared.metrics.observe_rejection("rate_limited");
+        let secs = retry_after_secs(wait);
+        let mut resp = jsonrpc_error_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            -32002,
+            &format!("rate limit exceeded for agent {agent}: retry after {secs}s"),
+        );
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        return resp;
+    }
+    req.extensions_mut().insert(Agent(agent));
+    next.run(req).await
+}
+
+fn unauthorized(state: &HttpState, message: &str, challenge: &'static str) -> Response {
+    state.shared.metrics.observe_rejection("unauthorized");
+    let mut resp = jsonrpc_error_response(StatusCode::UNAUTHORIZED, -32001, message);
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    resp
+}
+
+/// Answers a POST whose body is not JSON with a JSON-RPC parse error (-32700) and a 400, on
+/// every MCP route alike (rmcp's own answer is a plain-text 415). The body is already capped
+/// by the size limit, so buffering it here is bounded.
+async fn require_json(req: Request, next: Next) -> Response {
+    if req.method() != axum::http::Method::POST {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(bytes) => bytes,
+        // The size limit (or a client that hung up and reads no answer): let the 413 explain.
+        Err(_) => return StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+    };
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        return jsonrpc_error_response(
+            StatusCode::BAD_REQUEST,
+            -32700,
+            &format!(
+                "parse error: the request body is not valid JSON ({e}); send one JSON-RPC 2.0 \
+                 message as application/json"
+            ),
+        );
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await
+}
+
+/// Turns any 413 (from the body limit layer or rmcp's own limit) into a JSON-RPC error that
+/// says what the limit is, and counts it.
+async fn explain_too_large(
+    State(state): State<Arc<HttpState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let resp = next.run(req).await;
+    if resp.status() != StatusCode::PAYLOAD_TOO_LARGE {
+        return resp;
+    }
+    state.shared.metrics.observe_rejection("too_large");
+    jsonrpc_error_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        -32600,
+        &format!(
+            "request body too large: the limit is {} bytes; send shorter code (run_python \
+             accepts at most 262144 bytes of code)",
+            state.body_limit
+        ),
+    )
+}

@@ -1,0 +1,158 @@
+//! `sandboxrun-mcp`: the MCP frontend of sandboxrun. See `cli.rs` for the commands and
+//! DESIGN.md for where it sits: agents call `run_python` here, and the backend runs the code in a
+//! SandboxRun (cluster) or a local sandbox (embedded).
+
+mod backend;
+mod cli;
+mod http;
+mod metrics;
+mod policy;
+mod schema;
+mod server;
+mod transport;
+
+use std::io::{IsTerminal, Read};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use sandboxrun_core::Limits;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+use backend::Backend;
+use backend::kube::KubeBackend;
+use backend::local::{LocalBackend, LocalOptions};
+use cli::{BackendArgs, BackendKind, Cli, Command, HttpArgs};
+use http::auth::{KeyStore, hash_key};
+use http::origin::OriginPolicy;
+use metrics::Metrics;
+use policy::Policy;
+use server::{SandboxRunServer, Shared};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // Logs always go to stderr: in stdio mode stdout carries the protocol.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("sandboxrun_mcp=info,warn")),
+        )
+        .init();
+
+    match cli.command {
+        Command::HashKey => {
+            let mut key = String::new();
+            std::io::stdin().read_to_string(&mut key)?;
+            let key = key.trim_end_matches(['\n', '\r']);
+            anyhow::ensure!(!key.is_empty(), "no key on stdin");
+            println!("{}", hash_key(key));
+            Ok(())
+        }
+        Command::Stdio { backend, agent } => {
+            let shared = shared_state(&backend).await?;
+            transport::serve_stdio(SandboxRunServer::new(shared, Some(agent))).await
+        }
+        Command::Serve { backend, http } => {
+            let keys = load_keys(&http, &backend).await?;
+            let shared = shared_state(&backend).await?;
+            let config = http::HttpConfig {
+                listen: http.listen,
+                keys,
+                origin: OriginPolicy::new(&http.allowed_origins, &http.allowed_hosts),
+                rate_per_minute: http.rate_limit_per_minute,
+                rate_burst: http.rate_limit_burst,
+                body_limit: http.max_body_bytes,
+            };
+            let shutdown = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(shutdown.clone()));
+            http::serve(config, shared, shutdown).await
+        }
+    }
+}
+
+/// The backend and policy, checked before serving so that a missing sandbox or cluster is
+/// reported at start-up.
+async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
+    let backend: Arc<dyn Backend> = match args.backend {
+        BackendKind::Kube => Arc::new(
+            KubeBackend::connect(
+                args.namespace.clone(),
+                Duration::from_secs(args.kube_grace_seconds),
+            )
+            .await
+            .context("cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)")?,
+        ),
+        BackendKind::Local => Arc::new(
+            LocalBackend::detect(LocalOptions {
+                rootfs: args.rootfs.clone(),
+                isolation: args.isolation.clone(),
+                runsc: args.runsc.clone(),
+                bwrap: args.bwrap.clone(),
+                tmp_size_bytes: args.tmp_size_bytes,
+                state_dir: args.state_dir.clone(),
+            })
+            .await
+            .context("the local sandbox is not usable")?,
+        ),
+    };
+    let defaults = Limits {
+        timeout_seconds: args.default_timeout_seconds,
+        ..Limits::default()
+    };
+    Ok(Arc::new(Shared {
+        backend,
+        policy: Policy::new(args.max_timeout_seconds, defaults),
+        metrics: Arc::new(Metrics::new()),
+    }))
+}
+
+/// Keys from the file and/or the Secret; serving HTTP without any key is refused.
+async fn load_keys(http: &HttpArgs, backend: &BackendArgs) -> anyhow::Result<KeyStore> {
+    let mut keys = KeyStore::default();
+    if let Some(path) = &http.api_keys_file {
+        keys.merge(KeyStore::load_file(path)?);
+    }
+    if let Some(secret) = &http.api_keys_secret {
+        keys.merge(load_secret_keys(&backend.namespace, secret).await?);
+    }
+    anyhow::ensure!(
+        !keys.is_empty(),
+        "serve needs API keys: pass --api-keys-file (YAML list of {{agent, sha256}}; \
+         `sandboxrun-mcp hash-key` prints a key's sha256) or --api-keys-secret"
+    );
+    Ok(keys)
+}
+
+/// Reads `keys.yaml` from a Secret.
+async fn load_secret_keys(namespace: &str, name: &str) -> anyhow::Result<KeyStore> {
+    use k8s_openapi::api::core::v1::Secret;
+    let client = kube::Client::try_default().await?;
+    let secret = kube::Api::<Secret>::namespaced(client, namespace)
+        .get(name)
+        .await
+        .with_context(|| format!("cannot read Secret {namespace}/{name}"))?;
+    let data = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("keys.yaml"))
+        .with_context(|| format!("Secret {namespace}/{name} has no keys.yaml"))?;
+    let text = std::str::from_utf8(&data.0).context("keys.yaml is not UTF-8")?;
+    Ok(KeyStore::parse(text, &format!("Secret {namespace}/{name}"))?)
+}
+
+/// Cancels `token` on SIGINT or SIGTERM, for a graceful shutdown.
+async fn cancel_on_signal(token: CancellationToken) {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    token.cancel();
+}
