@@ -12,12 +12,23 @@ cd "$REPO_ROOT"
 export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$PATH"
 step() { printf '\n==> %s\n' "$*"; }
 
+step "dependencies: Debian packages, pinned upstream binaries, images, the sandbox root filesystem"
+"$REPO_ROOT/e2e/cluster/install-deps.sh"
+"$REPO_ROOT/e2e/cluster/build.sh"
+"$REPO_ROOT/images/build.sh"
+"$REPO_ROOT/images/build.sh" rootfs sandbox-python "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs/sandbox-python"
+# Both local sandbox engines exist on this machine: their tests must run, not skip.
+export SANDBOXRUN_REQUIRE_ENGINES=gvisor,bubblewrap
+
 step "checks: cargo fmt, cargo clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "unit and integration tests (no cluster)"
 cargo test --workspace --locked --exclude sandboxrun-e2e
+
+step "MCP client compatibility: the official Python SDK and the MCP Inspector vs sandboxrun-mcp"
+"$REPO_ROOT/mcp-frontend/tests/clients/run.sh"
 
 [[ ${E2E_SKIP_CLUSTER:-} == 1 ]] && exit 0
 
@@ -40,10 +51,23 @@ kubectl() { "$(dirname "$KUBECONFIG")/bin/kubectl" "$@"; }
 kubectl get nodes -o wide
 kubectl get runtimeclass
 
-step "install sandboxrun with helm (e2e/install.sh)"
-"$REPO_ROOT/e2e/install.sh"
+step "install sandboxrun with helm (e2e/install.sh), frontend on a NodePort with an API key"
+MCP_API_KEY="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+MCP_AGENT=e2e-agent
+MCP_NODE_PORT=30080
+"$REPO_ROOT/e2e/install.sh" --set frontend.enabled=true --set frontend.service.type=NodePort \
+  --set frontend.service.nodePort=$MCP_NODE_PORT \
+  --set "frontend.apiKeys[0].agent=$MCP_AGENT" \
+  --set "frontend.apiKeys[0].sha256=$(printf '%s' "$MCP_API_KEY" | sha256sum | cut -d' ' -f1)" \
+  --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}"
 kubectl -n sandboxrun-system get pods -o wide
 
 step "end-to-end tests against the cluster"
 # Two at a time: each test starts Pods, and the machine has two cores.
 cargo test -p sandboxrun-e2e --locked -- --test-threads=2
+
+step "the frontend in the cluster, through its NodePort, with the official Python MCP SDK"
+MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
+  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
+  "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" -m pytest -q -p no:cacheprovider \
+  "$REPO_ROOT/e2e/mcp"

@@ -2,7 +2,7 @@
 # Installs the Debian packages the local cluster needs, when missing. Go comes with the machine.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-packages=(runc containernetworking-plugins iptables conntrack iproute2 openssl curl
+packages=(runc bubblewrap containernetworking-plugins iptables conntrack iproute2 openssl curl
   debootstrap gcc libc6-dev ethtool socat)
 missing=()
 for p in "${packages[@]}"; do

@@ -105,11 +105,19 @@ pub struct HttpArgs {
     pub api_keys_secret: Option<String>,
     /// Host header values accepted (`host` for any port, or `host:port`); repeatable. Default:
     /// localhost, 127.0.0.1, ::1. `*` accepts any host (only behind a proxy that checks it).
-    #[arg(long = "allowed-host", env = "SANDBOXRUN_ALLOWED_HOSTS", value_delimiter = ',')]
+    #[arg(
+        long = "allowed-host",
+        env = "SANDBOXRUN_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
     pub allowed_hosts: Vec<String>,
     /// Origin values accepted from browsers (`scheme://host:port`); repeatable. Requests
     /// without an Origin header always pass.
-    #[arg(long = "allowed-origin", env = "SANDBOXRUN_ALLOWED_ORIGINS", value_delimiter = ',')]
+    #[arg(
+        long = "allowed-origin",
+        env = "SANDBOXRUN_ALLOWED_ORIGINS",
+        value_delimiter = ','
+    )]
     pub allowed_origins: Vec<String>,
     /// Requests a minute per agent, on average.
     #[arg(long, default_value = "600")]

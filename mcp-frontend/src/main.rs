@@ -142,7 +142,10 @@ async fn load_secret_keys(namespace: &str, name: &str) -> anyhow::Result<KeyStor
         .and_then(|d| d.get("keys.yaml"))
         .with_context(|| format!("Secret {namespace}/{name} has no keys.yaml"))?;
     let text = std::str::from_utf8(&data.0).context("keys.yaml is not UTF-8")?;
-    Ok(KeyStore::parse(text, &format!("Secret {namespace}/{name}"))?)
+    Ok(KeyStore::parse(
+        text,
+        &format!("Secret {namespace}/{name}"),
+    )?)
 }
 
 /// Cancels `token` on SIGINT or SIGTERM, for a graceful shutdown.

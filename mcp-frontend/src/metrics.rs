@@ -152,11 +152,18 @@ mod tests {
         m.observe_call("run_python", Outcome::TimedOut, Duration::from_secs(2));
         m.observe_rejection("unauthorized");
         let text = m.encode();
-        assert!(text.contains(
-            r#"sandboxrun_mcp_tool_calls_total{tool="run_python",outcome="succeeded"} 1"#
-        ), "{text}");
+        assert!(
+            text.contains(
+                r#"sandboxrun_mcp_tool_calls_total{tool="run_python",outcome="succeeded"} 1"#
+            ),
+            "{text}"
+        );
         assert!(text.contains(r#"outcome="timed_out"} 1"#));
-        assert!(text.contains(r#"sandboxrun_mcp_tool_call_duration_seconds_count{tool="run_python"} 2"#));
+        assert!(
+            text.contains(
+                r#"sandboxrun_mcp_tool_call_duration_seconds_count{tool="run_python"} 2"#
+            )
+        );
         assert!(text.contains(r#"sandboxrun_mcp_http_rejections_total{reason="unauthorized"} 1"#));
     }
 }

@@ -17,7 +17,17 @@ pub fn portable(schema: &mut Schema) {
 fn is_integer_format(format: &serde_json::Value) -> bool {
     matches!(
         format.as_str(),
-        Some("int8" | "int16" | "int32" | "int64" | "uint" | "uint8" | "uint16" | "uint32" | "uint64")
+        Some(
+            "int8"
+                | "int16"
+                | "int32"
+                | "int64"
+                | "uint"
+                | "uint8"
+                | "uint16"
+                | "uint32"
+                | "uint64"
+        )
     )
 }
 

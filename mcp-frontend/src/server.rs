@@ -278,7 +278,11 @@ pub fn parse_args(args: &JsonObject, max_timeout: u32) -> Result<RunPythonArgs, 
             Some(t) if (u64::from(MIN_TIMEOUT_SECONDS)..=u64::from(max_timeout)).contains(&t) => {
                 Some(t as u32)
             }
-            _ => return Err(format!("argument `timeoutSeconds` is {n}; it must be {range}")),
+            _ => {
+                return Err(format!(
+                    "argument `timeoutSeconds` is {n}; it must be {range}"
+                ));
+            }
         },
         Some(other) => {
             return Err(format!(
@@ -402,7 +406,9 @@ mod tests {
     fn each_mistake_gets_its_own_message() {
         let err = |v| parse_args(&obj(v), 60).unwrap_err();
         assert!(err(json!({})).starts_with("missing required argument `code`"));
-        assert!(err(json!({"code": 7})).contains("must be a string of Python source, not a number"));
+        assert!(
+            err(json!({"code": 7})).contains("must be a string of Python source, not a number")
+        );
         assert!(err(json!({"code": "  "})).contains("is empty"));
         assert!(err(json!({"code": "x", "timeoutSeconds": "5"})).contains("not a string"));
         assert!(err(json!({"code": "x", "timeoutSeconds": 0})).contains("from 1 to 60"));
@@ -419,19 +425,43 @@ mod tests {
         assert_eq!(input["type"], "object");
         assert_eq!(input["required"], json!(["code"]));
         assert_eq!(input["properties"]["code"]["maxLength"], MAX_CODE_BYTES);
-        assert_eq!(input["properties"]["timeoutSeconds"]["maximum"], MAX_TIMEOUT_SECONDS);
+        assert_eq!(
+            input["properties"]["timeoutSeconds"]["maximum"],
+            MAX_TIMEOUT_SECONDS
+        );
         let output = Value::Object((*output_schema()).clone());
         assert_eq!(output["type"], "object");
-        for field in ["stdout", "stderr", "exitCode", "truncated", "durationMs", "runName", "phase"] {
-            assert!(output["properties"].get(field).is_some(), "{field} in {output}");
+        for field in [
+            "stdout",
+            "stderr",
+            "exitCode",
+            "truncated",
+            "durationMs",
+            "runName",
+            "phase",
+        ] {
+            assert!(
+                output["properties"].get(field).is_some(),
+                "{field} in {output}"
+            );
         }
         assert_eq!(
             output["required"],
-            json!(["stdout", "stderr", "truncated", "durationMs", "runName", "phase"])
+            json!([
+                "stdout",
+                "stderr",
+                "truncated",
+                "durationMs",
+                "runName",
+                "phase"
+            ])
         );
         // Portable: no type arrays, no non-standard integer formats.
         let text = output.to_string() + &input.to_string();
-        assert!(!text.contains("\"null\"") && !text.contains("uint") && !text.contains("int32"), "{text}");
+        assert!(
+            !text.contains("\"null\"") && !text.contains("uint") && !text.contains("int32"),
+            "{text}"
+        );
         assert!(output["properties"].get("reason").is_some());
         assert!(output["properties"].get("message").is_none());
     }

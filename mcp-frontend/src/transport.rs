@@ -65,6 +65,19 @@ pub fn parse_client_message(bytes: &[u8]) -> Parsed {
     }
 }
 
+/// A server message as sent on the wire. rmcp omits the id of an error that answers no
+/// request; JSON-RPC 2.0 requires `"id": null` there, and strict clients look for it.
+pub fn to_wire(message: &ServerJsonRpcMessage) -> serde_json::Result<Value> {
+    let mut value = serde_json::to_value(message)?;
+    if let Value::Object(map) = &mut value
+        && map.contains_key("error")
+        && !map.contains_key("id")
+    {
+        map.insert("id".to_owned(), Value::Null);
+    }
+    Ok(value)
+}
+
 /// The channel ends of a server running over an in-memory transport.
 pub struct ChannelEnds {
     /// Parsed client messages into the server.
@@ -109,7 +122,7 @@ pub async fn serve_stdio(server: SandboxRunServer) -> anyhow::Result<()> {
     let writer = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();
         while let Some(message) = outbound.next().await {
-            let mut line = serde_json::to_vec(&message)?;
+            let mut line = serde_json::to_vec(&to_wire(&message)?)?;
             line.push(b'\n');
             stdout.write_all(&line).await?;
             stdout.flush().await?;
@@ -156,7 +169,7 @@ mod tests {
 
     fn reply(bytes: &[u8]) -> Value {
         match parse_client_message(bytes) {
-            Parsed::Reply(r) => serde_json::to_value(&*r).unwrap(),
+            Parsed::Reply(r) => to_wire(&r).unwrap(),
             other => panic!("expected an error reply, got {other:?}"),
         }
     }
@@ -165,8 +178,13 @@ mod tests {
     fn invalid_json_gets_a_parse_error_without_id() {
         let r = reply(b"{not json");
         assert_eq!(r["error"]["code"], -32700);
-        assert_eq!(r["id"], Value::Null);
-        assert!(r["error"]["message"].as_str().unwrap().contains("not valid JSON"));
+        assert_eq!(r.get("id"), Some(&Value::Null));
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("not valid JSON")
+        );
     }
 
     #[test]
@@ -179,7 +197,9 @@ mod tests {
     #[test]
     fn malformed_notification_is_ignored_and_valid_messages_pass() {
         assert!(matches!(
-            parse_client_message(br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":5}"#),
+            parse_client_message(
+                br#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":5}"#
+            ),
             Parsed::Ignore
         ));
         assert!(matches!(

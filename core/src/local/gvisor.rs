@@ -124,10 +124,10 @@ pub(super) fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
     if let Some(path) = configured {
         return vec![path.to_path_buf()];
     }
+    // The project's own build (e2e/cluster/build.sh, pinned in versions.env) comes first: it is
+    // the version the suite is tested with, and distribution packages can be years older (Debian
+    // 12's runsc is from 2022 and about twice as slow to start). Then whatever is on PATH.
     let mut found = Vec::new();
-    if let Some(path) = super::which("runsc") {
-        found.push(path);
-    }
     let cache = super::rootfs::cache_dir();
     let mut built: Vec<PathBuf> = std::fs::read_dir(&cache)
         .into_iter()
@@ -140,6 +140,7 @@ pub(super) fn candidates(configured: Option<&Path>) -> Vec<PathBuf> {
     built.sort();
     built.reverse();
     found.extend(built);
+    found.extend(super::which("runsc"));
     found
 }
 

@@ -55,7 +55,11 @@ impl KubeBackend {
         let mut run = SandboxRun::new("", spec);
         run.metadata = ObjectMeta {
             generate_name: Some("run-".to_owned()),
-            labels: Some([CREATED_BY_LABEL].map(|(k, v)| (k.to_owned(), v.to_owned())).into()),
+            labels: Some(
+                [CREATED_BY_LABEL]
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .into(),
+            ),
             ..ObjectMeta::default()
         };
         run
@@ -190,7 +194,9 @@ impl Drop for DeleteOnDrop {
             handle.spawn(async move {
                 match api.delete(&name, &DeleteParams::background()).await {
                     Ok(_) => tracing::info!(run = %name, "deleted unfinished SandboxRun"),
-                    Err(e) => tracing::warn!(run = %name, error = %e, "could not delete SandboxRun"),
+                    Err(e) => {
+                        tracing::warn!(run = %name, error = %e, "could not delete SandboxRun")
+                    }
                 }
             });
         }
@@ -218,6 +224,9 @@ mod tests {
         assert_eq!(run.spec.agent, "analyst-01");
         assert_eq!(run.spec.python.as_ref().unwrap().code, "print(1)");
         assert_eq!(run.spec.limits.timeout_seconds, 7);
-        assert_eq!(run.labels()["app.kubernetes.io/created-by"], "sandboxrun-mcp");
+        assert_eq!(
+            run.labels()["app.kubernetes.io/created-by"],
+            "sandboxrun-mcp"
+        );
     }
 }

@@ -41,7 +41,9 @@ impl LocalBackend {
     pub async fn detect(opts: LocalOptions) -> anyhow::Result<Self> {
         let preference: Preference = opts.isolation.parse().map_err(anyhow::Error::msg)?;
         let config = LocalSandboxConfig {
-            rootfs: opts.rootfs.unwrap_or_else(LocalSandboxConfig::default_rootfs),
+            rootfs: opts
+                .rootfs
+                .unwrap_or_else(LocalSandboxConfig::default_rootfs),
             preference,
             runsc: opts.runsc,
             bwrap: opts.bwrap,
@@ -82,7 +84,10 @@ fn to_output(run: LocalRun, run_name: String) -> RunOutput {
     let r = &run.result;
     let message = match r.signal {
         Some(sig) if run.outcome == Phase::Failed && run.reason.as_deref() != Some("OOMKilled") => {
-            Some(format!("the code was killed by signal {sig} (exit code {})", r.exit_code))
+            Some(format!(
+                "the code was killed by signal {sig} (exit code {})",
+                r.exit_code
+            ))
         }
         _ => None,
     };

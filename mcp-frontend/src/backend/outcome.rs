@@ -83,7 +83,9 @@ impl RunOutput {
                 (Some(_), Some(m)) if m.contains("killed by signal") => {
                     format!("{m}{}", self.stderr_hint())
                 }
-                (Some(code), _) => format!("the code exited with status {code}{}", self.stderr_hint()),
+                (Some(code), _) => {
+                    format!("the code exited with status {code}{}", self.stderr_hint())
+                }
                 (None, _) => format!(
                     "the run failed ({}): {}",
                     self.reason.as_deref().unwrap_or("Failed"),
@@ -193,8 +195,15 @@ mod tests {
             ..status(Phase::Failed)
         };
         let out = from_status("r", &st).unwrap();
-        assert_eq!((out.stdout.as_str(), out.exit_code, out.duration_ms), ("", None, 0));
-        assert!(out.error_text(30, 600).unwrap().contains("no result was recorded"));
+        assert_eq!(
+            (out.stdout.as_str(), out.exit_code, out.duration_ms),
+            ("", None, 0)
+        );
+        assert!(
+            out.error_text(30, 600)
+                .unwrap()
+                .contains("no result was recorded")
+        );
     }
 
     #[test]
@@ -228,7 +237,10 @@ mod tests {
         let t = from_status("r", &status(Phase::TimedOut)).unwrap();
         assert!(t.is_error());
         let text = t.error_text(5, 600).unwrap();
-        assert!(text.contains("5s timeout") && text.contains("at most 600"), "{text}");
+        assert!(
+            text.contains("5s timeout") && text.contains("at most 600"),
+            "{text}"
+        );
 
         let st = SandboxRunStatus {
             reason: Some("PolicyBlocked".into()),
@@ -236,7 +248,10 @@ mod tests {
             ..status(Phase::Rejected)
         };
         let text = from_status("r", &st).unwrap().error_text(5, 600).unwrap();
-        assert!(text.contains("PolicyBlocked") && text.contains("socket"), "{text}");
+        assert!(
+            text.contains("PolicyBlocked") && text.contains("socket"),
+            "{text}"
+        );
 
         let st = SandboxRunStatus {
             reason: Some("OOMKilled".into()),
@@ -256,7 +271,8 @@ mod tests {
         let json = serde_json::to_value(from_status("r", &st).unwrap()).unwrap();
         assert_eq!(json["reason"], "DeadlineExceeded");
         assert!(json.get("exitCode").is_none());
-        let json = serde_json::to_value(from_status("r", &status(Phase::Succeeded)).unwrap()).unwrap();
+        let json =
+            serde_json::to_value(from_status("r", &status(Phase::Succeeded)).unwrap()).unwrap();
         assert!(json.get("reason").is_none());
     }
 }

@@ -101,8 +101,10 @@ impl KeyStore {
             }
             let mut hash = [0u8; 32];
             hex::decode_to_slice(entry.sha256.trim(), &mut hash).map_err(|_| {
-                err("sha256 must be 64 hex digits (the output of `sandboxrun-mcp hash-key`)"
-                    .to_owned())
+                err(
+                    "sha256 must be 64 hex digits (the output of `sandboxrun-mcp hash-key`)"
+                        .to_owned(),
+                )
             })?;
             if store.entries.iter().any(|(_, h)| *h == hash) {
                 return Err(err(
@@ -218,7 +220,8 @@ mod tests {
         // The match is found wherever it sits: no early exit decides the answer.
         let mut s = KeyStore::default();
         for i in 0..50 {
-            s.entries.push((format!("a{i}"), Sha256::digest(format!("k{i}")).into()));
+            s.entries
+                .push((format!("a{i}"), Sha256::digest(format!("k{i}")).into()));
         }
         assert_eq!(s.agent_for("k0"), Some("a0"));
         assert_eq!(s.agent_for("k49"), Some("a49"));
@@ -230,16 +233,36 @@ mod tests {
         let e = KeyStore::parse("agent: x", "f.yaml").unwrap_err();
         assert!(matches!(e, KeyFileError::Syntax { .. }), "{e}");
         let e = KeyStore::parse("[]", "f.yaml").unwrap_err();
-        assert_eq!(e, KeyFileError::Empty { source_name: "f.yaml".into() });
+        assert_eq!(
+            e,
+            KeyFileError::Empty {
+                source_name: "f.yaml".into()
+            }
+        );
         let e = KeyStore::parse("- agent: a\n  sha256: xyz\n", "f.yaml").unwrap_err();
-        assert!(e.to_string().contains("entry 1 in f.yaml: sha256 must be 64 hex digits"), "{e}");
-        let e = KeyStore::parse(&format!("- agent: ''\n  sha256: {}\n", hash_key("k")), "f").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("entry 1 in f.yaml: sha256 must be 64 hex digits"),
+            "{e}"
+        );
+        let e = KeyStore::parse(&format!("- agent: ''\n  sha256: {}\n", hash_key("k")), "f")
+            .unwrap_err();
         assert!(e.to_string().contains("agent must be 1 to 253"), "{e}");
         let h = hash_key("k");
-        let e = KeyStore::parse(&format!("- {{agent: a, sha256: {h}}}\n- {{agent: b, sha256: {h}}}\n"), "f").unwrap_err();
-        assert!(e.to_string().contains("entry 2") && e.to_string().contains("twice"), "{e}");
+        let e = KeyStore::parse(
+            &format!("- {{agent: a, sha256: {h}}}\n- {{agent: b, sha256: {h}}}\n"),
+            "f",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("entry 2") && e.to_string().contains("twice"),
+            "{e}"
+        );
         let e = KeyStore::parse(&format!("- {{agent: a, sha265: {h}}}\n"), "f").unwrap_err();
-        assert!(matches!(e, KeyFileError::Syntax { .. }), "typo in a field name: {e}");
+        assert!(
+            matches!(e, KeyFileError::Syntax { .. }),
+            "typo in a field name: {e}"
+        );
         let e = KeyStore::load_file(Path::new("/nonexistent/keys.yaml")).unwrap_err();
         assert!(matches!(e, KeyFileError::Read { .. }));
     }
@@ -247,7 +270,17 @@ mod tests {
     #[test]
     fn merge_keeps_first_agent_for_a_hash() {
         let mut s = store();
-        s.merge(KeyStore::parse(&format!("- {{agent: other, sha256: {}}}\n- {{agent: new, sha256: {}}}", hash_key(KEY_A), hash_key("c")), "s").unwrap());
+        s.merge(
+            KeyStore::parse(
+                &format!(
+                    "- {{agent: other, sha256: {}}}\n- {{agent: new, sha256: {}}}",
+                    hash_key(KEY_A),
+                    hash_key("c")
+                ),
+                "s",
+            )
+            .unwrap(),
+        );
         assert_eq!(s.len(), 3);
         assert_eq!(s.agent_for(KEY_A), Some("analyst-01"));
         assert_eq!(s.agent_for("c"), Some("new"));

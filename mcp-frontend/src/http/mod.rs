@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod origin;
+pub mod owners;
 pub mod ratelimit;
 pub mod sse;
 
@@ -54,6 +55,7 @@ pub struct HttpState {
     limiter: RateLimiter,
     origin: OriginPolicy,
     sessions: sse::Sessions,
+    owners: owners::SessionOwners,
     body_limit: usize,
     /// Cancelled at shutdown: ends SSE sessions and Streamable HTTP sessions.
     shutdown: CancellationToken,
@@ -77,6 +79,7 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
         limiter: RateLimiter::new(config.rate_per_minute, config.rate_burst),
         origin: config.origin.clone(),
         sessions: sse::Sessions::default(),
+        owners: owners::SessionOwners::default(),
         body_limit: config.body_limit,
         shutdown: shutdown.clone(),
     });
@@ -97,6 +100,7 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
     let mcp = Router::new()
         .route_service("/mcp", streamable)
         .layer(middleware::from_fn(session_deleted))
+        .layer(middleware::from_fn_with_state(state.clone(), session_owner))
         .route("/sse", get(sse::connect))
         .route("/messages", post(sse::message))
         .layer(middleware::from_fn(require_json))
@@ -108,7 +112,10 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
         .route("/metrics", get(metrics))
         .merge(mcp)
         .layer(RequestBodyLimitLayer::new(config.body_limit))
-        .layer(middleware::from_fn_with_state(state.clone(), explain_too_large))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            explain_too_large,
+        ))
         .with_state(state)
 }
 
@@ -135,6 +142,41 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
         )],
         state.shared.metrics.encode(),
     )
+}
+
+/// Keeps Streamable HTTP sessions to the agent that opened them (see [`owners`]).
+async fn session_owner(State(state): State<Arc<HttpState>>, req: Request, next: Next) -> Response {
+    const SESSION: &str = "mcp-session-id";
+    let agent = req
+        .extensions()
+        .get::<Agent>()
+        .map(|a| a.0.clone())
+        .unwrap_or_default();
+    let presented = req
+        .headers()
+        .get(SESSION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Some(session) = &presented
+        && !state.owners.allows(session, &agent)
+    {
+        return jsonrpc_error_response(
+            StatusCode::NOT_FOUND,
+            -32600,
+            "session not found: start a new one with an initialize request",
+        );
+    }
+    let delete = req.method() == axum::http::Method::DELETE;
+    let resp = next.run(req).await;
+    match (
+        &presented,
+        resp.headers().get(SESSION).and_then(|v| v.to_str().ok()),
+    ) {
+        (None, Some(created)) => state.owners.record(created, &agent),
+        (Some(session), _) if delete && resp.status().is_success() => state.owners.forget(session),
+        _ => {}
+    }
+    resp
 }
 
 /// rmcp answers a session DELETE with 202; clients (the Python SDK among them) expect 200 or
@@ -171,7 +213,11 @@ async fn check_origin(State(state): State<Arc<HttpState>>, req: Request, next: N
 }
 
 /// 401 without a valid key; 429 past the agent's rate. Puts the [`Agent`] into the request.
-async fn authenticate(State(state): State<Arc<HttpState>>, mut req: Request, next: Next) -> Response {
+async fn authenticate(
+    State(state): State<Arc<HttpState>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let Some(key) = auth::presented_key(req.headers()) else {
         return unauthorized(
             &state,
@@ -205,8 +251,10 @@ async fn authenticate(State(state): State<Arc<HttpState>>, mut req: Request, nex
 fn unauthorized(state: &HttpState, message: &str, challenge: &'static str) -> Response {
     state.shared.metrics.observe_rejection("unauthorized");
     let mut resp = jsonrpc_error_response(StatusCode::UNAUTHORIZED, -32001, message);
-    resp.headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge));
+    resp.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
     resp
 }
 
@@ -233,7 +281,8 @@ async fn require_json(req: Request, next: Next) -> Response {
             ),
         );
     }
-    next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
 }
 
 /// Turns any 413 (from the body limit layer or rmcp's own limit) into a JSON-RPC error that

@@ -34,10 +34,10 @@ fn normalize_origin(origin: &str) -> String {
 /// Splits `host[:port]`, including `[v6]:port`, into a lowercase host and an optional port.
 fn split_host(authority: &str) -> (String, Option<&str>) {
     let authority = authority.trim();
-    if let Some(rest) = authority.strip_prefix('[') {
-        if let Some((host, tail)) = rest.split_once(']') {
-            return (host.to_ascii_lowercase(), tail.strip_prefix(':'));
-        }
+    if let Some(rest) = authority.strip_prefix('[')
+        && let Some((host, tail)) = rest.split_once(']')
+    {
+        return (host.to_ascii_lowercase(), tail.strip_prefix(':'));
     }
     match authority.rsplit_once(':') {
         // A bare IPv6 address has several colons and no port.
@@ -54,7 +54,10 @@ impl OriginPolicy {
         } else if hosts.iter().any(|h| h.trim() == "*") {
             Vec::new()
         } else {
-            hosts.iter().map(|h| h.trim().to_ascii_lowercase()).collect()
+            hosts
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .collect()
         };
         Self {
             origins: origins.iter().map(|o| normalize_origin(o)).collect(),
@@ -114,15 +117,24 @@ mod tests {
         let p = OriginPolicy::new(&["http://localhost:6274/".into()], &[]);
         assert_eq!(p.check(&headers(&[("host", "localhost:8000")])), Ok(()));
         assert_eq!(
-            p.check(&headers(&[("host", "localhost"), ("origin", "HTTP://LOCALHOST:6274")])),
+            p.check(&headers(&[
+                ("host", "localhost"),
+                ("origin", "HTTP://LOCALHOST:6274")
+            ])),
             Ok(())
         );
         assert_eq!(
-            p.check(&headers(&[("host", "localhost"), ("origin", "https://evil.example")])),
+            p.check(&headers(&[
+                ("host", "localhost"),
+                ("origin", "https://evil.example")
+            ])),
             Err(Refusal::Origin("https://evil.example".into()))
         );
         assert_eq!(
-            p.check(&headers(&[("host", "localhost"), ("origin", "http://localhost:6275")])),
+            p.check(&headers(&[
+                ("host", "localhost"),
+                ("origin", "http://localhost:6275")
+            ])),
             Err(Refusal::Origin("http://localhost:6275".into()))
         );
     }
@@ -130,7 +142,13 @@ mod tests {
     #[test]
     fn default_hosts_are_loopback_with_any_port() {
         let p = OriginPolicy::new(&[], &[]);
-        for ok in ["localhost", "localhost:8000", "127.0.0.1:1", "[::1]:8000", "::1"] {
+        for ok in [
+            "localhost",
+            "localhost:8000",
+            "127.0.0.1:1",
+            "[::1]:8000",
+            "::1",
+        ] {
             assert_eq!(p.check(&headers(&[("host", ok)])), Ok(()), "{ok}");
         }
         for bad in ["evil.example", "evil.example:8000", "10.0.0.1:8000", ""] {
@@ -143,7 +161,10 @@ mod tests {
     #[test]
     fn configured_hosts_and_ports() {
         let p = OriginPolicy::new(&[], &["mcp.example.com".into(), "node:30080".into()]);
-        assert!(p.check(&headers(&[("host", "MCP.example.com:443")])).is_ok());
+        assert!(
+            p.check(&headers(&[("host", "MCP.example.com:443")]))
+                .is_ok()
+        );
         assert!(p.check(&headers(&[("host", "node:30080")])).is_ok());
         assert!(p.check(&headers(&[("host", "node:30081")])).is_err());
         assert!(p.check(&headers(&[("host", "localhost")])).is_err());

