@@ -86,7 +86,9 @@ impl Drop for TestNamespace {
         // runs on a runtime and client of its own, on a thread we wait for.
         let name = self.name.clone();
         let handle = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             runtime.block_on(async {
                 let client = client().await?;
                 Api::<Namespace>::all(client)
@@ -96,7 +98,10 @@ impl Drop for TestNamespace {
             })
         });
         if let Ok(Err(err)) = handle.join() {
-            eprintln!("warning: could not delete test namespace {}: {err:#}", self.name);
+            eprintln!(
+                "warning: could not delete test namespace {}: {err:#}",
+                self.name
+            );
         }
     }
 }

@@ -23,8 +23,14 @@ async fn one_run(client: &Client, i: usize) -> Result<Duration> {
     let name = create(client, &run).await?;
     let done = wait_terminal(client, &name, Duration::from_secs(120)).await?;
     let elapsed = start.elapsed();
-    ensure!(run_phase(&done) == Some(Phase::Succeeded), "run {name} ended {:?}", done.status);
-    runs(client).delete(&name, &DeleteParams::background()).await?;
+    ensure!(
+        run_phase(&done) == Some(Phase::Succeeded),
+        "run {name} ended {:?}",
+        done.status
+    );
+    runs(client)
+        .delete(&name, &DeleteParams::background())
+        .await?;
     Ok(elapsed)
 }
 
