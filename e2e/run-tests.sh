@@ -24,6 +24,13 @@ step "checks: cargo fmt, cargo clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "PostgreSQL for the execute_sql tests: e2e/postgres/start.sh"
+stop_postgres() { "$REPO_ROOT/e2e/postgres/stop.sh" >/dev/null 2>&1 || true; }
+trap stop_postgres EXIT
+pg_output="$("$REPO_ROOT/e2e/postgres/start.sh")"
+export SANDBOXRUN_TEST_POSTGRES_URL="${pg_output##*DATABASE_URL=}"   # the last line is DATABASE_URL=<url>
+export SANDBOXRUN_REQUIRE_POSTGRES=1
+
 step "unit and integration tests (no cluster)"
 cargo test --workspace --locked --exclude sandboxrun-e2e
 
@@ -41,6 +48,7 @@ cleanup() {
     step "tearing the cluster down"
     "$REPO_ROOT/e2e/cluster/down.sh" || true
   fi
+  stop_postgres
   exit "$rc"
 }
 trap cleanup EXIT

@@ -6,7 +6,10 @@ pub mod limits;
 pub mod local;
 pub mod model;
 pub mod output;
+pub mod policy;
+pub mod query;
 pub mod runner;
+pub mod sql;
 
 pub use limits::Limits;
 pub use local::{
@@ -14,4 +17,9 @@ pub use local::{
 };
 pub use model::{Environment, Phase, Tool, Verdict};
 pub use output::{Capped, cap_bytes, cap_str};
+pub use policy::{CallContext, Decision, Policy, PolicyError, PolicyStore, SqlRequest};
+pub use query::{DatabaseConfig, Databases, QueryError, QueryLimits, QueryResult, redact_url};
 pub use runner::{EnvelopeError, RUNNER_SCRIPT, RunnerResult, parse_envelope, runner_argv};
+pub use sql::{
+    Columns, GuardViolation, GuardedQuery, SqlDialect, SqlRules, TableRule, ViolationKind, guard,
+};

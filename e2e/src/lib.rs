@@ -1,6 +1,7 @@
 //! Shared helpers for the end-to-end suite. Every test takes its cluster from `KUBECONFIG`, so the
 //! same suite runs against the local harness (`e2e/cluster/up.sh`), kind, or any other cluster.
 
+pub mod governance;
 pub mod runs;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -182,34 +183,35 @@ pub async fn logs(pods: &Api<Pod>, name: &str) -> Result<String> {
     Ok(pods.logs(name, &LogParams::default()).await?)
 }
 
-/// The InternalIP of the (first) node: on the local harness, the cluster bridge's host address.
-pub async fn node_internal_ip(client: &Client) -> Result<String> {
+/// The status of the (first) node.
+async fn node_status(client: &Client) -> Result<k8s_openapi::api::core::v1::NodeStatus> {
     let nodes = Api::<Node>::all(client.clone())
         .list(&Default::default())
         .await?;
     nodes
         .items
-        .iter()
-        .flat_map(|n| n.status.iter().flat_map(|s| s.addresses.iter().flatten()))
+        .into_iter()
+        .find_map(|n| n.status)
+        .context("no node reports a status")
+}
+
+/// The InternalIP of the (first) node: on the local harness, the cluster bridge's host address.
+pub async fn node_internal_ip(client: &Client) -> Result<String> {
+    node_status(client)
+        .await?
+        .addresses
+        .into_iter()
+        .flatten()
         .find(|a| a.type_ == "InternalIP")
-        .map(|a| a.address.clone())
-        .context("no node has an InternalIP")
+        .map(|a| a.address)
+        .context("the node has no InternalIP")
 }
 
 /// The kernel version the (first) node reports.
 pub async fn node_kernel_version(client: &Client) -> Result<String> {
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&Default::default())
-        .await?;
-    nodes
-        .items
-        .iter()
-        .find_map(|n| {
-            n.status
-                .as_ref()?
-                .node_info
-                .as_ref()
-                .map(|i| i.kernel_version.clone())
-        })
-        .context("no node reports a kernel version")
+    node_status(client)
+        .await?
+        .node_info
+        .map(|i| i.kernel_version)
+        .context("the node reports no kernel version")
 }

@@ -19,6 +19,14 @@ use serde_json::json;
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// Delete at once, like a crash or `kubectl delete --grace-period=0`.
+fn delete_now() -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    }
+}
+
 fn status(run: &SandboxRun) -> sandboxrun_api::SandboxRunStatus {
     run.status.clone().unwrap_or_default()
 }
@@ -367,15 +375,7 @@ async fn run_completes_when_the_operator_is_killed_mid_run() -> Result<()> {
         "no operator pod found in {SYSTEM_NAMESPACE}"
     );
     for pod in &killed {
-        operators
-            .delete(
-                pod,
-                &DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..Default::default()
-                },
-            )
-            .await?;
+        operators.delete(pod, &delete_now()).await?;
     }
 
     let run = wait_terminal(&client, &name, Duration::from_secs(180)).await?;
@@ -413,14 +413,7 @@ async fn deleting_the_sandbox_pod_fails_the_run_with_pod_deleted() -> Result<()>
         .first()
         .map(|p| p.name_any())
         .context("no pod")?;
-    pods.delete(
-        &pod_name,
-        &DeleteParams {
-            grace_period_seconds: Some(0),
-            ..Default::default()
-        },
-    )
-    .await?;
+    pods.delete(&pod_name, &delete_now()).await?;
 
     let run = wait_terminal(&client, &name, Duration::from_secs(60)).await?;
     let st = status(&run);

@@ -1,8 +1,10 @@
 //! Operator configuration: command-line flags, each also readable from the environment.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use clap::Parser;
+use jiff::SignedDuration;
 
 /// The sandboxrun operator: turns SandboxRun resources into single-use sandbox Pods.
 #[derive(Parser, Debug, Clone)]
@@ -51,6 +53,36 @@ pub struct Config {
     /// Identity of this replica in leader election and Events (defaults to the Pod name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+
+    /// Policy file (YAML, see config/policy/policy.yaml) judging every run; reloaded when it
+    /// changes. Without it every run is allowed (a warning says so at start-up).
+    #[arg(long, env = "SANDBOXRUN_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+
+    /// Seconds between checks of the policy file for changes.
+    #[arg(long, env = "SANDBOXRUN_POLICY_POLL_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub policy_poll_seconds: u64,
+
+    /// How long an escalated run waits for approval before it ends Rejected (ApprovalTimedOut):
+    /// seconds, or a duration such as 90s, 15m, 1h.
+    #[arg(long, env = "SANDBOXRUN_APPROVAL_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    pub approval_timeout: SignedDuration,
+}
+
+/// A positive duration: bare seconds (`900`) or a friendly/ISO 8601 duration (`15m`, `PT1H`).
+fn parse_duration(s: &str) -> Result<SignedDuration, String> {
+    let d = match s.trim().parse::<i64>() {
+        Ok(secs) => SignedDuration::from_secs(secs),
+        Err(_) => s
+            .trim()
+            .parse::<SignedDuration>()
+            .map_err(|e| format!("{s:?} is not a duration (write 900, 90s, 15m or 1h): {e}"))?,
+    };
+    if d.is_positive() {
+        Ok(d)
+    } else {
+        Err(format!("{s:?}: the duration must be positive"))
+    }
 }
 
 impl Config {
@@ -84,6 +116,29 @@ mod tests {
         assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:8080");
         assert!(!c.leader_election);
         assert_eq!(c.lease_name, "sandboxrun-operator");
+        assert_eq!(c.policy_file, None);
+        assert_eq!(c.policy_poll_seconds, 5);
+        assert_eq!(c.approval_timeout, SignedDuration::from_mins(15));
+    }
+
+    #[test]
+    fn approval_timeout_forms() {
+        for (arg, secs) in [
+            ("900", 900),
+            ("90s", 90),
+            ("15m", 900),
+            ("1h", 3600),
+            ("PT2M", 120),
+        ] {
+            let c = Config::try_parse_from(["x", "--approval-timeout", arg]).unwrap();
+            assert_eq!(c.approval_timeout, SignedDuration::from_secs(secs), "{arg}");
+        }
+        for bad in ["0", "-5", "soon", ""] {
+            assert!(
+                Config::try_parse_from(["x", "--approval-timeout", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -15,11 +15,13 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sandboxrun_api::{SandboxRun, SandboxRunStatus};
-use sandboxrun_core::{Phase, Tool};
+use sandboxrun_core::{Phase, PolicyStore, Tool, Verdict};
 use serde_json::json;
 use tracing::{info, warn};
 
+use crate::audit::{self, AuditEvent};
 use crate::events::Events;
+use crate::gate::{self, Gate};
 use crate::metrics::Metrics;
 use crate::phase::{self, Next, Outcome, Progress};
 use crate::pod::{self, BuildError, SandboxConfig};
@@ -40,6 +42,10 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Event publisher.
     pub events: Events,
+    /// The policy judging every run; `None` allows every run (no `--policy-file`).
+    pub policy: Option<Arc<PolicyStore>>,
+    /// How long an escalated run waits for a person's approval.
+    pub approval_timeout: SignedDuration,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
 }
@@ -51,13 +57,26 @@ impl Context {
         sandbox: SandboxConfig,
         metrics: Arc<Metrics>,
         events: Events,
+        policy: Option<Arc<PolicyStore>>,
+        approval_timeout: SignedDuration,
     ) -> Self {
         Self {
             client,
             sandbox,
             metrics,
             events,
+            policy,
+            approval_timeout,
             failures: Mutex::default(),
+        }
+    }
+
+    /// What policy says about `run` now (everything is allowed without a policy).
+    fn decide(&self, run: &SandboxRun, tool: Tool) -> sandboxrun_core::Decision {
+        let call = gate::call_context(&run.spec, tool);
+        match &self.policy {
+            Some(store) => store.evaluate(&call),
+            None => gate::allow_all(&call),
         }
     }
 }
@@ -158,28 +177,148 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
         return finished(run, &prev, &runs, &pods, now).await;
     }
 
-    let tool = run.spec.tool();
-    if tool != Some(Tool::Python) {
-        let (reason, message) = match tool {
-            Some(t) => (
-                "ToolNotImplemented",
-                format!(
-                    "the {t} tool is not executed by this version of sandboxrun yet; only python runs"
-                ),
+    let Some(tool) = run.spec.tool() else {
+        let outcome = phase::rejected(
+            "NoTool",
+            "the run sets none of python, sql or metrics".to_owned(),
+            now,
+        );
+        return finish(run, ctx, &prev, None, &outcome, None, &runs, &pods, now).await;
+    };
+    let generation = run.metadata.generation;
+
+    // Policy judges a run once, on its first reconciliation. Runs that predate the policy gate
+    // (a phase but no decision) are left to finish as they started.
+    let mut decided: Option<sandboxrun_core::Decision> = None;
+    if prev.decision.is_none() && prev.phase.is_none() {
+        // The cache may lag our own decision write: decide on the run as it is now.
+        match runs.get_opt(&name).await? {
+            Some(fresh) => prev = fresh.status.unwrap_or_default(),
+            None => return Ok(Action::await_change()),
+        }
+        if prev.phase.is_some_and(Phase::is_terminal) {
+            return finished(run, &prev, &runs, &pods, now).await;
+        }
+        if prev.decision.is_none() && prev.phase.is_none() {
+            let decision = ctx.decide(run, tool);
+            let record = gate::recorded(&decision);
+            info!(run = %name, namespace = %ns, decision = %decision, "policy decision");
+            audit::record(
+                AuditEvent::Decision,
+                run,
+                Some(tool),
+                Some(&record),
+                None,
+                "",
+                now,
+            );
+            ctx.events.decided(run, &record).await;
+            if record.verdict == Verdict::Allow {
+                // Recorded before anything executes; Block and Escalate record it with their
+                // phase just below.
+                let status = gate::decided_status(&prev, tool, record, generation);
+                apply_status(&runs, &name, &status).await?;
+                prev = status;
+            } else {
+                prev.decision = Some(record);
+            }
+            decided = Some(decision);
+        }
+    }
+
+    if let Some(decision) = prev.decision.clone() {
+        let approval = gate::approval_state(run.spec.approval.as_ref(), generation);
+        let since = gate::awaiting_since(&prev, run.metadata.creation_timestamp.as_ref(), now);
+        let awaiting = prev.phase == Some(Phase::AwaitingApproval);
+        match gate::gate(&decision, approval, since, ctx.approval_timeout, now) {
+            Gate::Reject(outcome) => {
+                if decision.verdict == Verdict::Escalate {
+                    gate::mark_not_approved(
+                        &mut prev,
+                        &outcome.reason,
+                        &outcome.message,
+                        generation,
+                        now,
+                    );
+                }
+                return finish(
+                    run,
+                    ctx,
+                    &prev,
+                    Some(tool),
+                    &outcome,
+                    None,
+                    &runs,
+                    &pods,
+                    now,
+                )
+                .await;
+            }
+            Gate::Await { deadline } => {
+                if !awaiting {
+                    let approve = gate::approve_command(&name, &ns);
+                    let status = gate::awaiting_status(&prev, tool, &approve, generation, now);
+                    apply_status(&runs, &name, &status).await?;
+                    info!(run = %name, namespace = %ns, "run awaits approval");
+                    ctx.metrics.entered(Phase::AwaitingApproval);
+                }
+                // A change of spec.approval wakes the run up before this.
+                return Ok(Action::requeue(until(deadline, now)));
+            }
+            Gate::Proceed => {
+                let newly_approved = decision.verdict == Verdict::Escalate
+                    && !prev
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == gate::CONDITION_APPROVED && c.status == "True");
+                if newly_approved {
+                    gate::mark_approved(&mut prev, generation, now);
+                    apply_status(&runs, &name, &prev).await?;
+                    audit::record(
+                        AuditEvent::Approved,
+                        run,
+                        Some(tool),
+                        Some(&decision),
+                        prev.phase,
+                        "Approved",
+                        now,
+                    );
+                    ctx.events.approved(run).await;
+                }
+            }
+        }
+    }
+
+    if tool != Tool::Python {
+        let outcome = phase::rejected(
+            "ToolNotImplemented",
+            format!(
+                "the {tool} tool is not executed by this version of sandboxrun yet; only python runs"
             ),
-            None => (
-                "NoTool",
-                "the run sets none of python, sql or metrics".to_owned(),
-            ),
-        };
-        let outcome = phase::rejected(reason, message, now);
-        return finish(run, ctx, &prev, tool, &outcome, None, &runs, &pods, now).await;
+            now,
+        );
+        return finish(
+            run,
+            ctx,
+            &prev,
+            Some(tool),
+            &outcome,
+            None,
+            &runs,
+            &pods,
+            now,
+        )
+        .await;
     }
 
     let pod_name = pod::pod_name(&name);
-    let limits = run.spec.limits.effective();
     // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod.
     let pod = pods.get_opt(&pod_name).await?;
+    // The limits the Pod was built with (policy may have lowered the requested ones).
+    let limits = pod
+        .as_ref()
+        .and_then(pod::limits_of)
+        .unwrap_or_else(|| run.spec.limits.effective());
     if pod.is_none() {
         // The cached run may lag our own last status write (for example the terminal one,
         // just before we deleted the Pod): decide on the run as it is now.
@@ -194,7 +333,12 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
 
     match phase::next(&prev, pod.as_ref(), &limits, now) {
         Next::CreatePod => {
-            let desired = pod::build(run, &ctx.sandbox)?;
+            // The decision's limits: the requested ones, lowered to the policy rule's ceilings.
+            let limits = match decided {
+                Some(d) => d.limits,
+                None => ctx.decide(run, tool).limits,
+            };
+            let desired = pod::build_with_limits(run, &ctx.sandbox, &limits)?;
             match pods.create(&PostParams::default(), &desired).await {
                 Ok(_) => {
                     info!(run = %name, namespace = %ns, pod = %pod_name, "created sandbox pod");
@@ -216,7 +360,18 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
                         phase: Phase::Failed,
                         ..outcome
                     };
-                    return finish(run, ctx, &prev, tool, &outcome, None, &runs, &pods, now).await;
+                    return finish(
+                        run,
+                        ctx,
+                        &prev,
+                        Some(tool),
+                        &outcome,
+                        None,
+                        &runs,
+                        &pods,
+                        now,
+                    )
+                    .await;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -255,7 +410,7 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
                 run,
                 ctx,
                 &prev,
-                tool,
+                Some(tool),
                 &outcome,
                 Some(&pod_name),
                 &runs,
@@ -269,7 +424,7 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
                 run,
                 ctx,
                 &prev,
-                tool,
+                Some(tool),
                 &outcome,
                 Some(&pod_name),
                 &runs,
@@ -328,6 +483,15 @@ async fn finish(
     // The status first: the Pod (and its log) must outlive the only record of the result.
     apply_status(runs, &name, &status).await?;
     info!(run = %name, phase = %outcome.phase, reason = %outcome.reason, "run finished");
+    audit::record(
+        AuditEvent::Finished,
+        run,
+        tool,
+        status.decision.as_ref(),
+        Some(outcome.phase),
+        &outcome.reason,
+        now,
+    );
     ctx.metrics.entered(outcome.phase);
     if let Some(start) = outcome.started_at {
         let secs = outcome.finished_at.duration_since(start).as_secs_f64();

@@ -3,7 +3,7 @@
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use sandboxrun_api::SandboxRun;
-use sandboxrun_core::Phase;
+use sandboxrun_core::{Phase, Verdict};
 
 /// Publishes Events about runs; failures are logged, never fatal: an Event is a courtesy.
 #[derive(Clone)]
@@ -64,6 +64,35 @@ impl Events {
             "Started",
             "Run",
             format!("code started in Pod {pod}"),
+        )
+        .await;
+    }
+
+    /// Policy judged the run.
+    pub async fn decided(&self, run: &SandboxRun, decision: &sandboxrun_api::Decision) {
+        let (type_, reason) = match decision.verdict {
+            Verdict::Allow => (EventType::Normal, "PolicyAllowed"),
+            Verdict::Block => (EventType::Warning, "PolicyBlocked"),
+            Verdict::Escalate => (EventType::Warning, "PolicyEscalated"),
+        };
+        self.publish(
+            run,
+            type_,
+            reason,
+            "Decide",
+            format!("policy rule {}: {}", decision.rule, decision.reason),
+        )
+        .await;
+    }
+
+    /// A person approved an escalated run.
+    pub async fn approved(&self, run: &SandboxRun) {
+        self.publish(
+            run,
+            EventType::Normal,
+            "Approved",
+            "Approve",
+            "a person approved the run (spec.approval.approved: true)".to_owned(),
         )
         .await;
     }

@@ -1,12 +1,15 @@
 //! sandboxrun-operator: reconciles SandboxRuns into single-use sandbox Pods.
 
+mod audit;
 mod config;
 mod controller;
 mod events;
+mod gate;
 mod leader;
 mod metrics;
 mod phase;
 mod pod;
+mod policy;
 mod result;
 mod ttl;
 
@@ -51,6 +54,21 @@ async fn main() -> anyhow::Result<()> {
 
     let identity = config.identity();
     info!(?config, %identity, "starting sandboxrun-operator");
+    let policy = match &config.policy_file {
+        Some(path) => match policy::load(path) {
+            Ok(store) => Some(store),
+            Err(e) => {
+                tracing::error!(error = %e, "refusing to start: the policy file is unusable");
+                anyhow::bail!("refusing to start: {e}");
+            }
+        },
+        None => {
+            tracing::warn!(
+                "no --policy-file: every run is allowed; install a policy to enforce governance"
+            );
+            None
+        }
+    };
     let client = kube::Client::try_default().await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -58,6 +76,15 @@ async fn main() -> anyhow::Result<()> {
         termination().await;
         let _ = stop_tx.send(true);
     });
+
+    if let (Some(store), Some(path)) = (&policy, &config.policy_file) {
+        tokio::spawn(policy::watch_file(
+            store.clone(),
+            path.clone(),
+            std::time::Duration::from_secs(config.policy_poll_seconds),
+            stop_rx.clone(),
+        ));
+    }
 
     let metrics = Arc::new(metrics::Metrics::default());
     let server = tokio::spawn(metrics::serve(
@@ -75,6 +102,8 @@ async fn main() -> anyhow::Result<()> {
         },
         metrics,
         events::Events::new(client.clone(), identity.clone()),
+        policy,
+        config.approval_timeout,
     ));
 
     if config.leader_election {

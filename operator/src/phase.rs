@@ -440,7 +440,7 @@ pub fn log_unreadable(exited: &Exited, error: &str, now: Timestamp) -> Option<Ou
 }
 
 /// Sets a condition, keeping its lastTransitionTime when its status does not change.
-fn set_condition(
+pub(crate) fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: &str,
     status: bool,

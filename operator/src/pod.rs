@@ -131,12 +131,34 @@ pub enum BuildError {
     Unidentified,
 }
 
-/// The sandbox Pod of a Python run.
+/// Annotation of the sandbox Pod with the limits it was built with (JSON): policy can lower the
+/// requested limits, and later reconciliations read the effective ones back from here.
+pub const LIMITS_ANNOTATION: &str = "sandboxrun.dev/limits";
+
+/// The sandbox Pod of a Python run, with the limits the run asks for.
+#[cfg(test)]
 pub fn build(run: &SandboxRun, config: &SandboxConfig) -> Result<Pod, BuildError> {
+    build_with_limits(run, config, &run.spec.limits.effective())
+}
+
+/// The limits a sandbox Pod was built with, from its annotation.
+pub fn limits_of(pod: &Pod) -> Option<Limits> {
+    let raw = pod.metadata.annotations.as_ref()?.get(LIMITS_ANNOTATION)?;
+    serde_json::from_str::<Limits>(raw)
+        .ok()
+        .map(|l| l.clamped())
+}
+
+/// The sandbox Pod of a Python run, with `limits` (the run's, as lowered by policy).
+pub fn build_with_limits(
+    run: &SandboxRun,
+    config: &SandboxConfig,
+    limits: &Limits,
+) -> Result<Pod, BuildError> {
     let python = run.spec.python.as_ref().ok_or(BuildError::NotPython)?;
     let owner = owner_reference(run).ok_or(BuildError::Unidentified)?;
     let namespace = run.namespace().ok_or(BuildError::Unidentified)?;
-    let limits: Limits = run.spec.limits.effective();
+    let limits: Limits = limits.clamped();
 
     let resources = BTreeMap::from([
         ("cpu".to_owned(), Quantity(limits.cpu.clone())),
@@ -192,6 +214,9 @@ pub fn build(run: &SandboxRun, config: &SandboxConfig) -> Result<Pod, BuildError
             name: Some(pod_name(&run.name_any())),
             namespace: Some(namespace),
             labels: Some(labels(run, Tool::Python)),
+            annotations: serde_json::to_string(&limits)
+                .ok()
+                .map(|json| BTreeMap::from([(LIMITS_ANNOTATION.to_owned(), json)])),
             owner_references: Some(vec![owner]),
             ..Default::default()
         },

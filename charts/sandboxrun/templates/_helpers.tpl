@@ -18,3 +18,8 @@ app.kubernetes.io/name: sandboxrun
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
+
+{{/* Name of the policy ConfigMap. */}}
+{{- define "sandboxrun.policy" -}}
+{{- printf "%s-policy" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}

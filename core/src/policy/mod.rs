@@ -1,0 +1,500 @@
+//! The policy engine: which agent may use which tool in which environment, with which limits,
+//! and (for SQL) which databases, tables and columns.
+//!
+//! A policy is a YAML file (see `config/policy/policy.yaml`) of agent `groups`, an ordered list
+//! of `rules` and a `default` verdict. **Rules are evaluated top to bottom and the first rule that
+//! matches the call's agent, tool and environment decides**; later rules are not consulted. When
+//! no rule matches, the `default` verdict applies (`block` unless the file says otherwise), and
+//! the reason says so.
+//!
+//! For an SQL call that the matching rule allows or escalates, the SQL guard
+//! ([`crate::sql::guard`]) then checks the query against the rule's `sql` settings; a violation
+//! turns the decision into `Block` with the rule `<rule>/sql-guard` and the guard's reason, and an
+//! accepted query comes back rewritten (with its `LIMIT`) in [`Decision::rewritten_query`].
+//!
+//! Unknown fields anywhere in the file are errors, so a typo can never silently weaken policy;
+//! a malformed file is refused with the line, the column and the problem.
+
+mod file;
+mod store;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::limits::{
+    self, DEFAULT_MEMORY, MAX_MEMORY, MAX_OUTPUT_BYTES, MAX_TIMEOUT_SECONDS, MIN_MEMORY,
+    MIN_OUTPUT_BYTES, MIN_TIMEOUT_SECONDS,
+};
+use crate::model::{Environment, Tool, Verdict};
+use crate::sql::{self, SqlDialect, SqlRules};
+
+pub use file::LimitOverrides;
+pub use store::PolicyStore;
+
+/// Row cap of a query when neither the rule nor the call sets one.
+pub const DEFAULT_ROWS: u64 = 1_000;
+/// Largest row cap a rule may set.
+pub const MAX_ROWS: u64 = sql::MAX_LIMIT;
+/// The rule name reported when no rule matched.
+pub const DEFAULT_RULE: &str = "default";
+
+/// Why a policy file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The file could not be read.
+    #[error("cannot read policy file {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The YAML is malformed or does not fit the policy format (unknown field, wrong type).
+    #[error("policy {origin} is malformed at line {line}, column {column}: {message}")]
+    Syntax {
+        /// The file name, or `<string>`.
+        origin: String,
+        /// 1-based line of the problem (0 when the parser gave none).
+        line: u64,
+        /// 1-based column of the problem (0 when the parser gave none).
+        column: u64,
+        /// The problem.
+        message: String,
+    },
+    /// The YAML is well-formed but the policy is inconsistent (unknown group, limits above the
+    /// maxima, duplicate rule names, ...).
+    #[error("policy {origin} is invalid: {message}")]
+    Invalid {
+        /// The file name, or `<string>`.
+        origin: String,
+        /// The problem, naming the rule and its line.
+        message: String,
+    },
+}
+
+/// Who matches a rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum AgentMatch {
+    /// Every agent (`*`).
+    Any,
+    /// One agent by name.
+    Name(String),
+    /// The members of a group (`group:NAME`).
+    Group(String),
+}
+
+/// One validated rule.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    /// The rule's unique name, reported in decisions.
+    pub name: String,
+    /// The line of the rule in its file (0 when unknown).
+    pub line: u64,
+    agents: Vec<AgentMatch>,
+    /// `None`: every tool.
+    tools: Option<Vec<Tool>>,
+    /// `None`: every environment.
+    environments: Option<Vec<Environment>>,
+    /// What the rule decides.
+    pub verdict: Verdict,
+    /// The operator's explanation, used as the decision's reason.
+    pub reason: Option<String>,
+    /// Ceilings on the limits of matching calls.
+    pub limits: LimitOverrides,
+    /// SQL settings, for rules that can match `sql` calls.
+    pub sql: Option<SqlRules>,
+}
+
+impl Rule {
+    fn matches(&self, call: &CallContext, groups: &BTreeMap<String, BTreeSet<String>>) -> bool {
+        let agent_ok = self.agents.iter().any(|m| match m {
+            AgentMatch::Any => true,
+            AgentMatch::Name(n) => *n == call.agent,
+            AgentMatch::Group(g) => groups
+                .get(g)
+                .is_some_and(|members| members.contains(&call.agent)),
+        });
+        agent_ok
+            && self.tools.as_ref().is_none_or(|t| t.contains(&call.tool))
+            && self
+                .environments
+                .as_ref()
+                .is_none_or(|e| e.contains(&call.environment))
+    }
+
+    fn covers_tool(&self, tool: Tool) -> bool {
+        self.tools.as_ref().is_none_or(|t| t.contains(&tool))
+    }
+}
+
+/// A validated policy, ready to judge calls.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    default: Verdict,
+    groups: BTreeMap<String, BTreeSet<String>>,
+    rules: Vec<Rule>,
+}
+
+/// An SQL query an agent wants to run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SqlRequest {
+    /// The configured database name.
+    pub database: String,
+    /// The query text as the agent sent it.
+    pub query: String,
+    /// The dialect of that database.
+    #[serde(default)]
+    pub dialect: SqlDialect,
+}
+
+/// Everything policy looks at to judge one call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallContext {
+    /// The calling agent's identity (from its credentials, never from its input).
+    pub agent: String,
+    /// The tool called.
+    pub tool: Tool,
+    /// The targeted environment.
+    pub environment: Environment,
+    /// The query, for `sql` calls.
+    pub sql: Option<SqlRequest>,
+    /// The limits the call asks for (defaults filled in).
+    pub limits: limits::Limits,
+    /// The row cap the call asks for, if any.
+    pub rows: Option<u64>,
+}
+
+impl CallContext {
+    /// A call with default limits and no query.
+    pub fn new(agent: impl Into<String>, tool: Tool, environment: Environment) -> Self {
+        Self {
+            agent: agent.into(),
+            tool,
+            environment,
+            sql: None,
+            limits: limits::Limits::default(),
+            rows: None,
+        }
+    }
+
+    /// The same call carrying a query for `database` (PostgreSQL dialect).
+    pub fn with_sql(mut self, database: impl Into<String>, query: impl Into<String>) -> Self {
+        self.sql = Some(SqlRequest {
+            database: database.into(),
+            query: query.into(),
+            dialect: SqlDialect::Postgres,
+        });
+        self
+    }
+}
+
+/// What policy decided about one call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    /// Allow, block or escalate.
+    pub verdict: Verdict,
+    /// The rule that decided: a rule name, `<rule>/sql-guard`, or `default`.
+    pub rule: String,
+    /// Why, in words a person and a model can act on.
+    pub reason: String,
+    /// The limits the run gets: the requested ones, lowered to the rule's ceilings.
+    pub limits: limits::Limits,
+    /// The row cap of the run (for `sql`: the query's LIMIT never exceeds it).
+    pub max_rows: u64,
+    /// For an allowed or escalated `sql` call: the checked query to execute, with its LIMIT.
+    pub rewritten_query: Option<String>,
+}
+
+fn verdict_word(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Allow => "allow",
+        Verdict::Block => "block",
+        Verdict::Escalate => "escalate",
+    }
+}
+
+fn environment_word(e: Environment) -> &'static str {
+    match e {
+        Environment::Sandbox => "sandbox",
+        Environment::Staging => "staging",
+        Environment::Production => "production",
+    }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} by {}: {}",
+            verdict_word(self.verdict),
+            self.rule,
+            self.reason
+        )
+    }
+}
+
+/// Bytes of a Kubernetes memory quantity (`256Mi`, `1G`, `1048576`), if it is one.
+pub fn quantity_bytes(q: &str) -> Option<f64> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(q.len());
+    let (number, suffix) = q.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let factor = match suffix {
+        "" => 1.0,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0f64.powi(4),
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        _ => return None,
+    };
+    Some(number * factor)
+}
+
+impl Policy {
+    /// A policy with no rules that blocks everything.
+    pub fn deny_all() -> Self {
+        Self {
+            default: Verdict::Block,
+            groups: BTreeMap::new(),
+            rules: Vec::new(),
+        }
+    }
+
+    /// Parses and validates a policy from YAML text; `origin` names it in errors.
+    pub fn from_yaml(text: &str, origin: &str) -> Result<Self, PolicyError> {
+        file::parse(text, origin)
+    }
+
+    /// Reads, parses and validates a policy file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, PolicyError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_yaml(&text, &path.display().to_string())
+    }
+
+    /// The verdict when no rule matches.
+    pub fn default_verdict(&self) -> Verdict {
+        self.default
+    }
+
+    /// The rules, in evaluation order.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// The members of each agent group.
+    pub fn groups(&self) -> &BTreeMap<String, BTreeSet<String>> {
+        &self.groups
+    }
+
+    /// Judges one call: the first matching rule decides, then (for SQL) the SQL guard checks the
+    /// query against that rule's settings.
+    pub fn evaluate(&self, call: &CallContext) -> Decision {
+        let who = format!(
+            "agent {} calling {} in {}",
+            call.agent,
+            call.tool,
+            environment_word(call.environment)
+        );
+        let Some(rule) = self.rules.iter().find(|r| r.matches(call, &self.groups)) else {
+            let mut decision = Decision {
+                verdict: self.default,
+                rule: DEFAULT_RULE.to_owned(),
+                reason: format!(
+                    "no policy rule matches {who}; the policy default is {}",
+                    verdict_word(self.default)
+                ),
+                limits: call.limits.clamped(),
+                max_rows: call.rows.unwrap_or(DEFAULT_ROWS).min(DEFAULT_ROWS),
+                rewritten_query: None,
+            };
+            if self.default == Verdict::Block {
+                decision
+                    .reason
+                    .push_str(": ask an operator for a rule that covers this call");
+            } else if call.tool == Tool::Sql {
+                decision.verdict = Verdict::Block;
+                decision.reason.push_str(
+                    ", but SQL needs a rule with sql settings (databases, tables, columns) to check the query: ask an operator to add one",
+                );
+            }
+            return decision;
+        };
+        let reason = rule.reason.clone().unwrap_or_else(|| {
+            format!(
+                "rule {} says {} for {who}",
+                rule.name,
+                verdict_word(rule.verdict)
+            )
+        });
+        let (limits, max_rows, lowered) = effective_limits(rule, call);
+        let mut decision = Decision {
+            verdict: rule.verdict,
+            rule: rule.name.clone(),
+            reason,
+            limits,
+            max_rows,
+            rewritten_query: None,
+        };
+        if rule.verdict == Verdict::Block {
+            return decision;
+        }
+        if !lowered.is_empty() {
+            decision.reason = format!(
+                "{} (limits lowered by rule {}: {})",
+                decision.reason,
+                rule.name,
+                lowered.join(", ")
+            );
+        }
+        if call.tool == Tool::Sql {
+            let guard_rule = format!("{}/sql-guard", rule.name);
+            let block = |reason: String| Decision {
+                verdict: Verdict::Block,
+                rule: guard_rule.clone(),
+                reason,
+                limits: decision.limits.clone(),
+                max_rows,
+                rewritten_query: None,
+            };
+            let Some(request) = &call.sql else {
+                return block(
+                    "an execute_sql call needs a database and a query: send both".to_owned(),
+                );
+            };
+            let Some(sql_rules) = &rule.sql else {
+                return block(format!(
+                    "rule {} has no sql settings (databases, tables, columns), so no query can be checked: ask an operator to add an sql section",
+                    rule.name
+                ));
+            };
+            if !sql_rules.allows_database(&request.database) {
+                return block(format!(
+                    "the database {} is not allowed by rule {}: use one of {}",
+                    request.database,
+                    rule.name,
+                    sql_rules.databases.join(", ")
+                ));
+            }
+            let capped;
+            let effective_rules = if sql_rules.max_limit > max_rows {
+                capped = SqlRules {
+                    max_limit: max_rows.max(1),
+                    ..sql_rules.clone()
+                };
+                &capped
+            } else {
+                sql_rules
+            };
+            match sql::guard(&request.query, request.dialect, effective_rules) {
+                Ok(guarded) => decision.rewritten_query = Some(guarded.sql),
+                Err(violation) => return block(violation.message_for_rule(&rule.name)),
+            }
+        }
+        decision
+    }
+}
+
+/// The requested limits lowered to the rule's ceilings, the row cap, and what was lowered.
+fn effective_limits(rule: &Rule, call: &CallContext) -> (limits::Limits, u64, Vec<String>) {
+    let mut lowered = Vec::new();
+    let mut limits = call.limits.clamped();
+    let ceilings = &rule.limits;
+    if let Some(max) = ceilings.timeout_seconds
+        && limits.timeout_seconds > max
+    {
+        lowered.push(format!("timeoutSeconds {} → {max}", limits.timeout_seconds));
+        limits.timeout_seconds = max;
+    }
+    if let Some(max) = ceilings.output_bytes
+        && limits.output_bytes > max
+    {
+        lowered.push(format!("outputBytes {} → {max}", limits.output_bytes));
+        limits.output_bytes = max;
+    }
+    let max_memory = ceilings.memory.as_deref().unwrap_or(MAX_MEMORY);
+    let ceiling_bytes = quantity_bytes(max_memory).unwrap_or(0.0);
+    match quantity_bytes(&limits.memory) {
+        Some(bytes) if bytes <= ceiling_bytes => {}
+        Some(_) => {
+            lowered.push(format!("memory {} → {max_memory}", limits.memory));
+            limits.memory = max_memory.to_owned();
+        }
+        None => {
+            let fallback = if quantity_bytes(DEFAULT_MEMORY).unwrap_or(0.0) <= ceiling_bytes {
+                DEFAULT_MEMORY
+            } else {
+                max_memory
+            };
+            lowered.push(format!("memory {:?} → {fallback}", limits.memory));
+            limits.memory = fallback.to_owned();
+        }
+    }
+    let row_ceiling = ceilings.rows.unwrap_or(DEFAULT_ROWS);
+    let rows = match call.rows {
+        Some(r) if r > row_ceiling => {
+            lowered.push(format!("rows {r} → {row_ceiling}"));
+            row_ceiling
+        }
+        Some(r) => r,
+        None => row_ceiling,
+    };
+    (limits, rows, lowered)
+}
+
+/// The checks every rule's limit ceilings must pass at load time.
+fn validate_limits(l: &LimitOverrides) -> Result<(), String> {
+    if let Some(t) = l.timeout_seconds
+        && !(MIN_TIMEOUT_SECONDS..=MAX_TIMEOUT_SECONDS).contains(&t)
+    {
+        return Err(format!(
+            "limits.timeoutSeconds is {t}: it must be between {MIN_TIMEOUT_SECONDS} and {MAX_TIMEOUT_SECONDS}"
+        ));
+    }
+    if let Some(o) = l.output_bytes
+        && !(MIN_OUTPUT_BYTES..=MAX_OUTPUT_BYTES).contains(&o)
+    {
+        return Err(format!(
+            "limits.outputBytes is {o}: it must be between {MIN_OUTPUT_BYTES} and {MAX_OUTPUT_BYTES}"
+        ));
+    }
+    if let Some(m) = &l.memory {
+        let Some(bytes) = quantity_bytes(m) else {
+            return Err(format!(
+                "limits.memory is {m:?}: write a quantity such as 256Mi or 1Gi"
+            ));
+        };
+        let min = quantity_bytes(MIN_MEMORY).unwrap_or(0.0);
+        let max = quantity_bytes(MAX_MEMORY).unwrap_or(f64::MAX);
+        if bytes < min || bytes > max {
+            return Err(format!(
+                "limits.memory is {m}: it must be between {MIN_MEMORY} and {MAX_MEMORY}"
+            ));
+        }
+    }
+    if let Some(r) = l.rows
+        && !(1..=MAX_ROWS).contains(&r)
+    {
+        return Err(format!(
+            "limits.rows is {r}: it must be between 1 and {MAX_ROWS}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

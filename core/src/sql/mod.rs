@@ -1,0 +1,319 @@
+//! The SQL guard: decides whether a query an agent sent to `execute_sql` may run, judging its
+//! parsed structure, never keywords.
+//!
+//! A query is accepted only when it is exactly one read-only query statement (`SELECT`,
+//! `WITH … SELECT`, set operations of those, `VALUES`) that
+//!
+//! - has no `SELECT … INTO`, no data-modifying CTE and no locking clause (`FOR UPDATE/SHARE`);
+//! - calls no denied function anywhere (see [`denied_function_patterns`]) and no table-valued
+//!   function in `FROM` unless the rules list it in `tableFunctions`;
+//! - reads only tables the rules allow (system catalogs only when listed by name), and only their
+//!   allowed columns, after resolving table aliases, CTE names and subqueries; an unqualified
+//!   column that could belong to more than one table in scope must be qualified;
+//! - uses `*` / `t.*` only when `allowWildcard` is set and every table it expands over allows all
+//!   columns.
+//!
+//! The accepted query gets a `LIMIT` of at most `maxLimit` (added, or lowered), an `OFFSET` of at
+//! most `maxOffset`, and is returned re-rendered from the checked syntax tree. The rendered text
+//! is parsed and checked a second time, so what runs is exactly what was judged.
+
+mod check;
+mod deny;
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub use deny::denied_function_patterns;
+
+/// Default cap on the `LIMIT` of a query when the rules give none.
+pub const DEFAULT_MAX_LIMIT: u64 = 1_000;
+/// Largest `maxLimit` a policy may configure.
+pub const MAX_LIMIT: u64 = 1_000_000;
+/// Default cap on the `OFFSET` of a query when the rules give none.
+pub const DEFAULT_MAX_OFFSET: u64 = 100_000;
+/// Longest query text the guard looks at, in bytes; longer queries are refused unread.
+pub const MAX_QUERY_BYTES: usize = 16 * 1024;
+/// Most tokens (words, literals, operators; not whitespace) a query may have. Bounds the depth
+/// of the syntax tree, so checking and rendering never exhaust the stack.
+pub const MAX_QUERY_TOKENS: usize = 2_000;
+
+/// The SQL dialect of the target database, which decides how a query is parsed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SqlDialect {
+    /// PostgreSQL (cluster databases).
+    #[default]
+    Postgres,
+    /// SQLite (the embedded demo database).
+    Sqlite,
+}
+
+/// The SQL part of a policy rule: which databases, tables and columns a query may touch and how
+/// many rows it may ask for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SqlRules {
+    /// Database names (as configured for `execute_sql`) the rule covers; `*` for any.
+    pub databases: Vec<String>,
+    /// Tables that may be read, by name (`ledger`, or `schema.table`; `public.`/`main.` may be
+    /// left out), each with its allowed columns. The key `*` stands for every other table that
+    /// is not a system catalog. System catalogs are readable only when listed by exact name.
+    #[serde(default)]
+    pub tables: BTreeMap<String, TableRule>,
+    /// Whether `SELECT *` and `t.*` are allowed (only over tables whose columns are `*`).
+    #[serde(default)]
+    pub allow_wildcard: bool,
+    /// The largest `LIMIT` a query gets; a missing or larger `LIMIT` is set to this.
+    #[serde(default = "default_max_limit")]
+    pub max_limit: u64,
+    /// The largest `OFFSET` a query may use.
+    #[serde(default = "default_max_offset")]
+    pub max_offset: u64,
+    /// Table-valued functions allowed in `FROM` (e.g. `generate_series`, `unnest`); none by
+    /// default. Denied functions stay denied whatever is listed here.
+    #[serde(default)]
+    pub table_functions: Vec<String>,
+}
+
+fn default_max_limit() -> u64 {
+    DEFAULT_MAX_LIMIT
+}
+
+fn default_max_offset() -> u64 {
+    DEFAULT_MAX_OFFSET
+}
+
+impl Default for SqlRules {
+    fn default() -> Self {
+        Self {
+            databases: vec!["*".to_owned()],
+            tables: BTreeMap::new(),
+            allow_wildcard: false,
+            max_limit: DEFAULT_MAX_LIMIT,
+            max_offset: DEFAULT_MAX_OFFSET,
+            table_functions: Vec::new(),
+        }
+    }
+}
+
+impl SqlRules {
+    /// Checks the rules themselves (used when a policy is loaded); the error says what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.databases.is_empty() {
+            return Err(
+                "sql.databases is empty: list the databases the rule covers, or \"*\"".into(),
+            );
+        }
+        if self.max_limit == 0 || self.max_limit > MAX_LIMIT {
+            return Err(format!(
+                "sql.maxLimit is {}: it must be between 1 and {MAX_LIMIT}",
+                self.max_limit
+            ));
+        }
+        if self.max_offset > MAX_LIMIT * 10 {
+            return Err(format!(
+                "sql.maxOffset is {}: it must be at most {}",
+                self.max_offset,
+                MAX_LIMIT * 10
+            ));
+        }
+        for (name, table) in &self.tables {
+            let parts: Vec<&str> = name.split('.').collect();
+            if name.is_empty() || parts.len() > 2 || parts.iter().any(|p| p.trim().is_empty()) {
+                return Err(format!(
+                    "sql.tables has the key {name:?}: use `table` or `schema.table`, or `*`"
+                ));
+            }
+            if let Columns::List(cols) = &table.columns {
+                if cols.is_empty() {
+                    return Err(format!(
+                        "sql.tables.{name}.columns is empty: list the allowed columns, or \"*\""
+                    ));
+                }
+                if let Some(bad) = cols.iter().find(|c| c.trim().is_empty() || c.contains('*')) {
+                    return Err(format!(
+                        "sql.tables.{name}.columns contains {bad:?}: use plain column names, or \"*\" alone instead of a list"
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the rules cover `database`.
+    pub fn allows_database(&self, database: &str) -> bool {
+        self.databases.iter().any(|d| d == "*" || d == database)
+    }
+}
+
+/// What may be read from one table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TableRule {
+    /// The columns that may appear anywhere in a query (select list, `WHERE`, joins, ordering):
+    /// a list, or `"*"` for all.
+    pub columns: Columns,
+}
+
+/// The allowed columns of a table.
+#[derive(Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[schemars(untagged)]
+pub enum Columns {
+    /// Every column (`"*"`).
+    Any,
+    /// Only these columns.
+    List(Vec<String>),
+}
+
+impl Serialize for Columns {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Columns::Any => s.serialize_str("*"),
+            Columns::List(cols) => cols.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Columns {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct ColumnsVisitor;
+        impl<'de> serde::de::Visitor<'de> for ColumnsVisitor {
+            type Value = Columns;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of column names, or \"*\" for all columns")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Columns, E> {
+                if v == "*" {
+                    Ok(Columns::Any)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(v), &self))
+                }
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Columns, A::Error> {
+                let mut cols = Vec::new();
+                while let Some(c) = seq.next_element::<String>()? {
+                    cols.push(c);
+                }
+                if cols.len() == 1 && cols[0] == "*" {
+                    return Ok(Columns::Any);
+                }
+                Ok(Columns::List(cols))
+            }
+        }
+        d.deserialize_any(ColumnsVisitor)
+    }
+}
+
+/// A query the guard accepted, ready to execute.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardedQuery {
+    /// The query to execute: re-rendered from the checked syntax tree, with its `LIMIT`.
+    pub sql: String,
+    /// The base tables it reads, canonical names, sorted.
+    pub tables: Vec<String>,
+    /// The columns it references, as `table.column`, sorted.
+    pub columns: Vec<String>,
+    /// The `LIMIT` the query now carries.
+    pub limit: u64,
+}
+
+/// Which check refused a query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ViolationKind {
+    /// Empty, too long or too many tokens.
+    Size,
+    /// The text is not valid SQL for the dialect.
+    Parse,
+    /// More than one statement.
+    MultipleStatements,
+    /// A statement other than a query (DDL, DML, `SET`, `COPY`, ...).
+    NotAQuery,
+    /// `SELECT … INTO`.
+    SelectInto,
+    /// A `WITH` containing `INSERT`/`UPDATE`/`DELETE`/`MERGE`.
+    DataModifyingCte,
+    /// `FOR UPDATE` / `FOR SHARE` and friends.
+    LockingClause,
+    /// A call to a denied function, or a cast to a catalog lookup type (`regclass`, ...).
+    DeniedFunction,
+    /// A table-valued function in `FROM` the rules do not list.
+    TableFunction,
+    /// A system catalog not listed by the rules.
+    SystemCatalog,
+    /// A table the rules do not allow.
+    TableNotAllowed,
+    /// A column the rules do not allow.
+    ColumnNotAllowed,
+    /// An unqualified column that could belong to several tables.
+    AmbiguousColumn,
+    /// A column or table alias that is not in scope.
+    UnknownColumn,
+    /// `*` or `t.*` where wildcards are not allowed.
+    Wildcard,
+    /// A `LIMIT`/`FETCH` form that cannot be capped.
+    Limit,
+    /// An `OFFSET` that is not a number literal or too large.
+    Offset,
+    /// Syntax the guard does not support (dialect extensions and the like).
+    Unsupported,
+}
+
+/// Why the guard refused a query: the problem and what to do instead.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuardViolation {
+    /// Which check refused it.
+    pub kind: ViolationKind,
+    /// What is wrong, e.g. "SELECT * is not allowed".
+    pub problem: String,
+    /// What to do instead, e.g. "list the columns you need, e.g. SELECT id, amount FROM ledger".
+    pub hint: String,
+}
+
+impl GuardViolation {
+    pub(crate) fn new(
+        kind: ViolationKind,
+        problem: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        Self {
+            kind,
+            problem: problem.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// The whole message: "problem: hint".
+    pub fn message(&self) -> String {
+        self.to_string()
+    }
+
+    /// The message naming the policy rule that imposed the check: "problem by rule R: hint".
+    pub fn message_for_rule(&self, rule: &str) -> String {
+        format!("{} by rule {rule}: {}", self.problem, self.hint)
+    }
+}
+
+impl fmt::Display for GuardViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.problem, self.hint)
+    }
+}
+
+impl std::error::Error for GuardViolation {}
+
+/// Checks `query` for `dialect` against `rules` and returns the query to execute, or why it is
+/// refused. Never panics, whatever the input.
+pub fn guard(
+    query: &str,
+    dialect: SqlDialect,
+    rules: &SqlRules,
+) -> Result<GuardedQuery, GuardViolation> {
+    check::guard(query, dialect, rules)
+}

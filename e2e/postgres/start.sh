@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# A throwaway PostgreSQL 15 for the execute_sql tests (core/tests/query_postgres.rs), from the
+# Debian packages: initdb + pg_ctl as the `postgres` OS user, listening on 127.0.0.1 only, on a
+# fixed non-default port, data under /tmp (never in the repository).
+#
+# It creates database `sandboxrun_test` with the demo schema (config/demo/demo.sql), a
+# 1,000,000-row table `big`, write probes (`probe_log`, `probe_seq`, `sandboxrun_write_probe()`)
+# and the role `sandboxrun_reader`.
+#
+# `sandboxrun_reader` is the shape of the role deployments should give sandboxrun: LOGIN, no
+# superuser/createdb/createrole, CONNECT on the database, USAGE on the schema, SELECT on the
+# tables agents may read and nothing else, plus `default_transaction_read_only = on`. sandboxrun
+# additionally runs every query in a READ ONLY transaction with a statement timeout.
+#
+# Idempotent: when it is already running it only prints the URL. The last line of the output is
+#   DATABASE_URL=postgres://sandboxrun_reader:<password>@127.0.0.1:<port>/sandboxrun_test
+# e.g.  export "SANDBOXRUN_TEST_POSTGRES_URL=$(e2e/postgres/start.sh | tail -1 | cut -d= -f2-)"
+#
+# Environment: SANDBOXRUN_PG_PORT (default 55432), SANDBOXRUN_PG_DIR (default
+# /tmp/sandboxrun-postgres-<port>). Stop and delete with e2e/postgres/stop.sh.
+set -euo pipefail
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PORT="${SANDBOXRUN_PG_PORT:-55432}"
+BASE="${SANDBOXRUN_PG_DIR:-/tmp/sandboxrun-postgres-$PORT}"
+DATA="$BASE/data"
+SOCK="$BASE/socket"
+PGBIN=/usr/lib/postgresql/15/bin
+DB=sandboxrun_test
+ROLE=sandboxrun_reader
+
+log() { printf 'postgres: %s\n' "$*" >&2; }
+
+if [[ ! -x $PGBIN/initdb ]]; then
+  log "installing the Debian PostgreSQL 15 packages"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq postgresql-15 >&2 || apt-get install -y -qq postgresql >&2
+fi
+
+# initdb refuses to run as root: run the server as the `postgres` OS user.
+if [[ $(id -u) == 0 ]]; then
+  id postgres >/dev/null 2>&1 || useradd --system --home-dir /var/lib/postgresql --shell /bin/bash postgres
+  as_pg() { runuser -u postgres -- "$@"; }
+  OWNER=postgres
+else
+  as_pg() { "$@"; }
+  OWNER="$(id -un)"
+fi
+
+mkdir -p "$BASE"
+chmod 700 "$BASE"
+chown "$OWNER" "$BASE"
+
+psql_su() { as_pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$SOCK" -p "$PORT" -U postgres "$@"; }
+
+if [[ ! -s $DATA/PG_VERSION ]]; then
+  log "initdb in $DATA"
+  rm -f "$BASE/ready"
+  as_pg mkdir -p "$DATA" "$SOCK"
+  # Superuser only over the Unix socket in $SOCK (mode 700 directory); TCP needs a password.
+  as_pg "$PGBIN/initdb" -D "$DATA" -U postgres --auth-local=trust --auth-host=scram-sha-256 \
+    --encoding=UTF8 --locale=C.UTF-8 >"$BASE/initdb.log" 2>&1 \
+    || { cat "$BASE/initdb.log" >&2; exit 1; }
+fi
+
+if ! as_pg "$PGBIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
+  log "starting on 127.0.0.1:$PORT"
+  as_pg "$PGBIN/pg_ctl" -D "$DATA" -l "$BASE/server.log" -w -t 60 \
+    -o "-c listen_addresses=127.0.0.1 -p $PORT -k $SOCK -c fsync=off -c full_page_writes=off" start >&2 \
+    || { tail -20 "$BASE/server.log" >&2; exit 1; }
+fi
+
+if [[ ! -f $BASE/ready ]]; then
+  log "creating database $DB, role $ROLE, tables ledger, audit_log, big (1,000,000 rows)"
+  PASSWORD="$(head -c 18 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  psql_su -d postgres <<SQL
+DROP DATABASE IF EXISTS $DB;
+DROP ROLE IF EXISTS $ROLE;
+CREATE ROLE $ROLE LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOINHERIT
+  PASSWORD '$PASSWORD';
+ALTER ROLE $ROLE SET default_transaction_read_only = on;
+CREATE DATABASE $DB;
+REVOKE ALL ON DATABASE $DB FROM PUBLIC;
+GRANT CONNECT ON DATABASE $DB TO $ROLE;
+SQL
+  psql_su -d "$DB" <"$REPO_ROOT/config/demo/demo.sql"
+  psql_su -d "$DB" <<SQL
+REVOKE ALL ON SCHEMA public FROM PUBLIC;
+GRANT USAGE ON SCHEMA public TO $ROLE;
+
+CREATE TABLE big AS
+  SELECT g AS id, md5(g::text) AS payload, g * 0.01 AS amount
+  FROM generate_series(1, 1000000) AS g;
+ALTER TABLE big ADD PRIMARY KEY (id);
+
+-- Write probes: a query that parses as a SELECT but writes must fail.
+CREATE TABLE probe_log (id serial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now());
+CREATE SEQUENCE probe_seq;
+CREATE FUNCTION sandboxrun_write_probe() RETURNS integer LANGUAGE sql VOLATILE
+  AS 'INSERT INTO probe_log DEFAULT VALUES RETURNING id';
+
+-- Read-only: SELECT on the readable tables, nothing else (no INSERT, no sequence USAGE).
+GRANT SELECT ON ledger, audit_log, big, probe_log TO $ROLE;
+ANALYZE;
+SQL
+  umask 077
+  printf '%s\n' "$PASSWORD" >"$BASE/reader-password"
+  touch "$BASE/ready"
+fi
+
+echo "DATABASE_URL=postgres://$ROLE:$(cat "$BASE/reader-password")@127.0.0.1:$PORT/$DB"

@@ -1,0 +1,279 @@
+//! The policy gate, pure: what the operator asks policy about a run, and how the recorded
+//! decision and the run's approval turn into the next step. The operator is the authoritative
+//! gate: a run created directly (not through the frontend) is judged here all the same.
+//!
+//! - `Allow`: the run proceeds, with the decision's limits (never above the requested ones).
+//! - `Block`: the run ends `Rejected` (`PolicyBlocked`), no Pod is ever created.
+//! - `Escalate`: the run waits in `AwaitingApproval` (no Pod) until a person sets
+//!   `spec.approval.approved`: `true` proceeds, `false` ends it `Rejected` (`ApprovalDenied`);
+//!   no answer within the approval timeout ends it `Rejected` (`ApprovalTimedOut`).
+//!
+//! An approval only counts when it was set after the run was created (`metadata.generation`
+//! above 1): whoever creates a run cannot approve it in the same breath.
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use sandboxrun_api::{
+    Approval, CONDITION_COMPLETED, CONDITION_STARTED, Decision, SandboxRunSpec, SandboxRunStatus,
+};
+use sandboxrun_core::policy::DEFAULT_ROWS;
+use sandboxrun_core::{CallContext, Environment, Phase, Tool, Verdict};
+
+use crate::phase::{self, Outcome, set_condition};
+
+/// Condition type: a person approved the run (True), or not (False, reason says why).
+pub const CONDITION_APPROVED: &str = "Approved";
+/// Rule name of the decisions taken when the operator runs without a policy file.
+pub const NO_POLICY_RULE: &str = "no-policy";
+
+/// What policy is asked about a run: its agent, tool and environment, the limits it requests
+/// and, for sql runs, the query.
+pub fn call_context(spec: &SandboxRunSpec, tool: Tool) -> CallContext {
+    let mut call = CallContext::new(spec.agent.clone(), tool, spec.environment);
+    call.limits = spec.limits.effective();
+    if let Some(sql) = &spec.sql {
+        call = call.with_sql(sql.database.clone(), sql.query.clone());
+    }
+    call
+}
+
+/// The decision when the operator has no policy file: allow, with the requested limits.
+pub fn allow_all(call: &CallContext) -> sandboxrun_core::Decision {
+    sandboxrun_core::Decision {
+        verdict: Verdict::Allow,
+        rule: NO_POLICY_RULE.to_owned(),
+        reason: "the operator runs without a policy file (--policy-file): every run is allowed"
+            .to_owned(),
+        limits: call.limits.clamped(),
+        max_rows: call.rows.unwrap_or(DEFAULT_ROWS),
+        rewritten_query: None,
+    }
+}
+
+/// The part of a decision recorded in `status.decision`.
+pub fn recorded(decision: &sandboxrun_core::Decision) -> Decision {
+    Decision {
+        verdict: decision.verdict,
+        rule: decision.rule.clone(),
+        reason: decision.reason.clone(),
+    }
+}
+
+/// A verdict as a word (`allow`, `block`, `escalate`).
+pub fn verdict_word(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Allow => "allow",
+        Verdict::Block => "block",
+        Verdict::Escalate => "escalate",
+    }
+}
+
+/// An environment as a word (`sandbox`, `staging`, `production`).
+pub fn environment_word(e: Environment) -> &'static str {
+    match e {
+        Environment::Sandbox => "sandbox",
+        Environment::Staging => "staging",
+        Environment::Production => "production",
+    }
+}
+
+/// Where a person's approval of a run stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApprovalState {
+    /// Nobody answered yet (or the answer was part of the run as created, which does not count).
+    Pending,
+    /// A person set `spec.approval.approved: true`.
+    Approved,
+    /// A person set `spec.approval.approved: false`.
+    Denied,
+}
+
+/// The approval state of a run from its `spec.approval` and `metadata.generation`.
+pub fn approval_state(approval: Option<&Approval>, generation: Option<i64>) -> ApprovalState {
+    match approval {
+        // Set at creation (generation 1): the creator cannot approve, nor deny, its own run.
+        Some(_) if generation.unwrap_or(1) <= 1 => ApprovalState::Pending,
+        Some(a) if a.approved => ApprovalState::Approved,
+        Some(_) => ApprovalState::Denied,
+        None => ApprovalState::Pending,
+    }
+}
+
+/// The next step of a run that has a decision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Gate {
+    /// Go on: create the Pod (or execute the tool).
+    Proceed,
+    /// Wait for a person, at most until `deadline`.
+    Await {
+        /// When the wait ends `Rejected` (`ApprovalTimedOut`).
+        deadline: Timestamp,
+    },
+    /// End the run without executing anything.
+    Reject(Outcome),
+}
+
+/// Decides the next step from the recorded decision and the approval. `since` is when the run
+/// was escalated (see [`awaiting_since`]).
+pub fn gate(
+    decision: &Decision,
+    approval: ApprovalState,
+    since: Timestamp,
+    timeout: SignedDuration,
+    now: Timestamp,
+) -> Gate {
+    match decision.verdict {
+        Verdict::Allow => Gate::Proceed,
+        Verdict::Block => Gate::Reject(phase::rejected(
+            "PolicyBlocked",
+            format!(
+                "blocked by policy rule {}: {}",
+                decision.rule, decision.reason
+            ),
+            now,
+        )),
+        Verdict::Escalate => match approval {
+            ApprovalState::Approved => Gate::Proceed,
+            ApprovalState::Denied => Gate::Reject(phase::rejected(
+                "ApprovalDenied",
+                format!(
+                    "policy rule {} escalated the run ({}) and a person denied it (spec.approval.approved: false)",
+                    decision.rule, decision.reason
+                ),
+                now,
+            )),
+            ApprovalState::Pending => {
+                let deadline = since.checked_add(timeout).unwrap_or(since);
+                if now >= deadline {
+                    Gate::Reject(phase::rejected(
+                        "ApprovalTimedOut",
+                        format!(
+                            "policy rule {} escalated the run ({}) and nobody approved it within {:#}",
+                            decision.rule, decision.reason, timeout
+                        ),
+                        now,
+                    ))
+                } else {
+                    Gate::Await { deadline }
+                }
+            }
+        },
+    }
+}
+
+/// When the run started waiting for approval: the transition time of its `Approved=False`
+/// condition, else its creation, else `now`.
+pub fn awaiting_since(
+    status: &SandboxRunStatus,
+    created: Option<&Time>,
+    now: Timestamp,
+) -> Timestamp {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_APPROVED && c.status == "False")
+        .map(|c| c.last_transition_time.0)
+        .or(created.map(|t| t.0))
+        .unwrap_or(now)
+}
+
+/// The status that records a fresh decision; nothing else changes.
+pub fn decided_status(
+    prev: &SandboxRunStatus,
+    tool: Tool,
+    decision: Decision,
+    generation: Option<i64>,
+) -> SandboxRunStatus {
+    SandboxRunStatus {
+        tool: Some(tool),
+        decision: Some(decision),
+        observed_generation: generation,
+        ..prev.clone()
+    }
+}
+
+/// The status of a run waiting for a person's approval (`approve` is the command to approve it).
+pub fn awaiting_status(
+    prev: &SandboxRunStatus,
+    tool: Tool,
+    approve: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> SandboxRunStatus {
+    let mut s = SandboxRunStatus {
+        phase: Some(Phase::AwaitingApproval),
+        tool: Some(tool),
+        decision: prev.decision.clone(),
+        conditions: prev.conditions.clone(),
+        observed_generation: generation,
+        ..Default::default()
+    };
+    let (rule, reason) = prev
+        .decision
+        .as_ref()
+        .map_or(("", ""), |d| (d.rule.as_str(), d.reason.as_str()));
+    let message = format!(
+        "policy rule {rule} escalated the run ({reason}); it waits for a person: {approve} (or \"approved\":false to deny)"
+    );
+    s.reason = Some("AwaitingApproval".to_owned());
+    s.message = Some(message.clone());
+    for (type_, reason) in [
+        (CONDITION_APPROVED, "AwaitingApproval"),
+        (CONDITION_STARTED, "AwaitingApproval"),
+        (CONDITION_COMPLETED, "AwaitingApproval"),
+    ] {
+        set_condition(
+            &mut s.conditions,
+            type_,
+            false,
+            reason,
+            &message,
+            generation,
+            now,
+        );
+    }
+    s
+}
+
+/// Marks the approval on a status (the condition `Approved=True`), before the run proceeds.
+pub fn mark_approved(status: &mut SandboxRunStatus, generation: Option<i64>, now: Timestamp) {
+    set_condition(
+        &mut status.conditions,
+        CONDITION_APPROVED,
+        true,
+        "Approved",
+        "a person approved the run (spec.approval.approved: true)",
+        generation,
+        now,
+    );
+}
+
+/// Marks a rejection of the approval (`ApprovalDenied`, `ApprovalTimedOut`) on a status.
+pub fn mark_not_approved(
+    status: &mut SandboxRunStatus,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    set_condition(
+        &mut status.conditions,
+        CONDITION_APPROVED,
+        false,
+        reason,
+        message,
+        generation,
+        now,
+    );
+}
+
+/// The one-liner that approves a run.
+pub fn approve_command(name: &str, namespace: &str) -> String {
+    format!(
+        "kubectl patch sandboxrun {name} -n {namespace} --type merge -p '{{\"spec\":{{\"approval\":{{\"approved\":true}}}}}}'"
+    )
+}
+
+#[cfg(test)]
+#[path = "gate_tests.rs"]
+mod tests;

@@ -1,0 +1,268 @@
+//! The policy gate: decision and approval → next step, one test per transition.
+
+use super::*;
+use sandboxrun_api::{LimitsSpec, PythonSpec, SqlSpec};
+use sandboxrun_core::Policy;
+
+fn t(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+const T0: &str = "2026-11-29T08:00:00Z";
+const TIMEOUT: SignedDuration = SignedDuration::from_secs(900);
+
+fn decision(verdict: Verdict) -> Decision {
+    Decision {
+        verdict,
+        rule: "r".into(),
+        reason: "because".into(),
+    }
+}
+
+fn rejected_reason(g: Gate) -> (String, String) {
+    match g {
+        Gate::Reject(o) => {
+            assert_eq!(o.phase, Phase::Rejected);
+            assert_eq!(o.started_at, None, "nothing executed");
+            (o.reason, o.message)
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+fn spec(agent: &str, environment: Environment) -> SandboxRunSpec {
+    SandboxRunSpec {
+        agent: agent.into(),
+        environment,
+        python: Some(PythonSpec {
+            code: "print(1)".into(),
+        }),
+        sql: None,
+        metrics: None,
+        limits: LimitsSpec::default(),
+        ttl_seconds_after_finished: 60,
+        approval: None,
+    }
+}
+
+#[test]
+fn allow_proceeds() {
+    let g = gate(
+        &decision(Verdict::Allow),
+        ApprovalState::Pending,
+        t(T0),
+        TIMEOUT,
+        t(T0),
+    );
+    assert_eq!(g, Gate::Proceed);
+}
+
+#[test]
+fn block_rejects_with_the_policy_reason() {
+    let g = gate(
+        &decision(Verdict::Block),
+        // Even an approval cannot override a block.
+        ApprovalState::Approved,
+        t(T0),
+        TIMEOUT,
+        t(T0),
+    );
+    let (reason, message) = rejected_reason(g);
+    assert_eq!(reason, "PolicyBlocked");
+    assert_eq!(message, "blocked by policy rule r: because");
+}
+
+#[test]
+fn escalate_waits_until_the_timeout() {
+    let g = gate(
+        &decision(Verdict::Escalate),
+        ApprovalState::Pending,
+        t(T0),
+        TIMEOUT,
+        t("2026-11-29T08:14:59Z"),
+    );
+    assert_eq!(
+        g,
+        Gate::Await {
+            deadline: t("2026-11-29T08:15:00Z")
+        }
+    );
+}
+
+#[test]
+fn escalate_times_out() {
+    let g = gate(
+        &decision(Verdict::Escalate),
+        ApprovalState::Pending,
+        t(T0),
+        TIMEOUT,
+        t("2026-11-29T08:15:00Z"),
+    );
+    let (reason, message) = rejected_reason(g);
+    assert_eq!(reason, "ApprovalTimedOut");
+    assert!(message.contains("15m"), "{message}");
+}
+
+#[test]
+fn escalate_approved_proceeds_even_late() {
+    let g = gate(
+        &decision(Verdict::Escalate),
+        ApprovalState::Approved,
+        t(T0),
+        TIMEOUT,
+        t(T0),
+    );
+    assert_eq!(g, Gate::Proceed);
+}
+
+#[test]
+fn escalate_denied_rejects() {
+    let g = gate(
+        &decision(Verdict::Escalate),
+        ApprovalState::Denied,
+        t(T0),
+        TIMEOUT,
+        t(T0),
+    );
+    let (reason, _) = rejected_reason(g);
+    assert_eq!(reason, "ApprovalDenied");
+}
+
+#[test]
+fn approval_counts_only_after_creation() {
+    let yes = Approval { approved: true };
+    let no = Approval { approved: false };
+    assert_eq!(approval_state(None, Some(3)), ApprovalState::Pending);
+    // Set by whoever created the run: not an approval.
+    assert_eq!(approval_state(Some(&yes), Some(1)), ApprovalState::Pending);
+    assert_eq!(approval_state(Some(&no), Some(1)), ApprovalState::Pending);
+    assert_eq!(approval_state(Some(&yes), None), ApprovalState::Pending);
+    assert_eq!(approval_state(Some(&yes), Some(2)), ApprovalState::Approved);
+    assert_eq!(approval_state(Some(&no), Some(2)), ApprovalState::Denied);
+}
+
+#[test]
+fn awaiting_status_records_the_wait_and_keeps_its_start() {
+    let prev = SandboxRunStatus {
+        decision: Some(decision(Verdict::Escalate)),
+        ..Default::default()
+    };
+    let s = awaiting_status(&prev, Tool::Python, "kubectl patch …", Some(1), t(T0));
+    assert_eq!(s.phase, Some(Phase::AwaitingApproval));
+    assert_eq!(s.reason.as_deref(), Some("AwaitingApproval"));
+    assert_eq!(s.decision, prev.decision);
+    assert!(s.message.as_deref().unwrap().contains("kubectl patch"));
+    assert_eq!(s.pod_name, None);
+    assert_eq!(awaiting_since(&s, None, t("2026-11-29T09:00:00Z")), t(T0));
+    // Rewriting it later does not move the start of the wait.
+    let again = awaiting_status(&s, Tool::Python, "x", Some(1), t("2026-11-29T08:05:00Z"));
+    assert_eq!(
+        awaiting_since(&again, None, t("2026-11-29T09:00:00Z")),
+        t(T0)
+    );
+    let mut approved = again.clone();
+    mark_approved(&mut approved, Some(2), t("2026-11-29T08:06:00Z"));
+    let c = approved
+        .conditions
+        .iter()
+        .find(|c| c.type_ == CONDITION_APPROVED)
+        .unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Approved"));
+}
+
+#[test]
+fn awaiting_since_falls_back_to_creation() {
+    let created = Time(t(T0));
+    let now = t("2026-11-29T09:00:00Z");
+    assert_eq!(
+        awaiting_since(&SandboxRunStatus::default(), Some(&created), now),
+        t(T0)
+    );
+    assert_eq!(awaiting_since(&SandboxRunStatus::default(), None, now), now);
+}
+
+#[test]
+fn call_context_carries_limits_and_query() {
+    let mut s = spec("a", Environment::Staging);
+    s.limits.timeout_seconds = 7;
+    let call = call_context(&s, Tool::Python);
+    assert_eq!(call.agent, "a");
+    assert_eq!(call.environment, Environment::Staging);
+    assert_eq!(call.limits.timeout_seconds, 7);
+    assert_eq!(call.sql, None);
+    s.python = None;
+    s.sql = Some(SqlSpec {
+        database: "demo".into(),
+        query: "SELECT 1".into(),
+    });
+    let call = call_context(&s, Tool::Sql);
+    assert_eq!(call.sql.unwrap().query, "SELECT 1");
+}
+
+#[test]
+fn without_policy_everything_is_allowed_with_the_requested_limits() {
+    let call = call_context(&spec("a", Environment::Production), Tool::Python);
+    let d = allow_all(&call);
+    assert_eq!(d.verdict, Verdict::Allow);
+    assert_eq!(d.rule, NO_POLICY_RULE);
+    assert_eq!(d.limits, call.limits);
+}
+
+/// The default policy of the Helm chart (`policy:` in values.yaml), as the ConfigMap renders it.
+const CHART_DEFAULT_POLICY: &str = include_str!("../tests/fixtures/chart-default-policy.yaml");
+
+#[test]
+fn chart_default_policy() {
+    let policy = Policy::from_yaml(CHART_DEFAULT_POLICY, "chart").unwrap();
+    let verdict = |agent: &str, tool: Tool, env: Environment| {
+        let mut s = spec(agent, env);
+        if tool == Tool::Sql {
+            s.python = None;
+            s.sql = Some(SqlSpec {
+                database: "demo".into(),
+                query: "SELECT 1".into(),
+            });
+        }
+        policy.evaluate(&call_context(&s, tool)).verdict
+    };
+    // The existing e2e tests and the sample run: python in the sandbox, any agent.
+    assert_eq!(
+        verdict("e2e", Tool::Python, Environment::Sandbox),
+        Verdict::Allow
+    );
+    assert_eq!(
+        verdict("sample", Tool::Python, Environment::Sandbox),
+        Verdict::Allow
+    );
+    assert_eq!(
+        verdict("e2e", Tool::Python, Environment::Production),
+        Verdict::Escalate
+    );
+    assert_eq!(
+        verdict("e2e", Tool::Python, Environment::Staging),
+        Verdict::Block
+    );
+    assert_eq!(
+        verdict("e2e", Tool::Sql, Environment::Sandbox),
+        Verdict::Block
+    );
+}
+
+#[test]
+fn allowed_limits_never_exceed_the_request() {
+    let policy = Policy::from_yaml(CHART_DEFAULT_POLICY, "chart").unwrap();
+    let mut s = spec("e2e", Environment::Sandbox);
+    s.limits.timeout_seconds = 600;
+    s.limits.memory = "4Gi".into();
+    let d = policy.evaluate(&call_context(&s, Tool::Python));
+    assert_eq!(d.verdict, Verdict::Allow);
+    assert!(d.limits.timeout_seconds <= 600);
+    let small = policy.evaluate(&call_context(
+        &spec("e2e", Environment::Sandbox),
+        Tool::Python,
+    ));
+    assert_eq!(
+        small.limits,
+        spec("e2e", Environment::Sandbox).limits.effective()
+    );
+}
