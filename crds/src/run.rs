@@ -88,7 +88,8 @@ pub struct SandboxRunSpec {
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("python is immutable"))]
     pub python: Option<PythonSpec>,
 
-    /// Run a read-only SQL query (not executed yet: such runs end Rejected, ToolNotImplemented).
+    /// Run a read-only SQL query, judged by policy and executed by the operator against a database
+    /// it is configured with (without databases the run ends Rejected, ToolNotImplemented).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("sql is immutable"))]
     pub sql: Option<SqlSpec>,

@@ -89,6 +89,20 @@ pub struct BackendArgs {
     /// Runtime state directory of the local sandbox.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
+    /// Offer the execute_sql tool (read-only SQL checked by policy). Off by default.
+    #[arg(long, env = "SANDBOXRUN_ENABLE_SQL")]
+    pub enable_sql: bool,
+    /// Policy file judging execute_sql calls (local backend; in a cluster the operator judges):
+    /// YAML, see config/policy/policy.yaml. Default: a built-in policy allowing column-level
+    /// queries on the demo database's ledger table in the sandbox environment only (LIMIT at
+    /// most 1000, no SELECT *).
+    #[arg(long, env = "SANDBOXRUN_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+    /// Databases for execute_sql (local backend): a YAML map of name to
+    /// {dialect: postgres|sqlite, url|urlEnv|urlFile}. Default: `demo`, a SQLite demo database
+    /// created at ~/.cache/sandboxrun/demo.sqlite.
+    #[arg(long, env = "SANDBOXRUN_DATABASES_FILE")]
+    pub databases_file: Option<PathBuf>,
 }
 
 /// HTTP server options.
@@ -150,5 +164,7 @@ mod tests {
         assert_eq!(http.listen.to_string(), "127.0.0.1:8000");
         assert_eq!(http.max_body_bytes, 1 << 20);
         assert!(http.allowed_hosts.is_empty());
+        assert!(!backend.enable_sql);
+        assert_eq!(backend.policy_file, None);
     }
 }

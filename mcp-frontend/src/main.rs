@@ -1,6 +1,7 @@
 //! `sandboxrun-mcp`: the MCP frontend of sandboxrun. See `cli.rs` for the commands and
 //! DESIGN.md for where it sits: agents call `run_python` here, and the backend runs the code in a
-//! SandboxRun (cluster) or a local sandbox (embedded).
+//! SandboxRun (cluster) or a local sandbox (embedded); with `--enable-sql` they also call
+//! `execute_sql`, judged by policy and (embedded) executed here read-only (see `sql.rs`).
 
 mod backend;
 mod cli;
@@ -9,6 +10,7 @@ mod metrics;
 mod policy;
 mod schema;
 mod server;
+mod sql;
 mod transport;
 
 use std::io::{IsTerminal, Read};
@@ -30,6 +32,7 @@ use http::origin::OriginPolicy;
 use metrics::Metrics;
 use policy::Policy;
 use server::{SandboxRunServer, Shared};
+use sql::SqlService;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -78,17 +81,28 @@ async fn main() -> anyhow::Result<()> {
 /// The backend and policy, checked before serving so that a missing sandbox or cluster is
 /// reported at start-up.
 async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
-    let backend: Arc<dyn Backend> = match args.backend {
-        BackendKind::Kube => Arc::new(
-            KubeBackend::connect(
+    let (backend, sql): (Arc<dyn Backend>, Option<SqlService>) = match args.backend {
+        BackendKind::Kube => {
+            let kube = KubeBackend::connect(
                 args.namespace.clone(),
                 Duration::from_secs(args.kube_grace_seconds),
             )
             .await
-            .context("cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)")?,
-        ),
-        BackendKind::Local => Arc::new(
-            LocalBackend::detect(LocalOptions {
+            .context("cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)")?;
+            let sql = if args.enable_sql {
+                anyhow::ensure!(
+                    args.databases_file.is_none() && args.policy_file.is_none(),
+                    "--databases-file and --policy-file are for --backend local: in a cluster \
+                     the operator holds the databases and the policy, and judges every run"
+                );
+                Some(SqlService::Cluster(Box::new(kube.clone())))
+            } else {
+                None
+            };
+            (Arc::new(kube), sql)
+        }
+        BackendKind::Local => {
+            let local = LocalBackend::detect(LocalOptions {
                 rootfs: args.rootfs.clone(),
                 isolation: args.isolation.clone(),
                 runsc: args.runsc.clone(),
@@ -97,9 +111,23 @@ async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
                 state_dir: args.state_dir.clone(),
             })
             .await
-            .context("the local sandbox is not usable")?,
-        ),
+            .context("the local sandbox is not usable")?;
+            let sql = if args.enable_sql {
+                Some(
+                    SqlService::load_local(
+                        args.policy_file.as_deref(),
+                        args.databases_file.as_deref(),
+                    )
+                    .await
+                    .context("execute_sql cannot start")?,
+                )
+            } else {
+                None
+            };
+            (Arc::new(local), sql)
+        }
     };
+    let sql = sql.map(Arc::new);
     let defaults = Limits {
         timeout_seconds: args.default_timeout_seconds,
         ..Limits::default()
@@ -108,6 +136,7 @@ async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
         backend,
         policy: Policy::new(args.max_timeout_seconds, defaults),
         metrics: Arc::new(Metrics::new()),
+        sql,
     }))
 }
 

@@ -1,6 +1,7 @@
-//! The MCP server: one `ServerHandler` with the `run_python` tool, shared by every transport
-//! (stdio, Streamable HTTP, legacy SSE). The tool validates its arguments, asks the backend to
-//! run the code, and turns the result into `structuredContent` plus text a model can act on.
+//! The MCP server: one `ServerHandler` with the `run_python` tool (and `execute_sql` when SQL is
+//! enabled), shared by every transport (stdio, Streamable HTTP, legacy SSE). Each tool validates
+//! its arguments, delegates to the backend or the SQL service, and turns the result into
+//! `structuredContent` plus text a model can act on.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,6 +27,7 @@ use tokio::sync::mpsc;
 use crate::backend::{Backend, BackendError, ProgressFn, RunOutput, RunRequest};
 use crate::metrics::{Metrics, Outcome};
 use crate::policy::Policy;
+use crate::sql::{SqlOutput, SqlService};
 
 /// What the server tells a client (and its model) about itself at initialization.
 pub const INSTRUCTIONS: &str = "sandboxrun runs untrusted Python code for you in a single-use \
@@ -65,6 +67,9 @@ pub struct Shared {
     pub policy: Policy,
     /// Tool-call counters and latency.
     pub metrics: Arc<Metrics>,
+    /// The `execute_sql` tool's policy and databases; `None` when SQL is not enabled, and then
+    /// the tool is not offered.
+    pub sql: Option<Arc<SqlService>>,
 }
 
 /// The MCP server. Cheap to clone: one per session.
@@ -80,8 +85,12 @@ pub struct SandboxRunServer {
 impl SandboxRunServer {
     /// A server for one session; `default_agent` is used when a request carries no [`Agent`].
     pub fn new(shared: Arc<Shared>, default_agent: Option<String>) -> Self {
+        let mut tool_router = Self::tool_router();
+        if shared.sql.is_none() {
+            tool_router.remove_route("execute_sql");
+        }
         Self {
-            tool_router: Self::tool_router(),
+            tool_router,
             shared,
             default_agent,
         }
@@ -105,6 +114,14 @@ fn input_schema() -> Arc<JsonObject> {
 
 fn output_schema() -> Arc<JsonObject> {
     schema_for_output::<RunOutput>()
+}
+
+fn sql_input_schema() -> Arc<JsonObject> {
+    schema_for_input::<crate::sql::ExecuteSqlArgs>().expect("ExecuteSqlArgs has an object schema")
+}
+
+fn sql_output_schema() -> Arc<JsonObject> {
+    schema_for_output::<SqlOutput>()
 }
 
 #[tool_router]
@@ -189,6 +206,76 @@ impl SandboxRunServer {
         };
         metrics.observe_call("run_python", outcome, started.elapsed());
         Ok(tool_result)
+    }
+
+    /// Runs one read-only SQL query, checked by policy, and returns its columns and rows.
+    #[tool(
+        name = "execute_sql",
+        title = "Run a read-only SQL query",
+        description = "Run one read-only SQL query (a single SELECT or WITH ... SELECT) against a \
+            configured database and return its columns and rows. The query is checked by policy \
+            before it runs: only allowed tables and columns, no SELECT * unless allowed, no \
+            writes, one statement; a LIMIT is added or lowered to the policy's cap, and the \
+            executed query is returned in executedQuery. A refused query is an error result \
+            that names the policy rule and says what to change.",
+        input_schema = sql_input_schema(),
+        output_schema = sql_output_schema(),
+        annotations(
+            title = "Run a read-only SQL query",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn execute_sql(
+        &self,
+        Parameters(args): Parameters<JsonObject>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let started = Instant::now();
+        let metrics = &self.shared.metrics;
+        let Some(sql) = self.shared.sql.as_ref() else {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(
+                "execute_sql is not enabled on this server",
+            )]));
+        };
+        let args = match crate::sql::parse_args(&args) {
+            Ok(parsed) => parsed,
+            Err(message) => {
+                metrics.observe_call("execute_sql", Outcome::InvalidArguments, started.elapsed());
+                return Ok(CallToolResult::error(vec![ContentBlock::text(message)]));
+            }
+        };
+        let agent = self.caller(&ctx);
+        tracing::info!(agent = %agent, database = %args.database, "execute_sql");
+        let (progress, forwarder) = progress_forwarder(&ctx);
+        let result = sql.execute(&agent, &args, progress, ctx.ct.clone()).await;
+        let _ = forwarder.await;
+        let output = match result {
+            Ok(output) => output,
+            Err(BackendError::Cancelled) => {
+                metrics.observe_call("execute_sql", Outcome::Cancelled, started.elapsed());
+                return Ok(CallToolResult::error(vec![ContentBlock::text(
+                    "the call was cancelled and its query stopped",
+                )]));
+            }
+            Err(BackendError::Unavailable(message)) => {
+                tracing::warn!(%message, "backend unavailable");
+                metrics.observe_call("execute_sql", Outcome::Unavailable, started.elapsed());
+                return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                    "the query could not be run: {message}; retrying later may help"
+                ))]));
+            }
+        };
+        let outcome = match output.phase {
+            Phase::Succeeded => Outcome::Succeeded,
+            Phase::Rejected | Phase::AwaitingApproval => Outcome::Rejected,
+            Phase::TimedOut => Outcome::TimedOut,
+            _ => Outcome::Failed,
+        };
+        metrics.observe_call("execute_sql", outcome, started.elapsed());
+        Ok(output.tool_result())
     }
 }
 

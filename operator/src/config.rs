@@ -59,6 +59,11 @@ pub struct Config {
     #[arg(long, env = "SANDBOXRUN_POLICY_FILE")]
     pub policy_file: Option<PathBuf>,
 
+    /// Databases sql runs may query (YAML map of name to {dialect: postgres|sqlite,
+    /// url|urlEnv|urlFile}; URLs from a mounted Secret). Without it sql runs end Rejected.
+    #[arg(long, env = "SANDBOXRUN_DATABASES_FILE")]
+    pub databases_file: Option<PathBuf>,
+
     /// Seconds between checks of the policy file for changes.
     #[arg(long, env = "SANDBOXRUN_POLICY_POLL_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub policy_poll_seconds: u64,

@@ -15,7 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sandboxrun_api::{SandboxRun, SandboxRunStatus};
-use sandboxrun_core::{Phase, PolicyStore, Tool, Verdict};
+use sandboxrun_core::{Databases, Phase, PolicyStore, Tool, Verdict};
 use serde_json::json;
 use tracing::{info, warn};
 
@@ -46,6 +46,8 @@ pub struct Context {
     pub policy: Option<Arc<PolicyStore>>,
     /// How long an escalated run waits for a person's approval.
     pub approval_timeout: SignedDuration,
+    /// Databases sql runs query; `None`: sql runs end Rejected.
+    pub databases: Option<Databases>,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
 }
@@ -67,8 +69,15 @@ impl Context {
             events,
             policy,
             approval_timeout,
+            databases: None,
             failures: Mutex::default(),
         }
+    }
+
+    /// The same context, executing sql runs against `databases`.
+    pub fn with_databases(mut self, databases: Option<Databases>) -> Self {
+        self.databases = databases;
+        self
     }
 
     /// What policy says about `run` now (everything is allowed without a policy).
@@ -289,11 +298,37 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
         }
     }
 
+    if tool == Tool::Sql {
+        let (outcome, result) = crate::sql::execute(
+            run,
+            ctx.databases.as_ref(),
+            ctx.policy.as_deref(),
+            Timestamp::now(),
+        )
+        .await;
+        let status = SandboxRunStatus {
+            result,
+            ..phase::outcome_status(&prev, Some(tool), &outcome, None, generation, now)
+        };
+        return finish_with_status(
+            run,
+            ctx,
+            status,
+            Some(tool),
+            &outcome,
+            None,
+            &runs,
+            &pods,
+            now,
+        )
+        .await;
+    }
+
     if tool != Tool::Python {
         let outcome = phase::rejected(
             "ToolNotImplemented",
             format!(
-                "the {tool} tool is not executed by this version of sandboxrun yet; only python runs"
+                "the {tool} tool is not executed by this version of sandboxrun yet; only python and sql runs"
             ),
             now,
         );
@@ -478,8 +513,24 @@ async fn finish(
     pods: &Api<Pod>,
     now: Timestamp,
 ) -> Result<Action, Error> {
-    let name = run.name_any();
     let status = phase::outcome_status(prev, tool, outcome, pod_name, run.metadata.generation, now);
+    finish_with_status(run, ctx, status, tool, outcome, pod_name, runs, pods, now).await
+}
+
+/// [`finish`] with the terminal status already built (sql runs add `result`).
+#[allow(clippy::too_many_arguments)]
+async fn finish_with_status(
+    run: &SandboxRun,
+    ctx: &Context,
+    status: SandboxRunStatus,
+    tool: Option<Tool>,
+    outcome: &Outcome,
+    pod_name: Option<&str>,
+    runs: &Api<SandboxRun>,
+    pods: &Api<Pod>,
+    now: Timestamp,
+) -> Result<Action, Error> {
+    let name = run.name_any();
     // The status first: the Pod (and its log) must outlive the only record of the result.
     apply_status(runs, &name, &status).await?;
     info!(run = %name, phase = %outcome.phase, reason = %outcome.reason, "run finished");

@@ -11,6 +11,7 @@ mod phase;
 mod pod;
 mod policy;
 mod result;
+mod sql;
 mod ttl;
 
 use std::sync::Arc;
@@ -69,6 +70,23 @@ async fn main() -> anyhow::Result<()> {
             None
         }
     };
+    let databases = match &config.databases_file {
+        Some(path) => {
+            let loaded = sql::load_databases_file(path)
+                .and_then(|c| Ok(sandboxrun_core::Databases::from_config(&c)?));
+            match loaded {
+                Ok(dbs) => {
+                    info!(databases = ?dbs.names(), "sql runs enabled");
+                    Some(dbs)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "refusing to start: the databases file is unusable");
+                    anyhow::bail!("refusing to start: {e}");
+                }
+            }
+        }
+        None => None,
+    };
     let client = kube::Client::try_default().await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -93,18 +111,21 @@ async fn main() -> anyhow::Result<()> {
         until_true(stop_rx.clone()),
     ));
 
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        SandboxConfig {
-            runtime_class: config.runtime_class.clone(),
-            image: config.sandbox_image.clone(),
-            tmp_size: config.tmp_size.clone(),
-        },
-        metrics,
-        events::Events::new(client.clone(), identity.clone()),
-        policy,
-        config.approval_timeout,
-    ));
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            SandboxConfig {
+                runtime_class: config.runtime_class.clone(),
+                image: config.sandbox_image.clone(),
+                tmp_size: config.tmp_size.clone(),
+            },
+            metrics,
+            events::Events::new(client.clone(), identity.clone()),
+            policy,
+            config.approval_timeout,
+        )
+        .with_databases(databases),
+    );
 
     if config.leader_election {
         let lease = leader::LeaseConfig {

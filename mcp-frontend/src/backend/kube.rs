@@ -8,11 +8,14 @@ use futures::{FutureExt, StreamExt, future::BoxFuture};
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use sandboxrun_api::{LimitsSpec, PythonSpec, SandboxRun, SandboxRunSpec};
-use sandboxrun_core::{Environment, Phase, limits::DEFAULT_TTL_SECONDS_AFTER_FINISHED};
+use sandboxrun_api::{
+    LimitsSpec, PythonSpec, SandboxRun, SandboxRunSpec, SandboxRunStatus, SqlSpec,
+};
+use sandboxrun_core::{Environment, Limits, Phase, limits::DEFAULT_TTL_SECONDS_AFTER_FINISHED};
 use tokio_util::sync::CancellationToken;
 
 use super::{Backend, BackendError, ProgressFn, RunOutput, RunRequest, outcome};
+use crate::sql::{self, ExecuteSqlArgs, SqlOutput};
 
 /// Label on every SandboxRun this frontend creates, so operators can tell them apart.
 const CREATED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/created-by", "sandboxrun-mcp");
@@ -52,17 +55,26 @@ impl KubeBackend {
             ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
             approval: None,
         };
-        let mut run = SandboxRun::new("", spec);
-        run.metadata = ObjectMeta {
-            generate_name: Some("run-".to_owned()),
-            labels: Some(
-                [CREATED_BY_LABEL]
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                    .into(),
-            ),
-            ..ObjectMeta::default()
+        with_metadata(SandboxRun::new("", spec))
+    }
+
+    /// The SandboxRun of an `execute_sql` call: `spec.sql` and the environment; the operator
+    /// judges it, runs the checked query and writes `status.result`.
+    pub fn build_sql(agent: &str, args: &ExecuteSqlArgs) -> SandboxRun {
+        let spec = SandboxRunSpec {
+            agent: agent.to_owned(),
+            environment: args.environment,
+            python: None,
+            sql: Some(SqlSpec {
+                database: args.database.clone(),
+                query: args.query.clone(),
+            }),
+            metrics: None,
+            limits: LimitsSpec::from(Limits::default()),
+            ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
+            approval: None,
         };
-        run
+        with_metadata(SandboxRun::new("", spec))
     }
 
     async fn run(
@@ -71,9 +83,45 @@ impl KubeBackend {
         progress: ProgressFn,
         cancel: CancellationToken,
     ) -> Result<RunOutput, BackendError> {
+        self.create_and_follow(
+            Self::build(&req),
+            req.limits.timeout_seconds,
+            progress,
+            cancel,
+            outcome::from_status,
+        )
+        .await
+    }
+
+    /// Runs an `execute_sql` call as a SandboxRun. The call returns when the run is terminal,
+    /// or as soon as it awaits a person's approval (the result then lands in the run's status).
+    pub async fn execute_sql(
+        &self,
+        agent: &str,
+        args: &ExecuteSqlArgs,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> Result<SqlOutput, BackendError> {
+        let run = Self::build_sql(agent, args);
+        let timeout = run.spec.limits.timeout_seconds;
+        self.create_and_follow(run, timeout, progress, cancel, sql::from_status)
+            .await
+    }
+
+    /// Creates `run`, follows it until `read` returns a result, and deletes it when the caller
+    /// goes away first.
+    async fn create_and_follow<T>(
+        &self,
+        run: SandboxRun,
+        timeout_seconds: u32,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+        read: fn(&str, &SandboxRunStatus) -> Option<T>,
+    ) -> Result<T, BackendError> {
+        let agent = run.spec.agent.clone();
         let created = self
             .api
-            .create(&PostParams::default(), &Self::build(&req))
+            .create(&PostParams::default(), &run)
             .await
             .map_err(|e| {
                 BackendError::Unavailable(format!(
@@ -83,15 +131,15 @@ impl KubeBackend {
                 ))
             })?;
         let name = created.name_any();
-        tracing::info!(run = %name, agent = %req.agent, "created SandboxRun");
+        tracing::info!(run = %name, agent = %agent, "created SandboxRun");
         progress(Phase::Pending);
         // From here on the run exists: whatever ends this future (cancellation, a dropped
         // request, a shutdown) deletes it unless a result was read.
         let mut guard = DeleteOnDrop::new(self.api.clone(), name.clone());
-        let deadline = Duration::from_secs(u64::from(req.limits.timeout_seconds)) + self.grace;
+        let deadline = Duration::from_secs(u64::from(timeout_seconds)) + self.grace;
 
         let result = tokio::select! {
-            r = self.follow(&name, &progress) => r,
+            r = self.follow(&name, &progress, read) => r,
             () = cancel.cancelled() => Err(BackendError::Cancelled),
             () = tokio::time::sleep(deadline) => Err(BackendError::Unavailable(format!(
                 "SandboxRun {name} did not finish within {}s; check that the sandboxrun operator \
@@ -104,8 +152,13 @@ impl KubeBackend {
         result
     }
 
-    /// Watches the named SandboxRun until it is terminal.
-    async fn follow(&self, name: &str, progress: &ProgressFn) -> Result<RunOutput, BackendError> {
+    /// Watches the named SandboxRun until `read` returns a result.
+    async fn follow<T>(
+        &self,
+        name: &str,
+        progress: &ProgressFn,
+        read: fn(&str, &SandboxRunStatus) -> Option<T>,
+    ) -> Result<T, BackendError> {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
         let mut reported_running = false;
@@ -126,7 +179,7 @@ impl KubeBackend {
             let Some(status) = run.status.as_ref() else {
                 continue;
             };
-            if let Some(output) = outcome::from_status(name, status) {
+            if let Some(output) = read(name, status) {
                 return Ok(output);
             }
             if status.phase == Some(Phase::Running) && !reported_running {
@@ -138,6 +191,20 @@ impl KubeBackend {
             "the watch of SandboxRun {name} ended unexpectedly"
         )))
     }
+}
+
+/// Name prefix and label of every SandboxRun this frontend creates.
+fn with_metadata(mut run: SandboxRun) -> SandboxRun {
+    run.metadata = ObjectMeta {
+        generate_name: Some("run-".to_owned()),
+        labels: Some(
+            [CREATED_BY_LABEL]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into(),
+        ),
+        ..ObjectMeta::default()
+    };
+    run
 }
 
 fn deleted(name: &str) -> BackendError {
@@ -228,5 +295,25 @@ mod tests {
             run.labels()["app.kubernetes.io/created-by"],
             "sandboxrun-mcp"
         );
+    }
+
+    #[test]
+    fn built_sql_run_carries_database_query_and_environment() {
+        let args = ExecuteSqlArgs {
+            database: "analytics".into(),
+            query: "SELECT id FROM ledger".into(),
+            environment: Environment::Production,
+        };
+        let run = KubeBackend::build_sql("analyst-01", &args);
+        assert_eq!(run.metadata.generate_name.as_deref(), Some("run-"));
+        assert_eq!(run.spec.agent, "analyst-01");
+        assert_eq!(run.spec.environment, Environment::Production);
+        assert!(run.spec.python.is_none());
+        let sql = run.spec.sql.as_ref().unwrap();
+        assert_eq!(
+            (sql.database.as_str(), sql.query.as_str()),
+            ("analytics", "SELECT id FROM ledger")
+        );
+        assert_eq!(run.spec.tool(), Some(sandboxrun_core::Tool::Sql));
     }
 }
