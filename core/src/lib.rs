@@ -18,7 +18,10 @@ pub use local::{
 pub use model::{Environment, Phase, Tool, Verdict};
 pub use output::{Capped, cap_bytes, cap_str};
 pub use policy::{CallContext, Decision, Policy, PolicyError, PolicyStore, SqlRequest};
-pub use query::{DatabaseConfig, Databases, QueryError, QueryLimits, QueryResult, redact_url};
+pub use query::{
+    DatabaseConfig, Databases, DatabasesFileError, QueryError, QueryLimits, QueryResult,
+    load_databases_file, redact_url,
+};
 pub use runner::{EnvelopeError, RUNNER_SCRIPT, RunnerResult, parse_envelope, runner_argv};
 pub use sql::{
     Columns, GuardViolation, GuardedQuery, SqlDialect, SqlRules, TableRule, ViolationKind, guard,

@@ -26,15 +26,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject};
 use sandboxrun_api::SandboxRunStatus;
 use sandboxrun_core::policy::Policy as PolicyRules;
 use sandboxrun_core::query::demo;
 use sandboxrun_core::sql::GuardedQuery;
 use sandboxrun_core::{
-    CallContext, DatabaseConfig, Databases, Decision, Environment, Phase, PolicyStore, QueryLimits,
-    QueryResult, SqlDialect, Tool, Verdict,
+    CallContext, Databases, Decision, Environment, Phase, PolicyStore, QueryLimits, QueryResult,
+    SqlDialect, Tool, Verdict,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -282,7 +281,7 @@ impl SqlService {
             None => PolicyStore::new(embedded_policy()),
         };
         let config = match databases_file {
-            Some(path) => load_databases_file(path)?,
+            Some(path) => sandboxrun_core::load_databases_file(path)?,
             None => {
                 let path = demo_database_path();
                 demo::ensure_sqlite(&path).await?;
@@ -441,19 +440,6 @@ pub fn demo_database_path() -> PathBuf {
                 .join("sandboxrun")
         });
     cache.join("demo.sqlite")
-}
-
-/// Reads a databases file: a YAML map of name → `{dialect, url | urlEnv | urlFile}`.
-pub fn load_databases_file(path: &Path) -> anyhow::Result<BTreeMap<String, DatabaseConfig>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the databases file {}", path.display()))?;
-    serde_saphyr::from_str(&text).map_err(|e| {
-        anyhow::anyhow!(
-            "the databases file {} is malformed: {e}; write a map of name to \
-             {{dialect: postgres|sqlite, url|urlEnv|urlFile: ...}}",
-            path.display()
-        )
-    })
 }
 
 #[cfg(test)]

@@ -72,7 +72,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let databases = match &config.databases_file {
         Some(path) => {
-            let loaded = sql::load_databases_file(path)
+            let loaded = sandboxrun_core::load_databases_file(path)
+                .map_err(anyhow::Error::from)
                 .and_then(|c| Ok(sandboxrun_core::Databases::from_config(&c)?));
             match loaded {
                 Ok(dbs) => {

@@ -8,17 +8,14 @@
 //! `status.result = {columns, rows, rowCount, truncated, executedQuery}`, or `Failed` with the
 //! executor's message. Without databases, sql runs end `Rejected` (`ToolNotImplemented`).
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use jiff::Timestamp;
 use sandboxrun_api::SandboxRun;
 use sandboxrun_core::sql::GuardedQuery;
 use sandboxrun_core::{
-    DatabaseConfig, Databases, Decision, Phase, PolicyStore, QueryError, QueryLimits, QueryResult,
-    SqlDialect, Tool, Verdict,
+    Databases, Decision, Phase, PolicyStore, QueryError, QueryLimits, QueryResult, SqlDialect,
+    Tool, Verdict,
 };
 use serde_json::json;
 
@@ -30,19 +27,6 @@ use crate::phase::{self, Outcome};
 pub const RESULT_MAX_BYTES: u64 = 256 * 1024;
 /// The message of an sql run when the operator has no databases.
 pub const NO_DATABASES: &str = "no databases are configured in the operator";
-
-/// Reads a databases file: a YAML map of name → `{dialect, url | urlEnv | urlFile}`.
-pub fn load_databases_file(path: &Path) -> anyhow::Result<BTreeMap<String, DatabaseConfig>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the databases file {}", path.display()))?;
-    serde_saphyr::from_str(&text).map_err(|e| {
-        anyhow::anyhow!(
-            "the databases file {} is malformed: {e}; write a map of name to \
-             {{dialect: postgres|sqlite, url|urlEnv|urlFile: ...}}",
-            path.display()
-        )
-    })
-}
 
 /// Judges and executes an sql run that passed the gate; returns its outcome and `status.result`.
 pub async fn execute(

@@ -25,7 +25,7 @@ mod value;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,6 +54,31 @@ pub struct DatabaseConfig {
     /// PostgreSQL only: the most connections kept open to this database (default 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
+}
+
+/// A databases file that could not be read or is not a valid map of database configurations.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct DatabasesFileError(String);
+
+/// Reads a databases file: a YAML map of name → `{dialect, url | urlEnv | urlFile}`. Shared by the
+/// frontend (embedded mode) and the operator (cluster mode), which read the same format.
+pub fn load_databases_file(
+    path: &Path,
+) -> Result<BTreeMap<String, DatabaseConfig>, DatabasesFileError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        DatabasesFileError(format!(
+            "cannot read the databases file {}: {e}",
+            path.display()
+        ))
+    })?;
+    serde_saphyr::from_str(&text).map_err(|e| {
+        DatabasesFileError(format!(
+            "the databases file {} is malformed: {e}; write a map of name to \
+             {{dialect: postgres|sqlite, url|urlEnv|urlFile: ...}}",
+            path.display()
+        ))
+    })
 }
 
 impl fmt::Debug for DatabaseConfig {
