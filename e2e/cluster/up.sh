@@ -21,6 +21,12 @@ if [[ -d $STATE_DIR ]]; then
   "$CLUSTER_DIR/down.sh"
 fi
 
+# The kubelet evicts every Pod below 1 GiB free (templates/kubelet.yaml); fail here with the reason
+# instead of with Pods that end `Evicted`.
+avail_kib=$(df -Pk "$(dirname "$STATE_DIR")" | awk 'NR==2 {print $4}')
+(( avail_kib >= 3 * 1024 * 1024 )) ||
+  die "only $((avail_kib / 1024)) MiB free on $(dirname "$STATE_DIR"); the cluster needs at least 3 GiB"
+
 started=$SECONDS
 "$CLUSTER_DIR/install-deps.sh"
 "$CLUSTER_DIR/build.sh"
