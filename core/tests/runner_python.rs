@@ -66,6 +66,50 @@ fn exceptions_exit_one_with_traceback_on_stderr() {
 }
 
 #[test]
+fn the_code_runs_as_main_as_python_dash_c_would() {
+    // The child is a fork of the runner: it must look like a fresh `python3 -I -c CODE`.
+    let (r, _) = run(
+        "print(__name__, sorted(k for k in globals() if not k.startswith('__')))\nimport sys\nprint(sys.argv)",
+        65_536,
+    );
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, "__main__ []\n['-c']\n");
+
+    let (r, _) = run("def f():\n    1/0\nf()", 65_536);
+    assert_eq!(r.exit_code, 1);
+    assert!(
+        r.stderr.starts_with(
+            "Traceback (most recent call last):\n  File \"<string>\", line 3, in <module>\n"
+        ),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains("become_user_program"),
+        "runner frames leak: {}",
+        r.stderr
+    );
+
+    let (r, _) = run("x = (", 65_536);
+    assert_eq!(r.exit_code, 1);
+    assert!(r.stderr.contains("SyntaxError"), "{}", r.stderr);
+}
+
+#[test]
+fn exit_is_the_interpreters_threads_atexit_and_sys_exit_message() {
+    let (r, _) = run(
+        "import atexit, threading, time\natexit.register(print, 'atexit ran')\nthreading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()",
+        65_536,
+    );
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    assert_eq!(r.stdout, "thread done\natexit ran\n");
+
+    let (r, _) = run("import sys\nsys.exit('bad input')", 65_536);
+    assert_eq!(r.exit_code, 1);
+    assert_eq!(r.stderr, "bad input\n");
+}
+
+#[test]
 fn output_is_capped_and_flagged_while_the_rest_is_drained() {
     // 10 MB is far more than a pipe buffer: the child would hang if the runner stopped reading.
     let (r, _) = run(
