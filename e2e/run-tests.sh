@@ -31,6 +31,13 @@ pg_output="$("$REPO_ROOT/e2e/postgres/start.sh")"
 export SANDBOXRUN_TEST_POSTGRES_URL="${pg_output##*DATABASE_URL=}"   # the last line is DATABASE_URL=<url>
 export SANDBOXRUN_REQUIRE_POSTGRES=1
 
+step "Prometheus for the fetch_metrics tests: e2e/prometheus/start.sh"
+stop_prometheus() { "$REPO_ROOT/e2e/prometheus/stop.sh" >/dev/null 2>&1 || true; }
+trap 'stop_postgres; stop_prometheus' EXIT
+prom_output="$("$REPO_ROOT/e2e/prometheus/start.sh")"
+export SANDBOXRUN_TEST_PROMETHEUS_URL="${prom_output##*PROMETHEUS_URL=}"   # the last line is PROMETHEUS_URL=<url>
+export SANDBOXRUN_REQUIRE_PROMETHEUS=1
+
 step "unit and integration tests (no cluster)"
 cargo test --workspace --locked --exclude sandboxrun-e2e
 
@@ -49,6 +56,7 @@ cleanup() {
     "$REPO_ROOT/e2e/cluster/down.sh" || true
   fi
   stop_postgres
+  stop_prometheus
   exit "$rc"
 }
 trap cleanup EXIT
