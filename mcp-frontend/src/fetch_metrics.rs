@@ -51,19 +51,24 @@ pub struct FetchMetricsArgs {
     /// Instant query: evaluation time, RFC 3339 (`2026-11-29T10:00:00Z`) or unix seconds;
     /// default now. Leave out for a range query.
     #[serde(default)]
+    #[schemars(with = "String")]
     pub time: Option<String>,
     /// Range query over the last `range` before `end` (`1h`, `30m`, `7d`), instead of `start`.
     #[serde(default)]
+    #[schemars(with = "String")]
     pub range: Option<String>,
     /// Range query: first evaluation time (RFC 3339 or unix seconds).
     #[serde(default)]
+    #[schemars(with = "String")]
     pub start: Option<String>,
     /// Range query: last evaluation time (default now).
     #[serde(default)]
+    #[schemars(with = "String")]
     pub end: Option<String>,
     /// Range query: time between evaluations (`30s`, `5m`, or seconds); default the range in
     /// 60 steps.
     #[serde(default)]
+    #[schemars(with = "String")]
     pub step: Option<String>,
     /// Environment the call targets: sandbox (default), staging or production.
     #[serde(default)]
@@ -517,6 +522,9 @@ mod tests {
             assert!(v["properties"].get(f).is_some(), "{f}");
         }
         let output = serde_json::to_value(schemars::schema_for!(MetricsOutput)).unwrap();
+        // Portable: no type arrays with null (single-type schema dialects reject them).
+        let text = format!("{v}{output}");
+        assert!(!text.contains("\"null\""), "{text}");
         for f in [
             "resultType",
             "result",

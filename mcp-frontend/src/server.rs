@@ -358,7 +358,8 @@ impl SandboxRunServer {
             Cancelled | Unavailable): the number of run_python calls in the last hour is \
             sum(increase(sandboxrun_tool_calls_total{tool=\"run_python\"}[1h])). A PromQL \
             syntax error comes back with its position; a refused or failed query as an error \
-            result that says what to change.",
+            result that says what to change. An empty result means no series matched (for a \
+            count of calls: none).",
         input_schema = metrics_input_schema(),
         output_schema = metrics_output_schema(),
         annotations(

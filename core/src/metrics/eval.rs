@@ -75,8 +75,8 @@ fn unsupported(what: impl std::fmt::Display) -> MetricsError {
         "{what} is not supported by the embedded metrics store; it evaluates {CALLS_METRIC} \
          (labels tool, agent, verdict, phase, environment) with label matchers (= != =~ !~) and \
          offset, the functions {}, the aggregations {} with by/without, and arithmetic or \
-         comparisons with scalars and between vectors (on/ignoring); start the server with \
-         --prometheus-url to run any PromQL against a Prometheus",
+         comparisons with scalars and between vectors (on/ignoring); any PromQL runs against a \
+         Prometheus in cluster mode (the operator's --prometheus-url)",
         SUPPORTED_FUNCTIONS.join(", "),
         SUPPORTED_AGGREGATIONS.join(", ")
     ))
@@ -213,8 +213,8 @@ impl<'a> Evaluator<'a> {
             return Err(MetricsError::Unsupported(format!(
                 "the embedded metrics store has no metric {name}: its only metric is \
                  {CALLS_METRIC} (labels tool, agent, verdict, phase, environment), for example \
-                 sum(increase({CALLS_METRIC}{{tool=\"run_python\"}}[1h])); to query other metrics \
-                 start the server with --prometheus-url"
+                 sum(increase({CALLS_METRIC}{{tool=\"run_python\"}}[1h])); other metrics are \
+                 answered in cluster mode, by the Prometheus of the operator's --prometheus-url"
             )));
         }
         let at = match &vs.offset {

@@ -280,7 +280,7 @@ fn unsupported_queries_say_what_is_supported() {
     let e = err("up");
     assert!(matches!(e, MetricsError::Unsupported(_)), "{e:?}");
     assert!(e.to_string().contains("no metric up"), "{e}");
-    assert!(e.to_string().contains("--prometheus-url"), "{e}");
+    assert!(e.to_string().contains("cluster mode"), "{e}");
     for q in [
         "histogram_quantile(0.9, sandboxrun_tool_calls_total)",
         "topk(3, sandboxrun_tool_calls_total)",

@@ -213,10 +213,13 @@ pub struct Series {
     /// Its labels (`__name__` included while the metric name is kept).
     pub metric: BTreeMap<String, String>,
     /// The sample of a vector or scalar result.
+    // Optional, not nullable in the schema: `["array", "null"]` types trip some clients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Sample")]
     pub value: Option<Sample>,
     /// The samples of a matrix result, oldest first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Vec<Sample>")]
     pub values: Option<Vec<Sample>>,
 }
 
