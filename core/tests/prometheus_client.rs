@@ -78,6 +78,9 @@ async fn range_query_returns_samples_every_step() {
         .expect("matrix series have values");
     assert!(!values.is_empty(), "{r:?}");
     assert!(values.iter().all(|(_, v)| v == "1"), "{values:?}");
+    let numbers = r.result[0].numbers();
+    assert_eq!(numbers.len(), values.len());
+    assert!(numbers.iter().all(|&(_, v)| v == 1.0), "{numbers:?}");
     assert!(
         values.windows(2).all(|w| w[1].0 - w[0].0 == 2.0),
         "{values:?}"

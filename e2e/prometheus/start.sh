@@ -27,6 +27,10 @@ if ! command -v prometheus >/dev/null 2>&1; then
   # Without recommends: no node exporter. The package's own service is not used (and on
   # machines with a policy-rc.d not started); this script runs its own instance.
   apt-get install -y -qq --no-install-recommends prometheus >&2
+  # Where the package's service did start (no policy-rc.d), it is not ours: stop it.
+  if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+    systemctl disable --now prometheus >&2 2>/dev/null || true
+  fi
 fi
 
 ready() { curl -fsS --max-time 2 "$URL/-/ready" >/dev/null 2>&1; }

@@ -223,6 +223,19 @@ pub struct Series {
     pub values: Option<Vec<Sample>>,
 }
 
+impl Series {
+    /// The samples as numbers, `(unix seconds, value)`, oldest first (`value` of a vector or
+    /// scalar result, `values` of a matrix); a value that is not a number (a string result) is
+    /// left out.
+    pub fn numbers(&self) -> Vec<(f64, f64)> {
+        self.value
+            .iter()
+            .chain(self.values.iter().flatten())
+            .filter_map(|(t, v)| v.parse::<f64>().ok().map(|v| (*t, v)))
+            .collect()
+    }
+}
+
 /// The answer to a query, from Prometheus or from the embedded store.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -584,6 +597,29 @@ mod tests {
         assert!(serde_json::to_vec(&cut).unwrap().len() <= full / 3);
         assert!(cut.sample_count() > 0);
         assert_eq!(cut.series_total, 10);
+    }
+
+    #[test]
+    fn samples_read_as_numbers() {
+        let s = Series {
+            metric: BTreeMap::new(),
+            value: None,
+            values: Some(vec![
+                (1.0, "3".into()),
+                (2.0, "0.5".into()),
+                (3.0, "+Inf".into()),
+                (4.0, "NaN".into()),
+            ]),
+        };
+        let n = s.numbers();
+        assert_eq!(n[..3], [(1.0, 3.0), (2.0, 0.5), (3.0, f64::INFINITY)]);
+        assert!(n[3].1.is_nan());
+        let v = Series {
+            metric: BTreeMap::new(),
+            value: Some((5.0, "7".into())),
+            values: None,
+        };
+        assert_eq!(v.numbers(), [(5.0, 7.0)]);
     }
 
     #[test]
