@@ -153,6 +153,136 @@ mod tests {
 
     use super::*;
 
+    /// The Prometheus of `e2e/prometheus/start.sh` (`SANDBOXRUN_TEST_PROMETHEUS_URL`); `None`
+    /// skips, unless `SANDBOXRUN_REQUIRE_PROMETHEUS=1`.
+    fn test_prometheus() -> Option<PrometheusClient> {
+        match std::env::var("SANDBOXRUN_TEST_PROMETHEUS_URL") {
+            Ok(url) if !url.trim().is_empty() => {
+                Some(PrometheusClient::new(url.trim(), Duration::from_secs(20)).unwrap())
+            }
+            _ => {
+                assert_ne!(
+                    std::env::var("SANDBOXRUN_REQUIRE_PROMETHEUS").as_deref(),
+                    Ok("1"),
+                    "SANDBOXRUN_REQUIRE_PROMETHEUS=1 but SANDBOXRUN_TEST_PROMETHEUS_URL is not set"
+                );
+                eprintln!("note: skipping: SANDBOXRUN_TEST_PROMETHEUS_URL is not set");
+                None
+            }
+        }
+    }
+
+    fn metrics_run(environment: &str, metrics: serde_json::Value) -> SandboxRun {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "sandboxrun.dev/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": "m", "namespace": "n"},
+            "spec": {"agent": "e2e", "environment": environment, "metrics": metrics},
+        }))
+        .unwrap()
+    }
+
+    /// The chart's default policy: metrics allowed outside production.
+    fn chart_policy() -> PolicyStore {
+        PolicyStore::new(
+            sandboxrun_core::Policy::from_yaml(
+                include_str!("../tests/fixtures/chart-default-policy.yaml"),
+                "chart",
+            )
+            .unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn runs_query_a_real_prometheus() {
+        let Some(prometheus) = test_prometheus() else {
+            return;
+        };
+        let policy = chart_policy();
+        let now = Timestamp::now();
+        let run = metrics_run("sandbox", serde_json::json!({"query": "up"}));
+        let (o, v) = execute(&run, Some(&prometheus), Some(&policy), now).await;
+        assert_eq!(o.phase, Phase::Succeeded, "{}", o.message);
+        let v = v.unwrap();
+        assert_eq!(v["resultType"], "vector");
+        let own: Vec<_> = v["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["metric"]["job"] == "prometheus")
+            .collect();
+        assert_eq!(own.len(), 1, "{v}");
+        assert_eq!(own[0]["value"][1], "1");
+
+        let start = now - jiff::SignedDuration::from_secs(20);
+        let run = metrics_run(
+            "staging",
+            serde_json::json!({"query": "up{job=\"prometheus\"}",
+                "range": {"start": start.to_string(), "end": now.to_string(), "step": "5s"}}),
+        );
+        let (o, v) = execute(&run, Some(&prometheus), Some(&policy), now).await;
+        assert_eq!(o.phase, Phase::Succeeded, "{}", o.message);
+        let v = v.unwrap();
+        assert_eq!(v["resultType"], "matrix");
+        assert!(
+            !v["result"][0]["values"].as_array().unwrap().is_empty(),
+            "{v}"
+        );
+
+        let run = metrics_run(
+            "sandbox",
+            serde_json::json!({"query": "sum(rate(up[5m])) by job"}),
+        );
+        let (o, v) = execute(&run, Some(&prometheus), Some(&policy), now).await;
+        assert_eq!(
+            (o.phase, o.reason.as_str()),
+            (Phase::Failed, "InvalidQuery")
+        );
+        assert!(
+            o.message.contains("line 1, column 22 (at `job`)"),
+            "{}",
+            o.message
+        );
+        assert!(v.is_none());
+
+        // Times that make no range fail with what to change, before Prometheus is asked.
+        let run = metrics_run(
+            "sandbox",
+            serde_json::json!({"query": "up", "range": {"start": "1", "end": "0", "step": "1s"}}),
+        );
+        let (o, _) = execute(&run, Some(&prometheus), Some(&policy), now).await;
+        assert_eq!(
+            (o.phase, o.reason.as_str()),
+            (Phase::Failed, "InvalidQuery")
+        );
+        assert!(o.message.contains("swap them"), "{}", o.message);
+    }
+
+    #[tokio::test]
+    async fn without_prometheus_or_outside_policy_nothing_is_queried() {
+        let now = Timestamp::now();
+        let run = metrics_run("sandbox", serde_json::json!({"query": "up"}));
+        let (o, v) = execute(&run, None, None, now).await;
+        assert_eq!(
+            (o.phase, o.reason.as_str()),
+            (Phase::Rejected, "ToolNotImplemented")
+        );
+        assert!(o.message.contains("operator.prometheus.url"));
+        assert!(v.is_none());
+        // Unreachable on purpose: a blocked run must not even try.
+        let nowhere = PrometheusClient::new("http://127.0.0.1:9", Duration::from_secs(1)).unwrap();
+        let mut blocked = run.clone();
+        blocked.spec.agent = "someone".into();
+        let policy = PolicyStore::new(
+            sandboxrun_core::Policy::from_yaml("default: block\nrules: []\n", "p").unwrap(),
+        );
+        let (o, _) = execute(&blocked, Some(&nowhere), Some(&policy), now).await;
+        assert_eq!(
+            (o.phase, o.reason.as_str()),
+            (Phase::Rejected, "PolicyBlocked")
+        );
+    }
+
     #[test]
     fn success_maps_series_into_the_result() {
         let t = Timestamp::UNIX_EPOCH;
