@@ -53,7 +53,7 @@ say "building sandboxrun-mcp"
 BIN="$REPO_ROOT/target/release/sandboxrun-mcp"
 
 if [[ $MODE == stdio ]]; then
-  exec "$BIN" stdio --backend local --enable-sql --rootfs "$ROOTFS"
+  exec "$BIN" stdio --backend local --enable-sql --enable-metrics --rootfs "$ROOTFS"
 fi
 
 # One API key for this machine, created once; only its hash is in the key file.
@@ -65,5 +65,5 @@ if [[ ! -f $CONFIG_DIR/api-key ]]; then
 fi
 say "MCP endpoint: http://127.0.0.1:8000/mcp  (legacy SSE: /sse)"
 say "API key (Authorization: Bearer ...): $(cat "$CONFIG_DIR/api-key")   [stored in $CONFIG_DIR/api-key]"
-exec "$BIN" serve --listen 127.0.0.1:8000 --backend local --enable-sql --rootfs "$ROOTFS" \
+exec "$BIN" serve --listen 127.0.0.1:8000 --backend local --enable-sql --enable-metrics --rootfs "$ROOTFS" \
   --api-keys-file "$CONFIG_DIR/keys.yaml"

@@ -31,6 +31,13 @@ pg_output="$("$REPO_ROOT/e2e/postgres/start.sh")"
 export SANDBOXRUN_TEST_POSTGRES_URL="${pg_output##*DATABASE_URL=}"   # the last line is DATABASE_URL=<url>
 export SANDBOXRUN_REQUIRE_POSTGRES=1
 
+step "Prometheus for the fetch_metrics tests: e2e/prometheus/start.sh"
+stop_prometheus() { "$REPO_ROOT/e2e/prometheus/stop.sh" >/dev/null 2>&1 || true; }
+trap 'stop_postgres; stop_prometheus' EXIT
+prom_output="$("$REPO_ROOT/e2e/prometheus/start.sh")"
+export SANDBOXRUN_TEST_PROMETHEUS_URL="${prom_output##*PROMETHEUS_URL=}"   # the last line is PROMETHEUS_URL=<url>
+export SANDBOXRUN_REQUIRE_PROMETHEUS=1
+
 step "unit and integration tests (no cluster)"
 cargo test --workspace --locked --exclude sandboxrun-e2e
 
@@ -40,6 +47,8 @@ step "MCP client compatibility: the official Python SDK and the MCP Inspector vs
 [[ ${E2E_SKIP_CLUSTER:-} == 1 ]] && exit 0
 
 step "local cluster: e2e/cluster/up.sh"
+# A second Prometheus on the node's bridge address, which the operator's Pod can reach.
+stop_node_prometheus() { SANDBOXRUN_PROM_PORT=59091 "$REPO_ROOT/e2e/prometheus/stop.sh" >/dev/null 2>&1 || true; }
 cleanup() {
   local rc=$?
   if [[ ${E2E_KEEP_CLUSTER:-} == 1 ]]; then
@@ -49,6 +58,8 @@ cleanup() {
     "$REPO_ROOT/e2e/cluster/down.sh" || true
   fi
   stop_postgres
+  stop_prometheus
+  stop_node_prometheus
   exit "$rc"
 }
 trap cleanup EXIT
@@ -59,6 +70,10 @@ kubectl() { "$(dirname "$KUBECONFIG")/bin/kubectl" "$@"; }
 kubectl get nodes -o wide
 kubectl get runtimeclass
 
+step "Prometheus on the node address for the metrics runs (operator.prometheus.url)"
+node_prom_output="$(SANDBOXRUN_PROM_LISTEN=10.244.0.1 SANDBOXRUN_PROM_PORT=59091 "$REPO_ROOT/e2e/prometheus/start.sh")"
+export SANDBOXRUN_E2E_PROMETHEUS_URL="${node_prom_output##*PROMETHEUS_URL=}"
+
 step "install sandboxrun with helm (e2e/install.sh), frontend on a NodePort with an API key"
 MCP_API_KEY="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 MCP_AGENT=e2e-agent
@@ -67,7 +82,8 @@ MCP_NODE_PORT=30080
   --set frontend.service.nodePort=$MCP_NODE_PORT \
   --set "frontend.apiKeys[0].agent=$MCP_AGENT" \
   --set "frontend.apiKeys[0].sha256=$(printf '%s' "$MCP_API_KEY" | sha256sum | cut -d' ' -f1)" \
-  --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}"
+  --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" \
+  --set frontend.enableMetrics=true --set "operator.prometheus.url=$SANDBOXRUN_E2E_PROMETHEUS_URL"
 kubectl -n sandboxrun-system get pods -o wide
 
 step "end-to-end tests against the cluster"

@@ -4,6 +4,7 @@
 
 pub mod limits;
 pub mod local;
+pub mod metrics;
 pub mod model;
 pub mod output;
 pub mod policy;

@@ -94,7 +94,8 @@ pub struct SandboxRunSpec {
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("sql is immutable"))]
     pub sql: Option<SqlSpec>,
 
-    /// Run a metrics query (not executed yet: such runs end Rejected, ToolNotImplemented).
+    /// Run a PromQL query, executed by the operator against the Prometheus it is configured with
+    /// (`--prometheus-url`; without one the run ends Rejected, ToolNotImplemented).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("metrics is immutable"))]
     pub metrics: Option<MetricsSpec>,
@@ -154,12 +155,18 @@ pub struct SqlSpec {
     pub query: String,
 }
 
-/// A metrics query: an instant query, or a range query when `range` is set.
+/// A metrics query: an instant query (at `time`, default when it executes), or a range query
+/// when `range` is set.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct MetricsSpec {
-    /// The query (PromQL, or a name of the service's own counters).
+    /// The PromQL expression.
     #[schemars(length(min = 1, max = 65536))]
     pub query: String,
+    /// Evaluation time of an instant query (RFC 3339 timestamp or unix seconds); absent means
+    /// when the operator executes the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time: Option<String>,
     /// Time range for a range query; absent means an instant query.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub range: Option<MetricsRange>,
@@ -168,13 +175,13 @@ pub struct MetricsSpec {
 /// Time range of a metrics range query.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct MetricsRange {
-    /// Start of the range (RFC 3339 timestamp).
+    /// Start of the range (RFC 3339 timestamp or unix seconds).
     #[schemars(length(min = 1, max = 64))]
     pub start: String,
-    /// End of the range (RFC 3339 timestamp).
+    /// End of the range (RFC 3339 timestamp or unix seconds).
     #[schemars(length(min = 1, max = 64))]
     pub end: String,
-    /// Resolution step as a duration (for example `30s`).
+    /// Resolution step as a duration (for example `30s`) or seconds.
     #[schemars(length(min = 1, max = 32))]
     pub step: String,
 }

@@ -92,7 +92,12 @@ pub struct BackendArgs {
     /// Offer the execute_sql tool (read-only SQL checked by policy). Off by default.
     #[arg(long, env = "SANDBOXRUN_ENABLE_SQL")]
     pub enable_sql: bool,
-    /// Policy file judging execute_sql calls (local backend; in a cluster the operator judges):
+    /// Offer the fetch_metrics tool (PromQL, checked by policy): embedded over this server's
+    /// own call counters; with --backend kube against the operator's Prometheus. Off by default.
+    #[arg(long, env = "SANDBOXRUN_ENABLE_METRICS")]
+    pub enable_metrics: bool,
+    /// Policy file judging execute_sql and fetch_metrics calls (local backend; in a cluster the
+    /// operator judges):
     /// YAML, see config/policy/policy.yaml. Default: a built-in policy allowing column-level
     /// queries on the demo database's ledger table in the sandbox environment only (LIMIT at
     /// most 1000, no SELECT *).

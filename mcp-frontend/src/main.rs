@@ -5,6 +5,7 @@
 
 mod backend;
 mod cli;
+mod fetch_metrics;
 mod http;
 mod metrics;
 mod policy;
@@ -27,10 +28,12 @@ use backend::Backend;
 use backend::kube::KubeBackend;
 use backend::local::{LocalBackend, LocalOptions};
 use cli::{BackendArgs, BackendKind, Cli, Command, HttpArgs};
+use fetch_metrics::MetricsService;
 use http::auth::{KeyStore, hash_key};
 use http::origin::OriginPolicy;
 use metrics::Metrics;
 use policy::Policy;
+use sandboxrun_core::metrics::CallStore;
 use server::{SandboxRunServer, Shared};
 use sql::SqlService;
 
@@ -81,7 +84,12 @@ async fn main() -> anyhow::Result<()> {
 /// The backend and policy, checked before serving so that a missing sandbox or cluster is
 /// reported at start-up.
 async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
-    let (backend, sql): (Arc<dyn Backend>, Option<SqlService>) = match args.backend {
+    let calls = CallStore::new();
+    let (backend, sql, metrics_service): (
+        Arc<dyn Backend>,
+        Option<SqlService>,
+        Option<MetricsService>,
+    ) = match args.backend {
         BackendKind::Kube => {
             let kube = KubeBackend::connect(
                 args.namespace.clone(),
@@ -89,17 +97,20 @@ async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
             )
             .await
             .context("cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)")?;
-            let sql = if args.enable_sql {
+            if args.enable_sql || args.enable_metrics {
                 anyhow::ensure!(
                     args.databases_file.is_none() && args.policy_file.is_none(),
                     "--databases-file and --policy-file are for --backend local: in a cluster \
                      the operator holds the databases and the policy, and judges every run"
                 );
-                Some(SqlService::Cluster(Box::new(kube.clone())))
-            } else {
-                None
-            };
-            (Arc::new(kube), sql)
+            }
+            let sql = args
+                .enable_sql
+                .then(|| SqlService::Cluster(Box::new(kube.clone())));
+            let metrics_service = args
+                .enable_metrics
+                .then(|| MetricsService::Cluster(Box::new(kube.clone())));
+            (Arc::new(kube), sql, metrics_service)
         }
         BackendKind::Local => {
             let local = LocalBackend::detect(LocalOptions {
@@ -124,7 +135,16 @@ async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
             } else {
                 None
             };
-            (Arc::new(local), sql)
+            let metrics_service = if args.enable_metrics {
+                Some(MetricsService::Local {
+                    policy: sql::load_policy(args.policy_file.as_deref())
+                        .context("fetch_metrics cannot start")?,
+                    calls: calls.clone(),
+                })
+            } else {
+                None
+            };
+            (Arc::new(local), sql, metrics_service)
         }
     };
     let sql = sql.map(Arc::new);
@@ -137,6 +157,8 @@ async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
         policy: Policy::new(args.max_timeout_seconds, defaults),
         metrics: Arc::new(Metrics::new()),
         sql,
+        fetch_metrics: metrics_service.map(Arc::new),
+        calls,
     }))
 }
 

@@ -17,14 +17,16 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
-use sandboxrun_core::Phase;
 use sandboxrun_core::limits::{MAX_CODE_BYTES, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS};
+use sandboxrun_core::metrics::{CallRecord, CallStore};
+use sandboxrun_core::{Environment, Phase, Tool, Verdict};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::backend::{Backend, BackendError, ProgressFn, RunOutput, RunRequest};
+use crate::fetch_metrics::{FetchMetricsArgs, MetricsOutput, MetricsService};
 use crate::metrics::{Metrics, Outcome};
 use crate::policy::Policy;
 use crate::sql::{SqlOutput, SqlService};
@@ -35,6 +37,11 @@ sandbox with no network, a read-only filesystem (only /tmp is writable and small
 memory, process and time limits. Call run_python with the source in `code`; print what you need, \
 since only stdout, stderr and the exit code come back. Each call starts from a clean sandbox: \
 nothing persists between calls. Only the Python standard library is available.";
+
+/// The `phase` label of calls that ended without a run phase (see `CALLS_METRIC`).
+const INVALID: &str = "InvalidArguments";
+const CANCELLED: &str = "Cancelled";
+const UNAVAILABLE: &str = "Unavailable";
 
 /// Identity of an authenticated HTTP caller. The auth layer puts it into the request's
 /// extensions; rmcp hands the request's `http::request::Parts` to the tool.
@@ -70,6 +77,11 @@ pub struct Shared {
     /// The `execute_sql` tool's policy and databases; `None` when SQL is not enabled, and then
     /// the tool is not offered.
     pub sql: Option<Arc<SqlService>>,
+    /// The `fetch_metrics` tool's policy and source; `None` when metrics are not enabled, and
+    /// then the tool is not offered.
+    pub fetch_metrics: Option<Arc<MetricsService>>,
+    /// Every tool call of this process, for `fetch_metrics` in embedded mode.
+    pub calls: CallStore,
 }
 
 /// The MCP server. Cheap to clone: one per session.
@@ -89,6 +101,9 @@ impl SandboxRunServer {
         if shared.sql.is_none() {
             tool_router.remove_route("execute_sql");
         }
+        if shared.fetch_metrics.is_none() {
+            tool_router.remove_route("fetch_metrics");
+        }
         Self {
             tool_router,
             shared,
@@ -106,6 +121,30 @@ impl SandboxRunServer {
             .or_else(|| self.default_agent.clone())
             .unwrap_or_else(|| "anonymous".to_owned())
     }
+
+    /// Records a finished call in the call record `fetch_metrics` reads (`phase`: how it ended).
+    fn record_call(
+        &self,
+        tool: Tool,
+        agent: &str,
+        environment: Environment,
+        verdict: Option<Verdict>,
+        phase: &str,
+    ) {
+        self.shared
+            .calls
+            .record(&CallRecord::new(tool, agent, environment, verdict, phase));
+    }
+}
+
+/// The verdict behind a run's phase when the tool reports none (run_python): a rejection is a
+/// block, an awaited approval an escalation, anything that ran was allowed.
+fn verdict_of(phase: Phase) -> Verdict {
+    match phase {
+        Phase::Rejected => Verdict::Block,
+        Phase::AwaitingApproval => Verdict::Escalate,
+        _ => Verdict::Allow,
+    }
 }
 
 fn input_schema() -> Arc<JsonObject> {
@@ -122,6 +161,14 @@ fn sql_input_schema() -> Arc<JsonObject> {
 
 fn sql_output_schema() -> Arc<JsonObject> {
     schema_for_output::<SqlOutput>()
+}
+
+fn metrics_input_schema() -> Arc<JsonObject> {
+    schema_for_input::<FetchMetricsArgs>().expect("FetchMetricsArgs has an object schema")
+}
+
+fn metrics_output_schema() -> Arc<JsonObject> {
+    schema_for_output::<MetricsOutput>()
 }
 
 #[tool_router]
@@ -153,15 +200,17 @@ impl SandboxRunServer {
         let started = Instant::now();
         let metrics = &self.shared.metrics;
         let policy = &self.shared.policy;
+        let agent = self.caller(&ctx);
         let args = match parse_args(&args, policy.max_timeout_seconds) {
             Ok(parsed) => parsed,
             Err(message) => {
                 metrics.observe_call("run_python", Outcome::InvalidArguments, started.elapsed());
+                self.record_call(Tool::Python, &agent, Environment::Sandbox, None, INVALID);
                 return Ok(CallToolResult::error(vec![ContentBlock::text(message)]));
             }
         };
         let req = RunRequest {
-            agent: self.caller(&ctx),
+            agent: agent.clone(),
             code: args.code,
             limits: policy.limits_with_timeout(args.timeout_seconds),
         };
@@ -182,6 +231,12 @@ impl SandboxRunServer {
         // Progress notifications must precede the result: on Streamable HTTP the response
         // closes the request's stream.
         let _ = forwarder.await;
+        let (verdict, phase) = match &result {
+            Ok(output) => (Some(verdict_of(output.phase)), output.phase.as_str()),
+            Err(BackendError::Cancelled) => (None, CANCELLED),
+            Err(BackendError::Unavailable(_)) => (None, UNAVAILABLE),
+        };
+        self.record_call(Tool::Python, &agent, Environment::Sandbox, verdict, phase);
         let (outcome, tool_result) = match result {
             Ok(output) => (
                 outcome_of(&output),
@@ -240,14 +295,15 @@ impl SandboxRunServer {
                 "execute_sql is not enabled on this server",
             )]));
         };
+        let agent = self.caller(&ctx);
         let args = match crate::sql::parse_args(&args) {
             Ok(parsed) => parsed,
             Err(message) => {
                 metrics.observe_call("execute_sql", Outcome::InvalidArguments, started.elapsed());
+                self.record_call(Tool::Sql, &agent, Environment::Sandbox, None, INVALID);
                 return Ok(CallToolResult::error(vec![ContentBlock::text(message)]));
             }
         };
-        let agent = self.caller(&ctx);
         tracing::info!(agent = %agent, database = %args.database, "execute_sql");
         let (progress, forwarder) = progress_forwarder(&ctx);
         let result = sql.execute(&agent, &args, progress, ctx.ct.clone()).await;
@@ -256,6 +312,7 @@ impl SandboxRunServer {
             Ok(output) => output,
             Err(BackendError::Cancelled) => {
                 metrics.observe_call("execute_sql", Outcome::Cancelled, started.elapsed());
+                self.record_call(Tool::Sql, &agent, args.environment, None, CANCELLED);
                 return Ok(CallToolResult::error(vec![ContentBlock::text(
                     "the call was cancelled and its query stopped",
                 )]));
@@ -263,6 +320,7 @@ impl SandboxRunServer {
             Err(BackendError::Unavailable(message)) => {
                 tracing::warn!(%message, "backend unavailable");
                 metrics.observe_call("execute_sql", Outcome::Unavailable, started.elapsed());
+                self.record_call(Tool::Sql, &agent, args.environment, None, UNAVAILABLE);
                 return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
                     "the query could not be run: {message}; retrying later may help"
                 ))]));
@@ -275,6 +333,103 @@ impl SandboxRunServer {
             _ => Outcome::Failed,
         };
         metrics.observe_call("execute_sql", outcome, started.elapsed());
+        self.record_call(
+            Tool::Sql,
+            &agent,
+            args.environment,
+            Some(output.verdict),
+            output.phase.as_str(),
+        );
+        Ok(output.tool_result())
+    }
+
+    /// Runs one PromQL query, checked by policy, and returns its series.
+    #[tool(
+        name = "fetch_metrics",
+        title = "Query metrics with PromQL",
+        description = "Evaluate a PromQL expression and return its series (labels and samples) \
+            as Prometheus's API shapes them: an instant query at `time` (default now), or a \
+            range query over the last `range` (1h, 30m) or from `start` to `end` every `step`. \
+            In a cluster the query runs against the configured Prometheus. Embedded, it answers \
+            over this server's own counter sandboxrun_tool_calls_total (one increment per tool \
+            call, blocked ones included; labels tool = run_python | execute_sql | \
+            fetch_metrics, agent, environment, verdict = Allow | Block | Escalate, phase = \
+            Succeeded | Failed | TimedOut | Rejected | AwaitingApproval | InvalidArguments | \
+            Cancelled | Unavailable): the number of run_python calls in the last hour is \
+            sum(increase(sandboxrun_tool_calls_total{tool=\"run_python\"}[1h])). A PromQL \
+            syntax error comes back with its position; a refused or failed query as an error \
+            result that says what to change. An empty result means no series matched (for a \
+            count of calls: none).",
+        input_schema = metrics_input_schema(),
+        output_schema = metrics_output_schema(),
+        annotations(
+            title = "Query metrics with PromQL",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn fetch_metrics(
+        &self,
+        Parameters(args): Parameters<JsonObject>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        const TOOL: &str = "fetch_metrics";
+        let started = Instant::now();
+        let metrics = &self.shared.metrics;
+        let Some(service) = self.shared.fetch_metrics.as_ref() else {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(
+                "fetch_metrics is not enabled on this server",
+            )]));
+        };
+        let agent = self.caller(&ctx);
+        let (args, query) = match crate::fetch_metrics::parse_args(&args, jiff::Timestamp::now()) {
+            Ok(parsed) => parsed,
+            Err(message) => {
+                metrics.observe_call(TOOL, Outcome::InvalidArguments, started.elapsed());
+                self.record_call(Tool::Metrics, &agent, Environment::Sandbox, None, INVALID);
+                return Ok(CallToolResult::error(vec![ContentBlock::text(message)]));
+            }
+        };
+        tracing::info!(agent = %agent, query = %args.query, "fetch_metrics");
+        let (progress, forwarder) = progress_forwarder(&ctx);
+        let result = service
+            .fetch(&agent, &args, &query, progress, ctx.ct.clone())
+            .await;
+        let _ = forwarder.await;
+        let output = match result {
+            Ok(output) => output,
+            Err(BackendError::Cancelled) => {
+                metrics.observe_call(TOOL, Outcome::Cancelled, started.elapsed());
+                self.record_call(Tool::Metrics, &agent, args.environment, None, CANCELLED);
+                return Ok(CallToolResult::error(vec![ContentBlock::text(
+                    "the call was cancelled and its query stopped",
+                )]));
+            }
+            Err(BackendError::Unavailable(message)) => {
+                tracing::warn!(%message, "backend unavailable");
+                metrics.observe_call(TOOL, Outcome::Unavailable, started.elapsed());
+                self.record_call(Tool::Metrics, &agent, args.environment, None, UNAVAILABLE);
+                return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                    "the metrics query could not be run: {message}; retrying later may help"
+                ))]));
+            }
+        };
+        let outcome = match output.phase {
+            Phase::Succeeded => Outcome::Succeeded,
+            Phase::Rejected | Phase::AwaitingApproval => Outcome::Rejected,
+            Phase::TimedOut => Outcome::TimedOut,
+            _ => Outcome::Failed,
+        };
+        metrics.observe_call(TOOL, outcome, started.elapsed());
+        self.record_call(
+            Tool::Metrics,
+            &agent,
+            args.environment,
+            Some(output.verdict),
+            output.phase.as_str(),
+        );
         Ok(output.tool_result())
     }
 }

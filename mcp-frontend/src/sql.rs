@@ -17,7 +17,9 @@
 //! `config/policy/policy.yaml` is a sample for clusters, not a safe default for a laptop. When no
 //! `--policy-file` is given, [`EMBEDDED_POLICY`] applies: any agent may run `sql` on the `demo`
 //! database in the `sandbox` environment, reading only the `ledger` columns `id, account, amount,
-//! booked_at`, without `SELECT *`, with a LIMIT of at most 1000; everything else is blocked.
+//! booked_at`, without `SELECT *`, with a LIMIT of at most 1000; `fetch_metrics` over the
+//! server's own call counters is allowed (any agent, any environment); everything else is
+//! blocked.
 //! Without `--databases-file` the `demo` database is the SQLite demo file
 //! `$SANDBOXRUN_CACHE/demo.sqlite` (default `~/.cache/sandboxrun/demo.sqlite`), created on first
 //! use from `config/demo/demo.sql` and opened read-only.
@@ -64,6 +66,12 @@ rules:
         ledger: {columns: [id, account, amount, booked_at]}
       allowWildcard: false
       maxLimit: 1000
+  - name: embedded-own-metrics
+    agents: ["*"]
+    tools: [metrics]
+    environments: ["*"]
+    verdict: allow
+    reason: the embedded default policy allows fetch_metrics over this server's own call counters
   - name: embedded-block-everything-else
     agents: ["*"]
     tools: ["*"]
@@ -255,6 +263,14 @@ pub fn parse_args(args: &JsonObject) -> Result<ExecuteSqlArgs, String> {
     })
 }
 
+/// The frontend's policy (local backend): `--policy-file`, else [`EMBEDDED_POLICY`].
+pub fn load_policy(policy_file: Option<&Path>) -> anyhow::Result<PolicyStore> {
+    Ok(match policy_file {
+        Some(path) => PolicyStore::load(path)?,
+        None => PolicyStore::new(embedded_policy()),
+    })
+}
+
 /// Where `execute_sql` calls are judged and executed.
 pub enum SqlService {
     /// Embedded: the frontend judges with its policy and runs the query itself.
@@ -276,10 +292,7 @@ impl SqlService {
         policy_file: Option<&Path>,
         databases_file: Option<&Path>,
     ) -> anyhow::Result<Self> {
-        let policy = match policy_file {
-            Some(path) => PolicyStore::load(path)?,
-            None => PolicyStore::new(embedded_policy()),
-        };
+        let policy = load_policy(policy_file)?;
         let config = match databases_file {
             Some(path) => sandboxrun_core::load_databases_file(path)?,
             None => {
@@ -485,6 +498,19 @@ mod tests {
             call(Environment::Production, "SELECT id FROM ledger").verdict,
             Verdict::Block
         );
+        let metrics = p.evaluate(&CallContext::new(
+            "anyone",
+            Tool::Metrics,
+            Environment::Staging,
+        ));
+        assert_eq!(metrics.verdict, Verdict::Allow, "{metrics}");
+        assert_eq!(metrics.rule, "embedded-own-metrics");
+        let python = p.evaluate(&CallContext::new(
+            "anyone",
+            Tool::Python,
+            Environment::Sandbox,
+        ));
+        assert_eq!(python.verdict, Verdict::Block);
     }
 
     #[test]

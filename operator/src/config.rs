@@ -64,6 +64,12 @@ pub struct Config {
     #[arg(long, env = "SANDBOXRUN_DATABASES_FILE")]
     pub databases_file: Option<PathBuf>,
 
+    /// Base URL of the Prometheus that metrics runs query (for example
+    /// http://prometheus-server.monitoring:80; `user:password@` in it becomes basic
+    /// authentication). Without it metrics runs end Rejected.
+    #[arg(long, env = "SANDBOXRUN_PROMETHEUS_URL")]
+    pub prometheus_url: Option<RedactedUrl>,
+
     /// Seconds between checks of the policy file for changes.
     #[arg(long, env = "SANDBOXRUN_POLICY_POLL_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub policy_poll_seconds: u64,
@@ -72,6 +78,29 @@ pub struct Config {
     /// seconds, or a duration such as 90s, 15m, 1h.
     #[arg(long, env = "SANDBOXRUN_APPROVAL_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
     pub approval_timeout: SignedDuration,
+}
+
+/// A URL that may carry credentials: its `Debug` (the start-up log prints the configuration)
+/// shows them as `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedactedUrl(pub String);
+
+impl std::str::FromStr for RedactedUrl {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for RedactedUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?}",
+            sandboxrun_core::metrics::prometheus::redact(&self.0)
+        )
+    }
 }
 
 /// A positive duration: bare seconds (`900`) or a friendly/ISO 8601 duration (`15m`, `PT1H`).
@@ -124,6 +153,20 @@ mod tests {
         assert_eq!(c.policy_file, None);
         assert_eq!(c.policy_poll_seconds, 5);
         assert_eq!(c.approval_timeout, SignedDuration::from_mins(15));
+    }
+
+    #[test]
+    fn prometheus_url_credentials_stay_out_of_the_log() {
+        let c = Config::try_parse_from(["x", "--prometheus-url", "http://u:hunter2@prom:9090"])
+            .unwrap();
+        assert_eq!(
+            c.prometheus_url.as_ref().map(|u| u.0.as_str()),
+            Some("http://u:hunter2@prom:9090")
+        );
+        let logged = format!("{c:?}");
+        assert!(!logged.contains("hunter2"), "{logged}");
+        assert!(logged.contains("http://***@prom:9090"), "{logged}");
+        assert_eq!(Config::try_parse_from(["x"]).unwrap().prometheus_url, None);
     }
 
     #[test]

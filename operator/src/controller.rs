@@ -15,6 +15,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sandboxrun_api::{SandboxRun, SandboxRunStatus};
+use sandboxrun_core::metrics::PrometheusClient;
 use sandboxrun_core::{Databases, Phase, PolicyStore, Tool, Verdict};
 use serde_json::json;
 use tracing::{info, warn};
@@ -48,6 +49,8 @@ pub struct Context {
     pub approval_timeout: SignedDuration,
     /// Databases sql runs query; `None`: sql runs end Rejected.
     pub databases: Option<Databases>,
+    /// The Prometheus metrics runs query; `None`: metrics runs end Rejected.
+    pub prometheus: Option<PrometheusClient>,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
 }
@@ -70,8 +73,15 @@ impl Context {
             policy,
             approval_timeout,
             databases: None,
+            prometheus: None,
             failures: Mutex::default(),
         }
+    }
+
+    /// The same context, executing metrics runs against `prometheus`.
+    pub fn with_prometheus(mut self, prometheus: Option<PrometheusClient>) -> Self {
+        self.prometheus = prometheus;
+        self
     }
 
     /// The same context, executing sql runs against `databases`.
@@ -298,14 +308,24 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
         }
     }
 
-    if tool == Tool::Sql {
-        let (outcome, result) = crate::sql::execute(
-            run,
-            ctx.databases.as_ref(),
-            ctx.policy.as_deref(),
-            Timestamp::now(),
-        )
-        .await;
+    if tool == Tool::Sql || tool == Tool::Metrics {
+        let (outcome, result) = if tool == Tool::Sql {
+            crate::sql::execute(
+                run,
+                ctx.databases.as_ref(),
+                ctx.policy.as_deref(),
+                Timestamp::now(),
+            )
+            .await
+        } else {
+            crate::promql::execute(
+                run,
+                ctx.prometheus.as_ref(),
+                ctx.policy.as_deref(),
+                Timestamp::now(),
+            )
+            .await
+        };
         let status = SandboxRunStatus {
             result,
             ..phase::outcome_status(&prev, Some(tool), &outcome, None, generation, now)
@@ -328,7 +348,7 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
         let outcome = phase::rejected(
             "ToolNotImplemented",
             format!(
-                "the {tool} tool is not executed by this version of sandboxrun yet; only python and sql runs"
+                "the {tool} tool is not executed by this version of sandboxrun yet; only python, sql and metrics runs"
             ),
             now,
         );
@@ -544,6 +564,13 @@ async fn finish_with_status(
         now,
     );
     ctx.metrics.entered(outcome.phase);
+    ctx.metrics.finished_call(
+        tool,
+        &run.spec.agent,
+        run.spec.environment,
+        status.decision.as_ref().map(|d| d.verdict),
+        outcome.phase,
+    );
     if let Some(start) = outcome.started_at {
         let secs = outcome.finished_at.duration_since(start).as_secs_f64();
         ctx.metrics.run_duration.observe(secs.max(0.0));

@@ -246,6 +246,18 @@ fn chart_default_policy() {
         verdict("e2e", Tool::Sql, Environment::Sandbox),
         Verdict::Block
     );
+    // fetch_metrics: allowed outside production, escalated in production.
+    for env in [Environment::Sandbox, Environment::Staging] {
+        assert_eq!(
+            verdict("e2e", Tool::Metrics, env),
+            Verdict::Allow,
+            "{env:?}"
+        );
+    }
+    assert_eq!(
+        verdict("e2e", Tool::Metrics, Environment::Production),
+        Verdict::Escalate
+    );
 }
 
 #[test]

@@ -10,6 +10,7 @@ mod metrics;
 mod phase;
 mod pod;
 mod policy;
+mod promql;
 mod result;
 mod sql;
 mod ttl;
@@ -88,6 +89,24 @@ async fn main() -> anyhow::Result<()> {
         }
         None => None,
     };
+    let prometheus = match &config.prometheus_url {
+        Some(url) if !url.0.trim().is_empty() => {
+            match sandboxrun_core::metrics::PrometheusClient::new(
+                &url.0,
+                sandboxrun_core::metrics::prometheus::DEFAULT_TIMEOUT,
+            ) {
+                Ok(client) => {
+                    info!(prometheus = client.url(), "metrics runs enabled");
+                    Some(client)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "refusing to start: the Prometheus URL is unusable");
+                    anyhow::bail!("refusing to start: {e}");
+                }
+            }
+        }
+        _ => None,
+    };
     let client = kube::Client::try_default().await?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -125,7 +144,8 @@ async fn main() -> anyhow::Result<()> {
             policy,
             config.approval_timeout,
         )
-        .with_databases(databases),
+        .with_databases(databases)
+        .with_prometheus(prometheus),
     );
 
     if config.leader_election {

@@ -13,7 +13,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use sandboxrun_core::Phase;
+use sandboxrun_core::metrics::store::{environment_label, tool_label, verdict_label};
+use sandboxrun_core::{Environment, Phase, Tool, Verdict};
 
 /// Label set naming a phase.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -29,6 +30,23 @@ pub struct ErrorLabels {
     pub error: String,
 }
 
+/// Label set of a finished tool call: the same labels as the embedded frontend's
+/// `sandboxrun_tool_calls_total` (see `sandboxrun_core::metrics::CALLS_METRIC`), so one PromQL
+/// query answers in both modes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// The MCP tool: run_python, execute_sql or fetch_metrics.
+    pub tool: String,
+    /// The calling agent.
+    pub agent: String,
+    /// sandbox, staging or production.
+    pub environment: String,
+    /// What policy decided (empty when the run had no decision).
+    pub verdict: String,
+    /// The terminal phase.
+    pub phase: String,
+}
+
 /// The operator's metrics.
 pub struct Metrics {
     registry: Registry,
@@ -38,6 +56,8 @@ pub struct Metrics {
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     /// Runs that entered each phase.
     pub runs: Family<PhaseLabels, Counter>,
+    /// Finished runs by tool, agent, environment, verdict and terminal phase.
+    pub tool_calls: Family<CallLabels, Counter>,
     /// Execution time of finished runs, seconds.
     pub run_duration: Histogram,
     /// Time from a run's creation to its code starting, seconds.
@@ -50,6 +70,7 @@ impl Default for Metrics {
         let reconciles = Counter::default();
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
         let runs = Family::<PhaseLabels, Counter>::default();
+        let tool_calls = Family::<CallLabels, Counter>::default();
         // 50 ms to ~10 min: runs are bounded by the 600 s timeout.
         let run_duration = Histogram::new([
             0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
@@ -69,6 +90,11 @@ impl Default for Metrics {
             reconcile_errors.clone(),
         );
         registry.register("runs", "Runs that entered each phase", runs.clone());
+        registry.register(
+            "tool_calls",
+            "Finished runs (tool calls) by tool, agent, environment, verdict and terminal phase",
+            tool_calls.clone(),
+        );
         registry.register(
             "run_duration_seconds",
             "Execution time of finished runs",
@@ -90,6 +116,7 @@ impl Default for Metrics {
             reconciles,
             reconcile_errors,
             runs,
+            tool_calls,
             run_duration,
             queue_to_start,
         }
@@ -101,6 +128,26 @@ impl Metrics {
     pub fn entered(&self, phase: Phase) {
         self.runs
             .get_or_create(&PhaseLabels {
+                phase: phase.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts a run that reached its terminal `phase`.
+    pub fn finished_call(
+        &self,
+        tool: Option<Tool>,
+        agent: &str,
+        environment: Environment,
+        verdict: Option<Verdict>,
+        phase: Phase,
+    ) {
+        self.tool_calls
+            .get_or_create(&CallLabels {
+                tool: tool.map(tool_label).unwrap_or_default().to_owned(),
+                agent: agent.to_owned(),
+                environment: environment_label(environment).to_owned(),
+                verdict: verdict.map(verdict_label).unwrap_or_default().to_owned(),
                 phase: phase.to_string(),
             })
             .inc();
@@ -168,6 +215,20 @@ mod tests {
         m.reconciles.inc();
         m.error("Kube");
         m.entered(Phase::Succeeded);
+        m.finished_call(
+            Some(Tool::Python),
+            "analyst-01",
+            Environment::Sandbox,
+            Some(Verdict::Allow),
+            Phase::Succeeded,
+        );
+        m.finished_call(
+            Some(Tool::Sql),
+            "analyst-01",
+            Environment::Production,
+            Some(Verdict::Block),
+            Phase::Rejected,
+        );
         m.run_duration.observe(1.2);
         m.queue_to_start.observe(0.8);
         let text = m.render();
@@ -178,6 +239,8 @@ mod tests {
             "sandboxrun_runs_total{phase=\"Pending\"} 0",
             "sandboxrun_run_duration_seconds_count 1",
             "sandboxrun_queue_to_start_seconds_count 1",
+            "sandboxrun_tool_calls_total{tool=\"run_python\",agent=\"analyst-01\",environment=\"sandbox\",verdict=\"Allow\",phase=\"Succeeded\"} 1",
+            "sandboxrun_tool_calls_total{tool=\"execute_sql\",agent=\"analyst-01\",environment=\"production\",verdict=\"Block\",phase=\"Rejected\"} 1",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

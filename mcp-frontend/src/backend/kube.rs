@@ -11,10 +11,12 @@ use kube::{Api, Client, ResourceExt};
 use sandboxrun_api::{
     LimitsSpec, PythonSpec, SandboxRun, SandboxRunSpec, SandboxRunStatus, SqlSpec,
 };
+use sandboxrun_core::metrics::MetricsQuery;
 use sandboxrun_core::{Environment, Limits, Phase, limits::DEFAULT_TTL_SECONDS_AFTER_FINISHED};
 use tokio_util::sync::CancellationToken;
 
 use super::{Backend, BackendError, ProgressFn, RunOutput, RunRequest, outcome};
+use crate::fetch_metrics::{self, MetricsOutput};
 use crate::sql::{self, ExecuteSqlArgs, SqlOutput};
 
 /// Label on every SandboxRun this frontend creates, so operators can tell them apart.
@@ -108,6 +110,46 @@ impl KubeBackend {
             .await
     }
 
+    /// The SandboxRun of a `fetch_metrics` call: `spec.metrics` with explicit times (resolved
+    /// when the agent asked) and the environment; the operator judges it, queries its
+    /// Prometheus and writes `status.result`.
+    pub fn build_metrics(
+        agent: &str,
+        environment: Environment,
+        query: &MetricsQuery,
+    ) -> SandboxRun {
+        let spec = SandboxRunSpec {
+            agent: agent.to_owned(),
+            environment,
+            python: None,
+            sql: None,
+            metrics: Some(fetch_metrics::spec_of(query)),
+            limits: LimitsSpec::from(Limits::default()),
+            ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
+            approval: None,
+        };
+        with_metadata(SandboxRun::new("", spec))
+    }
+
+    /// Runs a `fetch_metrics` call as a SandboxRun. The call returns when the run is terminal,
+    /// or as soon as it awaits a person's approval.
+    pub async fn fetch_metrics(
+        &self,
+        agent: &str,
+        environment: Environment,
+        query: &MetricsQuery,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> Result<MetricsOutput, BackendError> {
+        let run = Self::build_metrics(agent, environment, query);
+        let timeout = run.spec.limits.timeout_seconds;
+        let time = query.time;
+        self.create_and_follow(run, timeout, progress, cancel, move |name, status| {
+            fetch_metrics::from_status(name, status, time)
+        })
+        .await
+    }
+
     /// Creates `run`, follows it until `read` returns a result, and deletes it when the caller
     /// goes away first.
     async fn create_and_follow<T>(
@@ -116,7 +158,7 @@ impl KubeBackend {
         timeout_seconds: u32,
         progress: ProgressFn,
         cancel: CancellationToken,
-        read: fn(&str, &SandboxRunStatus) -> Option<T>,
+        read: impl Fn(&str, &SandboxRunStatus) -> Option<T>,
     ) -> Result<T, BackendError> {
         let agent = run.spec.agent.clone();
         let created = self
@@ -139,7 +181,7 @@ impl KubeBackend {
         let deadline = Duration::from_secs(u64::from(timeout_seconds)) + self.grace;
 
         let result = tokio::select! {
-            r = self.follow(&name, &progress, read) => r,
+            r = self.follow(&name, &progress, &read) => r,
             () = cancel.cancelled() => Err(BackendError::Cancelled),
             () = tokio::time::sleep(deadline) => Err(BackendError::Unavailable(format!(
                 "SandboxRun {name} did not finish within {}s; check that the sandboxrun operator \
@@ -157,7 +199,7 @@ impl KubeBackend {
         &self,
         name: &str,
         progress: &ProgressFn,
-        read: fn(&str, &SandboxRunStatus) -> Option<T>,
+        read: &impl Fn(&str, &SandboxRunStatus) -> Option<T>,
     ) -> Result<T, BackendError> {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
@@ -294,6 +336,30 @@ mod tests {
         assert_eq!(
             run.labels()["app.kubernetes.io/created-by"],
             "sandboxrun-mcp"
+        );
+    }
+
+    #[test]
+    fn built_metrics_run_carries_query_times_and_environment() {
+        let t = |s| jiff::Timestamp::from_second(s).unwrap();
+        let q = MetricsQuery {
+            query: "up".into(),
+            time: sandboxrun_core::metrics::QueryTime::Range {
+                start: t(1_764_406_800),
+                end: t(1_764_410_400),
+                step: Duration::from_secs(30),
+            },
+        };
+        let run = KubeBackend::build_metrics("analyst-01", Environment::Staging, &q);
+        assert_eq!(run.spec.tool(), Some(sandboxrun_core::Tool::Metrics));
+        assert_eq!(run.spec.environment, Environment::Staging);
+        let m = run.spec.metrics.as_ref().unwrap();
+        assert_eq!(m.query, "up");
+        assert_eq!(m.time, None);
+        let r = m.range.as_ref().unwrap();
+        assert_eq!(
+            (r.start.as_str(), r.end.as_str(), r.step.as_str()),
+            ("2025-11-29T09:00:00Z", "2025-11-29T10:00:00Z", "30s")
         );
     }
 
