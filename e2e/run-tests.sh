@@ -59,6 +59,9 @@ kubectl() { "$(dirname "$KUBECONFIG")/bin/kubectl" "$@"; }
 kubectl get nodes -o wide
 kubectl get runtimeclass
 
+step "the operator's databases Secret: the test PostgreSQL, read-only role, at the node address"
+"$REPO_ROOT/e2e/postgres/databases-secret.sh" "$SANDBOXRUN_TEST_POSTGRES_URL"
+
 step "install sandboxrun with helm (e2e/install.sh), frontend on a NodePort with an API key"
 MCP_API_KEY="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 MCP_AGENT=e2e-agent
@@ -67,7 +70,8 @@ MCP_NODE_PORT=30080
   --set frontend.service.nodePort=$MCP_NODE_PORT \
   --set "frontend.apiKeys[0].agent=$MCP_AGENT" \
   --set "frontend.apiKeys[0].sha256=$(printf '%s' "$MCP_API_KEY" | sha256sum | cut -d' ' -f1)" \
-  --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}"
+  --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" \
+  -f "$REPO_ROOT/e2e/values-governance.yaml"
 kubectl -n sandboxrun-system get pods -o wide
 
 step "end-to-end tests against the cluster"

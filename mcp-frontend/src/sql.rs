@@ -10,7 +10,9 @@
 //! In cluster mode (`--backend kube`) each call becomes a SandboxRun with `spec.sql`; the
 //! operator, which alone holds the database credentials, judges it authoritatively, runs it and
 //! writes `status.result`, which [`from_status`] maps to the same output. A run that awaits
-//! approval is returned at once as an error result naming the run (`phase: AwaitingApproval`).
+//! approval comes back as an error result "awaiting approval: <run name>" (`phase:
+//! AwaitingApproval`): at once, or after `--approval-wait` when no person decided within it (the
+//! call sends progress notifications meanwhile and returns the final result when they do).
 //!
 //! ## The embedded default policy
 //!
@@ -182,6 +184,15 @@ impl SqlOutput {
                 "the query was blocked by policy (verdict Block, rule {}) and nothing was \
                  executed: {}",
                 self.rule, self.reason
+            ),
+            // Cluster mode: a person denied the run, nobody approved it in time, or it ran
+            // after the approval and failed; the operator's message says which.
+            (phase, Verdict::Escalate) if self.message.is_some() => format!(
+                "policy rule {} escalated this query for a human approval ({}) and it ended \
+                 {phase}: {}",
+                self.rule,
+                self.reason,
+                self.message.as_deref().unwrap_or_default()
             ),
             (_, Verdict::Escalate) => format!(
                 "policy rule {} escalated this query for a human approval ({}); awaiting \
@@ -638,6 +649,19 @@ mod tests {
             out.error_text()
                 .unwrap()
                 .contains("no databases are configured")
+        );
+
+        let denied = SandboxRunStatus {
+            phase: Some(Phase::Rejected),
+            decision: Some(decided(Verdict::Escalate)),
+            reason: Some("ApprovalDenied".into()),
+            message: Some("a person denied it (spec.approval.approved: false)".into()),
+            ..Default::default()
+        };
+        let text = from_status("run-4", &denied).unwrap().error_text().unwrap();
+        assert!(
+            text.contains("ended Rejected: a person denied it") && !text.contains("cluster mode"),
+            "{text}"
         );
     }
 
