@@ -177,22 +177,31 @@ def test_a_column_query_in_the_sandbox_returns_its_rows():
                           [3, "hooli", "-262.43"]]
     assert sc["rowCount"] == 3 and sc["truncated"] is False
     assert (sc["verdict"], sc["rule"], sc["phase"]) == ("Allow", SANDBOX_RULE, "Succeeded")
-    assert "LIMIT 1000" in sc["executedQuery"]
+    assert sc["executedQuery"].rstrip().endswith("LIMIT 1001"), sc["executedQuery"]
     run, line = assert_recorded(c, "Allow", "Succeeded", SANDBOX_RULE, "QueryCompleted")
     assert run["status"]["result"]["rows"] == sc["rows"]
     assert line["approved"] is False
 
 
-def test_the_million_row_table_is_capped():
-    # The guard lowers the LIMIT to the rule's cap: 1000 of the million rows come back.
-    # (`truncated` reports rows cut off by the executor's row or byte cap; core/tests/
-    # query_postgres.rs checks it on this table without the guard.)
+def test_the_million_row_table_is_capped_and_flagged_truncated():
+    # The guard lowers the LIMIT to one row above the rule's cap (1000): 1000 of the million
+    # rows come back, and the extra row marks the result truncated.
     c = call("SELECT id, amount FROM big ORDER BY id LIMIT 500000")
     assert c.result.is_error is False, text_of(c.result)
     sc = c.result.structured_content
     assert sc["rowCount"] == 1000 and len(sc["rows"]) == 1000
-    assert sc["executedQuery"].rstrip().endswith("LIMIT 1000"), sc["executedQuery"]
+    assert sc["truncated"] is True
+    assert sc["executedQuery"].rstrip().endswith("LIMIT 1001"), sc["executedQuery"]
     assert sc["rows"][0] == [1, "0.01"] and sc["rows"][-1][0] == 1000, sc["rows"][-1]
+    run, _ = assert_recorded(c, "Allow", "Succeeded", SANDBOX_RULE, "QueryCompleted")
+    assert run["status"]["truncated"] is True
+
+    # A LIMIT below the cap is kept, and the result is complete.
+    c = call("SELECT id FROM big ORDER BY id LIMIT 10")
+    sc = c.result.structured_content
+    assert c.result.is_error is False, text_of(c.result)
+    assert sc["rowCount"] == 10 and sc["truncated"] is False
+    assert sc["executedQuery"].rstrip().endswith("LIMIT 10"), sc["executedQuery"]
     assert_recorded(c, "Allow", "Succeeded", SANDBOX_RULE, "QueryCompleted")
 
 
@@ -261,7 +270,7 @@ def test_a_production_call_without_rights_waits_and_runs_after_approval():
     assert any(m.startswith("AwaitingApproval: " + c.awaiting_run) for m in c.progress), c.progress
     assert (sc["verdict"], sc["rule"], sc["phase"]) == ("Escalate", PRODUCTION_RULE, "Succeeded")
     assert sc["rows"] == [[1, "-420.81"], [2, "-341.62"]]
-    assert "LIMIT 100" in sc["executedQuery"]
+    assert sc["executedQuery"].rstrip().endswith("LIMIT 101"), sc["executedQuery"]
     run, line = assert_recorded(c, "Escalate", "Succeeded", PRODUCTION_RULE, "QueryCompleted")
     assert any(x["type"] == "Approved" and x["status"] == "True"
                for x in run["status"]["conditions"]), run["status"]["conditions"]

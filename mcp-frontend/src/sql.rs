@@ -118,7 +118,9 @@ pub struct SqlOutput {
     pub reason: String,
     /// Terminal phase: Succeeded, Failed or Rejected.
     pub phase: Phase,
-    /// The query that was executed: the checked query as rewritten by the guard, with its LIMIT.
+    /// The query that was executed: the checked query as rewritten by the guard, with its LIMIT
+    /// (one row above the policy's cap when the cap applies: that row only tells whether rows
+    /// were left out, see `truncated`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "String")]
     pub executed_query: Option<String>,
@@ -483,7 +485,8 @@ mod tests {
         };
         let ok = call(Environment::Sandbox, "SELECT id, amount FROM ledger");
         assert_eq!(ok.verdict, Verdict::Allow, "{ok}");
-        assert!(ok.rewritten_query.unwrap().contains("LIMIT 1000"));
+        assert!(ok.rewritten_query.unwrap().ends_with("LIMIT 1001"));
+        assert_eq!(ok.max_rows, 1000);
         assert_eq!(
             call(Environment::Sandbox, "SELECT * FROM ledger").verdict,
             Verdict::Block
