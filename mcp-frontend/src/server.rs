@@ -474,6 +474,20 @@ fn progress_message(phase: Phase, run: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_while_awaiting_approval_names_the_run() {
+        let m = progress_message(Phase::AwaitingApproval, "run-x7k2q").unwrap();
+        // Clients match on the phase first, then find the run a person must approve.
+        assert!(m.starts_with("AwaitingApproval: run-x7k2q "), "{m}");
+        assert!(m.contains("spec.approval.approved"), "{m}");
+        assert!(
+            progress_message(Phase::Pending, "run-x")
+                .unwrap()
+                .starts_with("Pending: ")
+        );
+        assert_eq!(progress_message(Phase::Succeeded, "run-x"), None);
+    }
     use serde_json::json;
 
     fn obj(v: Value) -> JsonObject {
