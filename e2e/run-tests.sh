@@ -74,6 +74,9 @@ step "Prometheus on the node address for the metrics runs (operator.prometheus.u
 node_prom_output="$(SANDBOXRUN_PROM_LISTEN=10.244.0.1 SANDBOXRUN_PROM_PORT=59091 "$REPO_ROOT/e2e/prometheus/start.sh")"
 export SANDBOXRUN_E2E_PROMETHEUS_URL="${node_prom_output##*PROMETHEUS_URL=}"
 
+step "the operator's databases Secret: the test PostgreSQL, read-only role, at the node address"
+"$REPO_ROOT/e2e/postgres/databases-secret.sh" "$SANDBOXRUN_TEST_POSTGRES_URL"
+
 step "install sandboxrun with helm (e2e/install.sh), frontend on a NodePort with an API key"
 MCP_API_KEY="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 MCP_AGENT=e2e-agent
@@ -83,7 +86,8 @@ MCP_NODE_PORT=30080
   --set "frontend.apiKeys[0].agent=$MCP_AGENT" \
   --set "frontend.apiKeys[0].sha256=$(printf '%s' "$MCP_API_KEY" | sha256sum | cut -d' ' -f1)" \
   --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" \
-  --set frontend.enableMetrics=true --set "operator.prometheus.url=$SANDBOXRUN_E2E_PROMETHEUS_URL"
+  --set frontend.enableMetrics=true --set "operator.prometheus.url=$SANDBOXRUN_E2E_PROMETHEUS_URL" \
+  -f "$REPO_ROOT/e2e/values-governance.yaml"
 kubectl -n sandboxrun-system get pods -o wide
 
 step "end-to-end tests against the cluster"

@@ -47,7 +47,7 @@ fn analyst_column_query_in_sandbox_is_allowed_with_a_limit() {
     assert_eq!(d.rule, "analysts-sandbox");
     assert_eq!(
         d.rewritten_query.as_deref(),
-        Some("SELECT id, account, amount FROM ledger WHERE amount > 100 LIMIT 1000")
+        Some("SELECT id, account, amount FROM ledger WHERE amount > 100 LIMIT 1001")
     );
     assert_eq!(d.max_rows, 1000);
     assert_eq!(d.limits.timeout_seconds, 30);
@@ -102,7 +102,7 @@ fn production_escalates_unless_oncall() {
     assert_eq!(d.rule, "production-needs-approval");
     assert_eq!(
         d.rewritten_query.as_deref(),
-        Some("SELECT id FROM ledger LIMIT 1000")
+        Some("SELECT id FROM ledger LIMIT 1001")
     );
     let d = p.evaluate(&CallContext::new(
         "someone",

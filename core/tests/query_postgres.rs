@@ -445,3 +445,60 @@ async fn multiple_statements_are_refused() {
         .expect_err("refused");
     assert!(matches!(e, QueryError::Database { .. }), "{e:?}");
 }
+
+/// The whole path of a policy-checked query (as the operator runs it): the rule's cap lowers
+/// the LIMIT, at most the cap comes back, and the result says rows were left out.
+#[tokio::test]
+async fn policy_capped_query_on_a_million_rows_is_flagged_truncated() {
+    use sandboxrun_core::policy::Policy;
+    use sandboxrun_core::{CallContext, Environment, Tool, Verdict};
+    let Some(url) = postgres_url() else { return };
+    let policy = Policy::from_yaml(
+        r#"
+rules:
+  - name: big-reader
+    agents: ["*"]
+    tools: [sql]
+    environments: [sandbox]
+    verdict: allow
+    limits: {rows: 1000}
+    sql:
+      databases: [main]
+      tables: {big: {columns: [id, amount]}}
+      maxLimit: 5000
+"#,
+        "test",
+    )
+    .expect("policy");
+    let dbs = databases(&url, 1);
+    let run = |query: &str| {
+        let mut call =
+            CallContext::new("a", Tool::Sql, Environment::Sandbox).with_sql("main", query);
+        call.sql.as_mut().unwrap().dialect = SqlDialect::Postgres;
+        let d = policy.evaluate(&call);
+        assert_eq!(d.verdict, Verdict::Allow, "{d}");
+        let guarded = GuardedQuery {
+            sql: d.rewritten_query.clone().unwrap(),
+            tables: vec![],
+            columns: vec![],
+            limit: d.max_rows,
+        };
+        let limits = QueryLimits {
+            max_rows: d.max_rows,
+            ..limits()
+        };
+        let dbs = dbs.clone();
+        async move { dbs.execute("main", &guarded, limits).await.expect("rows") }
+    };
+    for query in [
+        "SELECT id, amount FROM big",
+        "SELECT id FROM big ORDER BY id LIMIT 500000",
+    ] {
+        let r = run(query).await;
+        assert_eq!((r.row_count, r.truncated), (1000, true), "{query}");
+    }
+    // A LIMIT below the cap is what the agent asked for: complete, not truncated.
+    let r = run("SELECT id FROM big ORDER BY id LIMIT 10").await;
+    assert_eq!((r.row_count, r.truncated), (10, false));
+    assert_eq!(r.rows.last().unwrap(), &vec![json!(10)]);
+}

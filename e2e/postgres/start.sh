@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL 15 for the execute_sql tests (core/tests/query_postgres.rs), from the
-# Debian packages: initdb + pg_ctl as the `postgres` OS user, listening on 127.0.0.1 only, on a
-# fixed non-default port, data under /tmp (never in the repository).
+# A throwaway PostgreSQL 15 for the execute_sql tests (core/tests/query_postgres.rs and, through
+# the operator in the test cluster, e2e/mcp/test_governance.py), from the Debian packages: initdb +
+# pg_ctl as the `postgres` OS user, on a fixed non-default port, data under /tmp (never in the
+# repository).
+#
+# Who may connect (pg_hba.conf): the superuser only over the Unix socket; over TCP only with a
+# password (scram-sha-256), from 127.0.0.1 and, for `sandboxrun_reader` on `sandboxrun_test` only,
+# from the test cluster's Pod network ($SANDBOXRUN_PG_CLUSTER_CIDR, default 10.244.0.0/24: the
+# operator Pod reaches the node at 10.244.0.1 on bridge sbr0). The server listens on all
+# addresses because the database may start before the cluster's bridge exists; pg_hba.conf
+# refuses every other client.
 #
 # It creates database `sandboxrun_test` with the demo schema (config/demo/demo.sql), a
 # 1,000,000-row table `big`, write probes (`probe_log`, `probe_seq`, `sandboxrun_write_probe()`)
@@ -17,7 +25,8 @@
 # e.g.  export "SANDBOXRUN_TEST_POSTGRES_URL=$(e2e/postgres/start.sh | tail -1 | cut -d= -f2-)"
 #
 # Environment: SANDBOXRUN_PG_PORT (default 55432), SANDBOXRUN_PG_DIR (default
-# /tmp/sandboxrun-postgres-<port>). Stop and delete with e2e/postgres/stop.sh.
+# /tmp/sandboxrun-postgres-<port>), SANDBOXRUN_PG_CLUSTER_CIDR (default 10.244.0.0/24). Stop and
+# delete with e2e/postgres/stop.sh.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PORT="${SANDBOXRUN_PG_PORT:-55432}"
@@ -27,6 +36,8 @@ SOCK="$BASE/socket"
 PGBIN=/usr/lib/postgresql/15/bin
 DB=sandboxrun_test
 ROLE=sandboxrun_reader
+CLUSTER_CIDR="${SANDBOXRUN_PG_CLUSTER_CIDR:-10.244.0.0/24}"
+LISTEN='*'
 
 log() { printf 'postgres: %s\n' "$*" >&2; }
 
@@ -63,10 +74,29 @@ if [[ ! -s $DATA/PG_VERSION ]]; then
     || { cat "$BASE/initdb.log" >&2; exit 1; }
 fi
 
-if ! as_pg "$PGBIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
-  log "starting on 127.0.0.1:$PORT"
-  as_pg "$PGBIN/pg_ctl" -D "$DATA" -l "$BASE/server.log" -w -t 60 \
-    -o "-c listen_addresses=127.0.0.1 -p $PORT -k $SOCK -c fsync=off -c full_page_writes=off" start >&2 \
+# The test cluster's Pods (the operator) may connect as the read-only role, with its password.
+HBA_CLUSTER="host $DB $ROLE $CLUSTER_CIDR scram-sha-256"
+hba_changed=0
+if ! grep -qxF "$HBA_CLUSTER" "$DATA/pg_hba.conf"; then
+  printf '# sandboxrun test cluster Pods (e2e/postgres/start.sh)\n%s\n' "$HBA_CLUSTER" \
+    | as_pg tee -a "$DATA/pg_hba.conf" >/dev/null
+  hba_changed=1
+fi
+
+pg_options="-c listen_addresses='$LISTEN' -p $PORT -k $SOCK -c fsync=off -c full_page_writes=off"
+if as_pg "$PGBIN/pg_ctl" -D "$DATA" status >/dev/null 2>&1; then
+  # Started by an older version of this script (listening on 127.0.0.1 only): restart it.
+  listening="$(psql_su -d postgres -tAc 'SHOW listen_addresses')"
+  if [[ $listening != "$LISTEN" ]]; then
+    log "restarting to listen on all addresses (was: $listening)"
+    as_pg "$PGBIN/pg_ctl" -D "$DATA" -l "$BASE/server.log" -w -t 60 -m fast \
+      -o "$pg_options" restart >&2 || { tail -20 "$BASE/server.log" >&2; exit 1; }
+  elif [[ $hba_changed == 1 ]]; then
+    as_pg "$PGBIN/pg_ctl" -D "$DATA" reload >&2
+  fi
+else
+  log "starting on port $PORT (TCP: 127.0.0.1 and $CLUSTER_CIDR, password only)"
+  as_pg "$PGBIN/pg_ctl" -D "$DATA" -l "$BASE/server.log" -w -t 60 -o "$pg_options" start >&2 \
     || { tail -20 "$BASE/server.log" >&2; exit 1; }
 fi
 

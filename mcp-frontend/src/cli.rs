@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sandboxrun_core::limits::{DEFAULT_TIMEOUT_SECONDS, MAX_TIMEOUT_SECONDS};
@@ -65,6 +66,13 @@ pub struct BackendArgs {
     /// gives up on the operator (kube backend).
     #[arg(long, default_value_t = 120)]
     pub kube_grace_seconds: u64,
+    /// How long an execute_sql call follows a run that policy escalated, while it awaits a
+    /// person's approval (kube backend): the call sends progress notifications, and returns the
+    /// final result when the run is approved or denied in time, else an "awaiting approval:
+    /// <run>" result. 0 (the default) returns that result at once. Seconds or a duration such
+    /// as 90s, 5m.
+    #[arg(long, env = "SANDBOXRUN_APPROVAL_WAIT", default_value = "0", value_parser = parse_wait)]
+    pub approval_wait: Duration,
     /// Largest timeoutSeconds a caller may request.
     #[arg(long, default_value_t = MAX_TIMEOUT_SECONDS)]
     pub max_timeout_seconds: u32,
@@ -149,6 +157,27 @@ pub struct HttpArgs {
     pub max_body_bytes: usize,
 }
 
+/// A duration of zero or more: bare seconds (`30`) or a friendly/ISO 8601 duration (`90s`, `5m`,
+/// `PT1M`), at most an hour (an MCP request held open longer than that is a mistake).
+fn parse_wait(s: &str) -> Result<Duration, String> {
+    const MAX: Duration = Duration::from_secs(3600);
+    let text = s.trim();
+    let d = match text.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => {
+            let signed = text
+                .parse::<jiff::SignedDuration>()
+                .map_err(|e| format!("{s:?} is not a duration (write 0, 30, 90s or 5m): {e}"))?;
+            Duration::try_from(signed)
+                .map_err(|_| format!("{s:?}: the duration must not be negative"))?
+        }
+    };
+    if d > MAX {
+        return Err(format!("{s:?}: the approval wait is at most 1h"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,5 +200,24 @@ mod tests {
         assert!(http.allowed_hosts.is_empty());
         assert!(!backend.enable_sql);
         assert_eq!(backend.policy_file, None);
+        assert_eq!(backend.approval_wait, Duration::ZERO);
+    }
+
+    #[test]
+    fn approval_wait_forms() {
+        for (arg, secs) in [("0", 0), ("45", 45), ("90s", 90), ("5m", 300), ("PT1M", 60)] {
+            let cli =
+                Cli::try_parse_from(["sandboxrun-mcp", "serve", "--approval-wait", arg]).unwrap();
+            let Command::Serve { backend, .. } = cli.command else {
+                panic!("serve expected")
+            };
+            assert_eq!(backend.approval_wait, Duration::from_secs(secs), "{arg}");
+        }
+        for bad in ["-5", "-5s", "soon", "", "2h"] {
+            assert!(
+                Cli::try_parse_from(["sandboxrun-mcp", "serve", "--approval-wait", bad]).is_err(),
+                "{bad}"
+            );
+        }
     }
 }

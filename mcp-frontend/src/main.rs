@@ -94,6 +94,7 @@ async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
             let kube = KubeBackend::connect(
                 args.namespace.clone(),
                 Duration::from_secs(args.kube_grace_seconds),
+                args.approval_wait,
             )
             .await
             .context("cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)")?;

@@ -223,14 +223,15 @@ impl SandboxRunServer {
             "run_python"
         );
         let (progress, forwarder) = progress_forwarder(&ctx);
-        let result = self
-            .shared
-            .backend
-            .run_python(req, progress, ctx.ct.clone())
-            .await;
-        // Progress notifications must precede the result: on Streamable HTTP the response
-        // closes the request's stream.
-        let _ = forwarder.await;
+        // Notifications go out while the run goes on; the forwarder ends once the backend has
+        // dropped the progress function, so they all precede the result (on Streamable HTTP
+        // the response closes the request's stream).
+        let (result, ()) = tokio::join!(
+            self.shared
+                .backend
+                .run_python(req, progress, ctx.ct.clone()),
+            forwarder
+        );
         let (verdict, phase) = match &result {
             Ok(output) => (Some(verdict_of(output.phase)), output.phase.as_str()),
             Err(BackendError::Cancelled) => (None, CANCELLED),
@@ -306,8 +307,12 @@ impl SandboxRunServer {
         };
         tracing::info!(agent = %agent, database = %args.database, "execute_sql");
         let (progress, forwarder) = progress_forwarder(&ctx);
-        let result = sql.execute(&agent, &args, progress, ctx.ct.clone()).await;
-        let _ = forwarder.await;
+        // While the run waits for an approval the notifications must reach the caller then,
+        // not with the result: the forwarder runs alongside (see run_python).
+        let (result, ()) = tokio::join!(
+            sql.execute(&agent, &args, progress, ctx.ct.clone()),
+            forwarder
+        );
         let output = match result {
             Ok(output) => output,
             Err(BackendError::Cancelled) => {
@@ -394,10 +399,11 @@ impl SandboxRunServer {
         };
         tracing::info!(agent = %agent, query = %args.query, "fetch_metrics");
         let (progress, forwarder) = progress_forwarder(&ctx);
-        let result = service
-            .fetch(&agent, &args, &query, progress, ctx.ct.clone())
-            .await;
-        let _ = forwarder.await;
+        // Notifications reach the caller while an escalated run waits (see run_python).
+        let (result, ()) = tokio::join!(
+            service.fetch(&agent, &args, &query, progress, ctx.ct.clone()),
+            forwarder
+        );
         let output = match result {
             Ok(output) => output,
             Err(BackendError::Cancelled) => {
@@ -582,25 +588,22 @@ fn progress_forwarder(
 ) -> (ProgressFn, impl Future<Output = ()> + use<>) {
     let token = ctx.meta.get_progress_token();
     let peer = ctx.peer.clone();
-    let (tx, mut rx) = mpsc::unbounded_channel::<Phase>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Phase, String)>();
     let progress: ProgressFn = if token.is_some() {
-        Arc::new(move |phase| {
-            let _ = tx.send(phase);
+        Arc::new(move |phase, run| {
+            let _ = tx.send((phase, run.to_owned()));
         })
     } else {
-        Arc::new(|_| {})
+        Arc::new(|_, _| {})
     };
     let forward = async move {
         let Some(token) = token else { return };
         let mut step = 0.0;
-        while let Some(phase) = rx.recv().await {
-            step += 1.0;
-            let message = match phase {
-                Phase::Pending => "Pending: preparing the sandbox",
-                Phase::Running => "Running: the code is executing",
-                Phase::AwaitingApproval => "AwaitingApproval: waiting for a person to approve",
-                _ => continue,
+        while let Some((phase, run)) = rx.recv().await {
+            let Some(message) = progress_message(phase, &run) else {
+                continue;
             };
+            step += 1.0;
             let param = ProgressNotificationParam::new(token.clone(), step).with_message(message);
             if let Err(e) = peer.notify_progress(param).await {
                 tracing::debug!(error = %e, "could not send progress notification");
@@ -610,9 +613,37 @@ fn progress_forwarder(
     (progress, forward)
 }
 
+/// The progress message of a phase: the phase first (clients may match on it), then what it
+/// means; an approval names the run a person has to approve.
+fn progress_message(phase: Phase, run: &str) -> Option<String> {
+    Some(match phase {
+        Phase::Pending => "Pending: preparing the sandbox".to_owned(),
+        Phase::Running => "Running: the code is executing".to_owned(),
+        Phase::AwaitingApproval => format!(
+            "AwaitingApproval: {run} waits for a person to approve it \
+             (spec.approval.approved: true approves, false denies)"
+        ),
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_while_awaiting_approval_names_the_run() {
+        let m = progress_message(Phase::AwaitingApproval, "run-x7k2q").unwrap();
+        // Clients match on the phase first, then find the run a person must approve.
+        assert!(m.starts_with("AwaitingApproval: run-x7k2q "), "{m}");
+        assert!(m.contains("spec.approval.approved"), "{m}");
+        assert!(
+            progress_message(Phase::Pending, "run-x")
+                .unwrap()
+                .starts_with("Pending: ")
+        );
+        assert_eq!(progress_message(Phase::Succeeded, "run-x"), None);
+    }
     use serde_json::json;
 
     fn obj(v: Value) -> JsonObject {

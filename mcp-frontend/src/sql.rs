@@ -10,7 +10,9 @@
 //! In cluster mode (`--backend kube`) each call becomes a SandboxRun with `spec.sql`; the
 //! operator, which alone holds the database credentials, judges it authoritatively, runs it and
 //! writes `status.result`, which [`from_status`] maps to the same output. A run that awaits
-//! approval is returned at once as an error result naming the run (`phase: AwaitingApproval`).
+//! approval comes back as an error result "awaiting approval: <run name>" (`phase:
+//! AwaitingApproval`): at once, or after `--approval-wait` when no person decided within it (the
+//! call sends progress notifications meanwhile and returns the final result when they do).
 //!
 //! ## The embedded default policy
 //!
@@ -124,7 +126,9 @@ pub struct SqlOutput {
     pub reason: String,
     /// Terminal phase: Succeeded, Failed or Rejected.
     pub phase: Phase,
-    /// The query that was executed: the checked query as rewritten by the guard, with its LIMIT.
+    /// The query that was executed: the checked query as rewritten by the guard, with its LIMIT
+    /// (one row above the policy's cap when the cap applies: that row only tells whether rows
+    /// were left out, see `truncated`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "String")]
     pub executed_query: Option<String>,
@@ -190,6 +194,15 @@ impl SqlOutput {
                 "the query was blocked by policy (verdict Block, rule {}) and nothing was \
                  executed: {}",
                 self.rule, self.reason
+            ),
+            // Cluster mode: a person denied the run, nobody approved it in time, or it ran
+            // after the approval and failed; the operator's message says which.
+            (phase, Verdict::Escalate) if self.message.is_some() => format!(
+                "policy rule {} escalated this query for a human approval ({}) and it ended \
+                 {phase}: {}",
+                self.rule,
+                self.reason,
+                self.message.as_deref().unwrap_or_default()
             ),
             (_, Verdict::Escalate) => format!(
                 "policy rule {} escalated this query for a human approval ({}); awaiting \
@@ -485,7 +498,8 @@ mod tests {
         };
         let ok = call(Environment::Sandbox, "SELECT id, amount FROM ledger");
         assert_eq!(ok.verdict, Verdict::Allow, "{ok}");
-        assert!(ok.rewritten_query.unwrap().contains("LIMIT 1000"));
+        assert!(ok.rewritten_query.unwrap().ends_with("LIMIT 1001"));
+        assert_eq!(ok.max_rows, 1000);
         assert_eq!(
             call(Environment::Sandbox, "SELECT * FROM ledger").verdict,
             Verdict::Block
@@ -664,6 +678,19 @@ mod tests {
             out.error_text()
                 .unwrap()
                 .contains("no databases are configured")
+        );
+
+        let denied = SandboxRunStatus {
+            phase: Some(Phase::Rejected),
+            decision: Some(decided(Verdict::Escalate)),
+            reason: Some("ApprovalDenied".into()),
+            message: Some("a person denied it (spec.approval.approved: false)".into()),
+            ..Default::default()
+        };
+        let text = from_status("run-4", &denied).unwrap().error_text().unwrap();
+        assert!(
+            text.contains("ended Rejected: a person denied it") && !text.contains("cluster mode"),
+            "{text}"
         );
     }
 

@@ -1,40 +1,25 @@
-//! The audit trail: one JSON log line (tracing target `audit`) per policy decision, per approval
-//! and per terminal phase of a run. With the operator's JSON logs each line reads
-//! `{"timestamp":…,"level":"INFO","fields":{"message":"audit","event":"decision",
-//! "run":…,"namespace":…,"agent":…,"tool":…,"environment":…,"verdict":…,"rule":…,"reason":…,
-//! "phase":…,"phase_reason":…,"duration_ms":…},"target":"audit"}`; keep `audit=info` in
-//! `RUST_LOG` to keep them.
+//! The audit trail: exactly one JSON log line (tracing target `audit`) per call, written when the
+//! run reaches its terminal phase, so the line holds everything decided about the call: who
+//! asked for what (agent, tool, environment), what policy decided (verdict, rule, reason),
+//! whether a person approved it, how it ended (phase, phase reason) and how long it took from
+//! creation. With the operator's JSON logs each line reads
+//! `{"timestamp":…,"level":"INFO","fields":{"message":"audit","run":…,"namespace":…,"agent":…,
+//! "tool":…,"environment":…,"verdict":…,"rule":…,"reason":…,"approved":…,"phase":…,
+//! "phase_reason":…,"duration_ms":…},"target":"audit"}`; keep `audit=info` in `RUST_LOG`.
+//!
+//! The steps in between (decision, approval) are Kubernetes Events on the run and ordinary log
+//! lines; a run still awaiting approval has no audit line yet (it ends Rejected at the approval
+//! timeout at the latest).
 
 use jiff::Timestamp;
 use kube::ResourceExt;
-use sandboxrun_api::{Decision, SandboxRun};
+use sandboxrun_api::{SandboxRun, SandboxRunStatus};
 use sandboxrun_core::{Phase, Tool};
 
-use crate::gate::{environment_word, verdict_word};
+use crate::gate::{CONDITION_APPROVED, environment_word, verdict_word};
 
 /// The tracing target of audit lines.
 pub const TARGET: &str = "audit";
-
-/// What an audit line records.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AuditEvent {
-    /// Policy judged the run.
-    Decision,
-    /// A person approved an escalated run.
-    Approved,
-    /// The run reached a terminal phase.
-    Finished,
-}
-
-impl AuditEvent {
-    fn as_str(self) -> &'static str {
-        match self {
-            AuditEvent::Decision => "decision",
-            AuditEvent::Approved => "approved",
-            AuditEvent::Finished => "finished",
-        }
-    }
-}
 
 /// Milliseconds from the run's creation to `now` (0 when unknown).
 pub fn age_millis(run: &SandboxRun, now: Timestamp) -> i64 {
@@ -44,19 +29,27 @@ pub fn age_millis(run: &SandboxRun, now: Timestamp) -> i64 {
         .map_or(0, |c| now.duration_since(c.0).as_millis().max(0) as i64)
 }
 
-/// Writes one audit line about `run`.
+/// Whether a person approved the run (its `Approved` condition is True).
+pub fn approved(status: &SandboxRunStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_APPROVED && c.status == "True")
+}
+
+/// Writes the audit line of `run`, which ended in `phase` (reason `phase_reason`) with the
+/// terminal `status`.
 pub fn record(
-    event: AuditEvent,
     run: &SandboxRun,
     tool: Option<Tool>,
-    decision: Option<&Decision>,
-    phase: Option<Phase>,
+    status: &SandboxRunStatus,
+    phase: Phase,
     phase_reason: &str,
     now: Timestamp,
 ) {
+    let decision = status.decision.as_ref();
     tracing::info!(
         target: TARGET,
-        event = event.as_str(),
         run = %run.name_any(),
         namespace = %run.namespace().unwrap_or_default(),
         agent = %run.spec.agent,
@@ -65,7 +58,8 @@ pub fn record(
         verdict = decision.map_or("", |d| verdict_word(d.verdict)),
         rule = decision.map_or("", |d| d.rule.as_str()),
         reason = decision.map_or("", |d| d.reason.as_str()),
-        phase = phase.map_or("", Phase::as_str),
+        approved = approved(status),
+        phase = phase.as_str(),
         phase_reason,
         duration_ms = age_millis(run, now),
         "audit"

@@ -20,7 +20,7 @@ use sandboxrun_core::{Databases, Phase, PolicyStore, Tool, Verdict};
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::audit::{self, AuditEvent};
+use crate::audit;
 use crate::events::Events;
 use crate::gate::{self, Gate};
 use crate::metrics::Metrics;
@@ -222,15 +222,6 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
             let decision = ctx.decide(run, tool);
             let record = gate::recorded(&decision);
             info!(run = %name, namespace = %ns, decision = %decision, "policy decision");
-            audit::record(
-                AuditEvent::Decision,
-                run,
-                Some(tool),
-                Some(&record),
-                None,
-                "",
-                now,
-            );
             ctx.events.decided(run, &record).await;
             if record.verdict == Verdict::Allow {
                 // Recorded before anything executes; Block and Escalate record it with their
@@ -293,15 +284,7 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
                 if newly_approved {
                     gate::mark_approved(&mut prev, generation, now);
                     apply_status(&runs, &name, &prev).await?;
-                    audit::record(
-                        AuditEvent::Approved,
-                        run,
-                        Some(tool),
-                        Some(&decision),
-                        prev.phase,
-                        "Approved",
-                        now,
-                    );
+                    info!(run = %name, namespace = %ns, "run approved");
                     ctx.events.approved(run).await;
                 }
             }
@@ -554,15 +537,8 @@ async fn finish_with_status(
     // The status first: the Pod (and its log) must outlive the only record of the result.
     apply_status(runs, &name, &status).await?;
     info!(run = %name, phase = %outcome.phase, reason = %outcome.reason, "run finished");
-    audit::record(
-        AuditEvent::Finished,
-        run,
-        tool,
-        status.decision.as_ref(),
-        Some(outcome.phase),
-        &outcome.reason,
-        now,
-    );
+    // The call's one audit line: the run is terminal from here on.
+    audit::record(run, tool, &status, outcome.phase, &outcome.reason, now);
     ctx.metrics.entered(outcome.phase);
     ctx.metrics.finished_call(
         tool,

@@ -204,9 +204,11 @@ pub struct Decision {
     pub reason: String,
     /// The limits the run gets: the requested ones, lowered to the rule's ceilings.
     pub limits: limits::Limits,
-    /// The row cap of the run (for `sql`: the query's LIMIT never exceeds it).
+    /// The row cap of the run. For `sql`: the most rows the result keeps (the rule's cap, or the
+    /// smaller LIMIT the query asked for).
     pub max_rows: u64,
-    /// For an allowed or escalated `sql` call: the checked query to execute, with its LIMIT.
+    /// For an allowed or escalated `sql` call: the checked query to execute, with its LIMIT at
+    /// most one row above `max_rows` (that row, when it exists, marks the result truncated).
     pub rewritten_query: Option<String>,
 }
 
@@ -400,8 +402,22 @@ impl Policy {
             } else {
                 sql_rules
             };
-            match sql::guard(&request.query, request.dialect, effective_rules) {
-                Ok(guarded) => decision.rewritten_query = Some(guarded.sql),
+            if let Err(violation) = sql::guard(&request.query, request.dialect, effective_rules) {
+                return block(violation.message_for_rule(&rule.name));
+            }
+            // The query runs with a LIMIT one row above the cap and the executor keeps at most
+            // `max_rows` (the cap, or the smaller LIMIT asked for): a result cut off at the cap
+            // is then flagged `truncated` instead of looking complete. (Checked above with the
+            // cap itself, so that the guard's messages name the real cap.)
+            let probe = SqlRules {
+                max_limit: effective_rules.max_limit.saturating_add(1),
+                ..effective_rules.clone()
+            };
+            match sql::guard(&request.query, request.dialect, &probe) {
+                Ok(guarded) => {
+                    decision.max_rows = guarded.limit.min(effective_rules.max_limit);
+                    decision.rewritten_query = Some(guarded.sql);
+                }
                 Err(violation) => return block(violation.message_for_rule(&rule.name)),
             }
         }

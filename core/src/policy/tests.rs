@@ -72,8 +72,18 @@ fn sql_limit_never_exceeds_the_row_ceiling() {
     assert_eq!(d.verdict, Verdict::Allow, "{}", d.reason);
     assert_eq!(
         d.rewritten_query.as_deref(),
-        Some("SELECT id, amount FROM ledger LIMIT 50")
+        Some("SELECT id, amount FROM ledger LIMIT 51")
     );
+    // At most 50 rows are kept; a 51st marks the result truncated.
+    assert_eq!(d.max_rows, 50);
+    let call = CallContext::new("analyst-01", Tool::Sql, Environment::Sandbox)
+        .with_sql("demo", "SELECT id, amount FROM ledger LIMIT 7");
+    let d = small().evaluate(&call);
+    assert_eq!(
+        d.rewritten_query.as_deref(),
+        Some("SELECT id, amount FROM ledger LIMIT 7")
+    );
+    assert_eq!(d.max_rows, 7);
 }
 
 #[test]

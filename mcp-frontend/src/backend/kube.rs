@@ -1,7 +1,18 @@
 //! The cluster backend: each call becomes a SandboxRun that the operator executes in a gVisor
 //! Pod. The frontend creates it, follows that one object with a watch (no polling) until its
 //! phase is terminal, and deletes it when the caller goes away.
+//!
+//! A run that policy escalated waits in `AwaitingApproval` for a person. With an approval wait of
+//! zero (the default) the call returns at once with an "awaiting approval: <run>" result; with a
+//! positive wait the call keeps following the run for that long, sending a progress
+//! notification (naming the run) when the wait starts and every [`APPROVAL_PROGRESS_INTERVAL`],
+//! and returns the final result when a person decides in time, else the "awaiting approval"
+//! result. Either way the run stays for the person to decide: once it awaits approval, a caller
+//! that goes away no longer deletes it (it is in a person's hands and on the audit trail, and
+//! ends Rejected at the operator's approval timeout at the latest).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt, future::BoxFuture};
@@ -22,6 +33,10 @@ use crate::sql::{self, ExecuteSqlArgs, SqlOutput};
 /// Label on every SandboxRun this frontend creates, so operators can tell them apart.
 const CREATED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/created-by", "sandboxrun-mcp");
 
+/// How often a call waiting for an approval repeats its progress notification: clients that
+/// reset their request timeout on progress keep waiting, and a person watching sees it is alive.
+pub const APPROVAL_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Creates SandboxRuns in one namespace and waits for their results.
 #[derive(Clone)]
 pub struct KubeBackend {
@@ -30,16 +45,25 @@ pub struct KubeBackend {
     /// Time allowed on top of a run's own timeout for scheduling, image start and result
     /// collection before the frontend gives up on the operator.
     grace: Duration,
+    /// How long a call follows a run that awaits approval before it returns the "awaiting
+    /// approval" result (zero: return at once).
+    approval_wait: Duration,
 }
 
 impl KubeBackend {
     /// Connects with the ambient configuration (KUBECONFIG, or the in-cluster service account).
-    pub async fn connect(namespace: String, grace: Duration) -> anyhow::Result<Self> {
+    /// `approval_wait` is how long a call follows a run awaiting approval (zero: not at all).
+    pub async fn connect(
+        namespace: String,
+        grace: Duration,
+        approval_wait: Duration,
+    ) -> anyhow::Result<Self> {
         let client = Client::try_default().await?;
         Ok(Self {
             api: Api::namespaced(client, &namespace),
             namespace,
             grace,
+            approval_wait,
         })
     }
 
@@ -96,7 +120,8 @@ impl KubeBackend {
     }
 
     /// Runs an `execute_sql` call as a SandboxRun. The call returns when the run is terminal,
-    /// or as soon as it awaits a person's approval (the result then lands in the run's status).
+    /// or when it awaits a person's approval and the approval wait is over (at once by default;
+    /// the result then lands in the run's status).
     pub async fn execute_sql(
         &self,
         agent: &str,
@@ -174,14 +199,18 @@ impl KubeBackend {
             })?;
         let name = created.name_any();
         tracing::info!(run = %name, agent = %agent, "created SandboxRun");
-        progress(Phase::Pending);
+        progress(Phase::Pending, &name);
         // From here on the run exists: whatever ends this future (cancellation, a dropped
-        // request, a shutdown) deletes it unless a result was read.
-        let mut guard = DeleteOnDrop::new(self.api.clone(), name.clone());
-        let deadline = Duration::from_secs(u64::from(timeout_seconds)) + self.grace;
+        // request, a shutdown) deletes it unless a result was read or it awaits approval.
+        let guard = DeleteOnDrop::new(self.api.clone(), name.clone());
+        let armed = guard.armed.clone();
+        let keep = move || armed.store(false, Ordering::Relaxed);
+        // An approval may come at the end of the wait; the run then still needs its own time.
+        let deadline =
+            Duration::from_secs(u64::from(timeout_seconds)) + self.grace + self.approval_wait;
 
         let result = tokio::select! {
-            r = self.follow(&name, &progress, &read) => r,
+            r = self.follow(&name, &progress, &keep, &read) => r,
             () = cancel.cancelled() => Err(BackendError::Cancelled),
             () = tokio::time::sleep(deadline) => Err(BackendError::Unavailable(format!(
                 "SandboxRun {name} did not finish within {}s; check that the sandboxrun operator \
@@ -194,18 +223,41 @@ impl KubeBackend {
         result
     }
 
-    /// Watches the named SandboxRun until `read` returns a result.
+    /// Watches the named SandboxRun until `read` returns a result. A result read while the run
+    /// awaits approval is returned at once when the approval wait is zero; otherwise the watch
+    /// goes on (with progress) until the run moves on or the wait is over, and only then is the
+    /// awaiting result returned. `keep` is called once the run awaits approval: from then on
+    /// the run must outlive the call.
     async fn follow<T>(
         &self,
         name: &str,
         progress: &ProgressFn,
+        keep: &(dyn Fn() + Send + Sync),
         read: &impl Fn(&str, &SandboxRunStatus) -> Option<T>,
     ) -> Result<T, BackendError> {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
         let mut reported_running = false;
         let mut seen = false;
-        while let Some(event) = events.next().await {
+        // The result to return when the approval wait is over, while the run awaits approval.
+        let mut awaiting: Option<T> = None;
+        let wait_over = tokio::time::sleep(self.approval_wait);
+        tokio::pin!(wait_over);
+        let mut heartbeat = tokio::time::interval(APPROVAL_PROGRESS_INTERVAL);
+        loop {
+            let event = tokio::select! {
+                event = events.next() => event,
+                () = &mut wait_over, if awaiting.is_some() => {
+                    tracing::info!(run = %name, wait_seconds = self.approval_wait.as_secs(),
+                        "no approval decision within the approval wait; returning");
+                    return awaiting.take().ok_or_else(|| deleted(name));
+                }
+                _ = heartbeat.tick(), if awaiting.is_some() => {
+                    progress(Phase::AwaitingApproval, name);
+                    continue;
+                }
+            };
+            let Some(event) = event else { break };
             let run = match event {
                 Ok(watcher::Event::Apply(run) | watcher::Event::InitApply(run)) => run,
                 Ok(watcher::Event::Delete(_)) => return Err(deleted(name)),
@@ -221,12 +273,34 @@ impl KubeBackend {
             let Some(status) = run.status.as_ref() else {
                 continue;
             };
+            if status.phase == Some(Phase::AwaitingApproval) {
+                let Some(output) = read(name, status) else {
+                    continue;
+                };
+                keep();
+                if self.approval_wait.is_zero() {
+                    return Ok(output);
+                }
+                if awaiting.is_none() {
+                    tracing::info!(run = %name, wait_seconds = self.approval_wait.as_secs(),
+                        "run awaits approval; waiting for a decision");
+                    wait_over
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + self.approval_wait);
+                    // The first tick is immediate: the progress notification goes out now.
+                    heartbeat.reset_immediately();
+                }
+                awaiting = Some(output);
+                continue;
+            }
+            // Approved (or decided otherwise): the approval wait no longer applies.
+            awaiting = None;
             if let Some(output) = read(name, status) {
                 return Ok(output);
             }
             if status.phase == Some(Phase::Running) && !reported_running {
                 reported_running = true;
-                progress(Phase::Running);
+                progress(Phase::Running, name);
             }
         }
         Err(BackendError::Unavailable(format!(
@@ -275,7 +349,8 @@ impl Backend for KubeBackend {
 struct DeleteOnDrop {
     api: Api<SandboxRun>,
     name: String,
-    armed: bool,
+    /// Shared so that the watch can disarm the guard while the call still runs.
+    armed: Arc<AtomicBool>,
 }
 
 impl DeleteOnDrop {
@@ -283,18 +358,18 @@ impl DeleteOnDrop {
         Self {
             api,
             name,
-            armed: true,
+            armed: Arc::new(AtomicBool::new(true)),
         }
     }
 
-    fn disarm(&mut self) {
-        self.armed = false;
+    fn disarm(&self) {
+        self.armed.store(false, Ordering::Relaxed);
     }
 }
 
 impl Drop for DeleteOnDrop {
     fn drop(&mut self) {
-        if !self.armed {
+        if !self.armed.load(Ordering::Relaxed) {
             return;
         }
         let (api, name) = (self.api.clone(), std::mem::take(&mut self.name));

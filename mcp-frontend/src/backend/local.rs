@@ -64,8 +64,8 @@ impl LocalBackend {
         cancel: CancellationToken,
     ) -> Result<RunOutput, BackendError> {
         let run_name = format!("local-{}", uuid::Uuid::new_v4().simple());
-        progress(Phase::Pending);
-        progress(Phase::Running);
+        progress(Phase::Pending, &run_name);
+        progress(Phase::Running, &run_name);
         tracing::info!(run = %run_name, agent = %req.agent, "starting local sandbox");
         // Dropping the driver's future kills the sandbox, so losing the race to `cancel`
         // leaves nothing running.

@@ -25,9 +25,11 @@ pub struct RunRequest {
     pub limits: Limits,
 }
 
-/// Receives the non-terminal phases a run passes through (Pending, Running), so the tool can
-/// turn them into MCP progress notifications. Called at most once per phase, in order.
-pub type ProgressFn = Arc<dyn Fn(Phase) + Send + Sync>;
+/// Receives the non-terminal phases a run passes through (Pending, Running, and
+/// AwaitingApproval while a call waits for a person) with the run's name, so the tool can turn
+/// them into MCP progress notifications. Pending and Running are reported at most once each, in
+/// order; AwaitingApproval repeats while the wait lasts.
+pub type ProgressFn = Arc<dyn Fn(Phase, &str) + Send + Sync>;
 
 /// Why a backend could not produce a result. A result with a failed phase (non-zero exit,
 /// timeout, rejection) is not an error: it is a [`RunOutput`].
