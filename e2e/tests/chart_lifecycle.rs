@@ -148,6 +148,13 @@ async fn upgrade_with_a_new_policy_keeps_in_flight_runs_and_applies_to_new_ones(
     rules.extend(original.as_array().cloned().unwrap_or_default());
     upgrade_rules(&Value::Array(rules))?;
     let result = async {
+        // It really was in flight: still running once the upgrade is done.
+        let now = runs(&client).get(&long).await?;
+        ensure!(
+            run_phase(&now) == Some(Phase::Running),
+            "the long run was no longer running after the upgrade: {:?}",
+            now.status
+        );
         // New runs of the agent are rejected by the new rule, once the operator has it.
         let deadline = Instant::now() + POLICY_PROPAGATION;
         loop {
@@ -205,38 +212,31 @@ async fn uninstall_leaves_no_sandbox_pods_behind() -> Result<()> {
     run_helm(&["uninstall", RELEASE, "--wait", "--timeout", "3m"])?;
 
     // The chart owned the sandbox namespace: deleting it takes every SandboxRun and Pod with it.
+    // The release's own Pods (operator, frontend) may take their grace period to go.
     let all_pods: Api<Pod> = Api::all(client.clone());
     let sandbox_pods =
         ListParams::default().labels("app.kubernetes.io/managed-by=sandboxrun-operator");
+    let release_pods = ListParams::default().labels("app.kubernetes.io/instance=sandboxrun");
     let namespaces: Api<Namespace> = Api::all(client.clone());
+    let names = |pods: Vec<Pod>| -> Vec<String> {
+        pods.iter()
+            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
+            .collect()
+    };
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let left: Vec<String> = all_pods
-            .list(&sandbox_pods)
-            .await?
-            .items
-            .iter()
-            .map(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()))
-            .collect();
+        let sandboxes = names(all_pods.list(&sandbox_pods).await?.items);
+        let release = names(all_pods.list(&release_pods).await?.items);
         let ns_left = namespaces.get_opt(RUNS_NAMESPACE).await?.is_some();
-        if left.is_empty() && !ns_left {
-            break;
+        if sandboxes.is_empty() && release.is_empty() && !ns_left {
+            return Ok(());
         }
         if Instant::now() > deadline {
             bail!(
-                "after helm uninstall: sandbox Pods {left:?}, namespace {RUNS_NAMESPACE} still there: {ns_left}"
+                "after helm uninstall: sandbox Pods {sandboxes:?}, release Pods {release:?}, \
+                 namespace {RUNS_NAMESPACE} still there: {ns_left}"
             );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let operators: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
-    let left = operators
-        .list(&ListParams::default().labels("app.kubernetes.io/instance=sandboxrun"))
-        .await?;
-    ensure!(
-        left.items.is_empty(),
-        "release Pods left: {:?}",
-        left.items.iter().map(|p| p.name_any()).collect::<Vec<_>>()
-    );
-    Ok(())
 }
