@@ -56,7 +56,9 @@ fn run_helm(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `helm upgrade --reuse-values` of the installed chart with `policy.rules` replaced.
+/// `helm upgrade` of the installed release with `policy.rules` replaced. The chart's defaults
+/// plus the release's own values (image tags, frontend keys), not `--reuse-values`: that one
+/// drops defaults the chart has gained since the release was installed.
 fn upgrade_rules(rules: &Value) -> Result<()> {
     let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/sandboxrun");
     let set = format!("policy.rules={rules}");
@@ -64,7 +66,7 @@ fn upgrade_rules(rules: &Value) -> Result<()> {
         "upgrade",
         RELEASE,
         chart,
-        "--reuse-values",
+        "--reset-then-reuse-values",
         "--set-json",
         &set,
         "--wait",
