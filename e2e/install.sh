@@ -37,4 +37,13 @@ helm_args=(--namespace "$RELEASE_NAMESPACE" --create-namespace --wait --timeout 
 log "helm upgrade --install $RELEASE charts/sandboxrun ${helm_args[*]} $*"
 helm upgrade --install "$RELEASE" charts/sandboxrun "${helm_args[@]}" "$@" >&2
 kubectl -n "$RELEASE_NAMESPACE" rollout status deployment --timeout=120s >&2
+# A new ResourceQuota refuses every create in its namespace ("status unknown for quota") until the
+# quota controller has filled in its status, about a second later: wait, so the first run passes.
+for _ in $(seq 60); do
+  pending="$(kubectl get resourcequota -A -l "app.kubernetes.io/instance=$RELEASE" \
+    -o go-template='{{range .items}}{{if not .status.hard}}{{.metadata.name}} {{end}}{{end}}')"
+  [[ -z $pending ]] && break
+  sleep 0.5
+done
+[[ -z $pending ]] || die "ResourceQuota without status after 30 s: $pending"
 log "sandboxrun installed in $RELEASE_NAMESPACE (runs go to the chart's sandbox namespace)"

@@ -24,6 +24,9 @@ step "checks: cargo fmt, cargo clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "Helm chart: helm lint, helm template validated against the Kubernetes schemas (e2e/chart/validate.sh)"
+"$REPO_ROOT/e2e/chart/validate.sh"
+
 step "PostgreSQL for the execute_sql tests: e2e/postgres/start.sh"
 stop_postgres() { "$REPO_ROOT/e2e/postgres/stop.sh" >/dev/null 2>&1 || true; }
 trap stop_postgres EXIT
@@ -99,3 +102,10 @@ MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AG
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
   "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" -m pytest -q -p no:cacheprovider \
   "$REPO_ROOT/e2e/mcp"
+
+step "the chart's lifecycle: helm upgrade with a new policy keeps in-flight runs; helm uninstall (last)"
+# Run one at a time and in this order: the second one removes the release.
+for t in upgrade_with_a_new_policy_keeps_in_flight_runs_and_applies_to_new_ones \
+  uninstall_leaves_no_sandbox_pods_behind; do
+  cargo test -p sandboxrun-e2e --locked --test chart_lifecycle -- --ignored --exact "$t"
+done

@@ -2,6 +2,7 @@
 //! same suite runs against the local harness (`e2e/cluster/up.sh`), kind, or any other cluster.
 
 pub mod governance;
+pub mod identity;
 pub mod runs;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -23,3 +23,28 @@ app.kubernetes.io/component: operator
 {{- define "sandboxrun.policy" -}}
 {{- printf "%s-policy" .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
+
+{{/* Name of the frontend's objects. */}}
+{{- define "sandboxrun.frontend" -}}
+{{- printf "%s-mcp" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector of the frontend Pods. */}}
+{{- define "sandboxrun.frontendSelector" -}}
+app.kubernetes.io/name: sandboxrun
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: frontend
+{{- end -}}
+
+{{/* Combinations of values that cannot work, refused before anything is applied. */}}
+{{- define "sandboxrun.validate" -}}
+{{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.leaderElection) }}
+{{- fail "operator.replicas > 1 needs operator.leaderElection=true: two operators without a Lease would both create sandbox Pods" }}
+{{- end }}
+{{- if and .Values.ingress.enabled (not .Values.frontend.enabled) }}
+{{- fail "ingress.enabled needs frontend.enabled=true: the Ingress routes to the frontend Service" }}
+{{- end }}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
+{{- fail "ingress.enabled needs at least one host in ingress.hosts (e.g. mcp.example.com)" }}
+{{- end }}
+{{- end -}}
