@@ -29,9 +29,15 @@ stop_postgres() { "$REPO_ROOT/e2e/postgres/stop.sh" >/dev/null 2>&1 || true; }
 trap stop_postgres EXIT
 pg_output="$("$REPO_ROOT/e2e/postgres/start.sh")"
 export SANDBOXRUN_TEST_POSTGRES_URL="${pg_output##*DATABASE_URL=}"   # the last line is DATABASE_URL=<url>
+# A writable database for the agent's thread store tests.
+SANDBOXRUN_TEST_POSTGRES_STATE_URL="$(sed -n 's/^STATE_DATABASE_URL=//p' <<<"$pg_output")"
+export SANDBOXRUN_TEST_POSTGRES_STATE_URL
 export SANDBOXRUN_REQUIRE_POSTGRES=1
 
 step "unit and integration tests (no cluster)"
+# The agent's tests start the embedded server next to the agent binary (target/debug): build it
+# first (cargo test builds only the binaries of the package under test).
+cargo build --locked -p sandboxrun-mcp
 cargo test --workspace --locked --exclude sandboxrun-e2e
 
 step "MCP client compatibility: the official Python SDK and the MCP Inspector vs sandboxrun-mcp"
