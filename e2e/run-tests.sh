@@ -77,8 +77,11 @@ MCP_NODE_PORT=30080
 kubectl -n sandboxrun-system get pods -o wide
 
 step "end-to-end tests against the cluster"
+# tests/agent.rs runs the agent binary against the frontend's NodePort.
+cargo build --locked -p sandboxrun-agent
 # Two at a time: each test starts Pods, and the machine has two cores.
-cargo test -p sandboxrun-e2e --locked -- --test-threads=2
+MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
+  cargo test -p sandboxrun-e2e --locked -- --test-threads=2
 
 step "the frontend in the cluster, through its NodePort, with the official Python MCP SDK"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
