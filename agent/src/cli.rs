@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
 /// Environment variable holding the API key sent to a remote MCP server (`--url`).
 pub const API_KEY_ENV: &str = "SANDBOXRUN_API_KEY";
@@ -29,22 +30,12 @@ pub struct Cli {
 
     /// The MCP server to start for embedded mode (run as `SERVER stdio [SERVER_ARG...]`).
     /// Default: `sandboxrun-mcp` next to this binary, else on PATH.
-    #[arg(
-        long,
-        env = "SANDBOXRUN_MCP_BIN",
-        value_name = "PATH",
-        conflicts_with = "url"
-    )]
+    #[arg(long, env = "SANDBOXRUN_MCP_BIN", value_name = "PATH")]
     pub server: Option<PathBuf>,
 
     /// An extra argument for the embedded server, after `stdio` (repeatable), e.g.
     /// `--server-arg=--enable-sql`.
-    #[arg(
-        long = "server-arg",
-        value_name = "ARG",
-        allow_hyphen_values = true,
-        conflicts_with = "url"
-    )]
+    #[arg(long = "server-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
 
     /// Chat model to use.
@@ -77,6 +68,42 @@ pub struct Cli {
 }
 
 impl Cli {
+    /// Parses the command line and settles remote against embedded mode. Clap's own
+    /// `conflicts_with` would also count values from the environment, so a
+    /// `SANDBOXRUN_MCP_BIN` in a profile would forbid `--url`: here the command line wins over
+    /// the environment, and only flags given together on the command line conflict.
+    pub fn parse_settled() -> Self {
+        Self::try_parse_settled(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    }
+
+    /// [`Cli::parse_settled`] on the given arguments.
+    pub fn try_parse_settled<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut command = Self::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        let mut cli = Self::from_arg_matches(&matches)?;
+        let on_command_line = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
+        let url_given = on_command_line("url");
+        let embedded_given = on_command_line("server") || !cli.server_args.is_empty();
+        if url_given && embedded_given {
+            return Err(command.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--url connects to a running server; --server and --server-arg are for the \
+                 embedded one: use one or the other",
+            ));
+        }
+        if url_given {
+            cli.server = None;
+        } else if embedded_given {
+            // $SANDBOXRUN_MCP_URL gives way to an embedded server asked for explicitly.
+            cli.url = None;
+        }
+        Ok(cli)
+    }
+
     /// The question as one string.
     pub fn question(&self) -> String {
         self.question.join(" ")
@@ -86,7 +113,6 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     #[test]
     fn cli_is_consistent() {
@@ -114,7 +140,7 @@ mod tests {
     #[test]
     fn url_excludes_the_embedded_server() {
         assert!(
-            Cli::try_parse_from([
+            Cli::try_parse_settled([
                 "sandboxrun-agent",
                 "--url",
                 "http://x/mcp",
@@ -124,6 +150,18 @@ mod tests {
             ])
             .is_err()
         );
+        assert!(
+            Cli::try_parse_settled([
+                "sandboxrun-agent",
+                "--url",
+                "http://x/mcp",
+                "--server-arg=--enable-sql",
+                "q"
+            ])
+            .is_err()
+        );
+        let cli = Cli::try_parse_settled(["sandboxrun-agent", "--url", "http://x/mcp", "q"]);
+        assert_eq!(cli.unwrap().url.as_deref(), Some("http://x/mcp"));
         assert!(Cli::try_parse_from(["sandboxrun-agent", "--max-steps", "0", "q"]).is_err());
     }
 }

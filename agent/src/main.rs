@@ -14,8 +14,6 @@ mod transcript;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
-
 use crate::agent::{Conversation, RunOptions, StopReason};
 use crate::cli::{API_KEY_ENV, Cli};
 use crate::error::AgentError;
@@ -33,7 +31,7 @@ const EXIT_INTERRUPTED: u8 = 130;
 fn main() -> ExitCode {
     // One rustls crypto provider for the whole tree (ring); reqwest is built without one.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = Cli::parse();
+    let cli = Cli::parse_settled();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(

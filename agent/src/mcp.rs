@@ -131,11 +131,14 @@ impl Session {
                 }
                 let transport = StreamableHttpClientTransport::from_config(config);
                 info.serve(transport).await.map_err(|e| {
-                    let mut text = causes(&e);
+                    let mut text = tidy_transport_error(causes(&e));
                     if e.auth_challenge().is_some() || text.contains("401") {
                         text.push_str(&format!(
                             "; the server wants an API key it accepts in ${API_KEY_ENV}"
                         ));
+                    } else if is_connect_error(&e) || text.contains("error sending request") {
+                        // rmcp keeps only the text of reqwest's error, not its source chain.
+                        text.push_str("; check --url and that the server is up");
                     }
                     text
                 })
@@ -233,6 +236,32 @@ impl StderrTail {
     }
 }
 
+/// rmcp's transport errors name the transport's full Rust type; keep what a user can act on.
+fn tidy_transport_error(mut text: String) -> String {
+    if let (Some(start), Some(end)) = (text.find("Transport ["), text.find("] error: "))
+        && start < end
+    {
+        text.replace_range(start..end + "] error: ".len(), "");
+    }
+    text.replace("Send message error ", "")
+        .replace(", when send initialize request", " (initialize request)")
+}
+
+/// Whether the connection itself failed (nothing listening, DNS, unreachable network).
+fn is_connect_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(e);
+    while let Some(err) = current {
+        if err
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(reqwest::Error::is_connect)
+        {
+            return true;
+        }
+        current = err.source();
+    }
+    false
+}
+
 fn spawn_error(program: &Path, e: &std::io::Error) -> AgentError {
     let hint = if e.kind() == std::io::ErrorKind::NotFound {
         "; build it (cargo build -p sandboxrun-mcp), put it on PATH or pass --server PATH, or use \
@@ -312,6 +341,19 @@ mod tests {
         assert_eq!(
             outcome(&empty).text,
             "error: (the tool returned no content)"
+        );
+    }
+
+    #[test]
+    fn transport_type_names_are_left_out() {
+        assert_eq!(
+            tidy_transport_error(
+                "Send message error Transport [rmcp::transport::worker::WorkerTransport<X<Y>>] \
+                 error: Client error: error sending request for url (http://h/mcp), when send \
+                 initialize request"
+                    .to_owned()
+            ),
+            "Client error: error sending request for url (http://h/mcp) (initialize request)"
         );
     }
 

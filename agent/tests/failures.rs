@@ -44,16 +44,32 @@ async fn a_missing_mcp_server_is_one_line() {
 }
 
 #[tokio::test]
+async fn an_unreachable_mcp_url_is_one_line() {
+    let home = temp_dir("nomcp");
+    let mut command = agent("http://127.0.0.1:9/v1", &home);
+    command.args([
+        "--url",
+        &format!("http://127.0.0.1:{}/mcp", closed_port()),
+        "anything",
+    ]);
+    assert_one_line_failure(&run(command).await, "check --url and that the server is up");
+}
+
+/// A port nothing listens on: bound, then closed.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
 async fn an_unreachable_endpoint_is_one_line() {
     if !sandbox_available().await {
         return;
     }
-    // A port nothing listens on: bound, then closed.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = closed_port();
     let home = temp_dir("unreachable");
     let mut command = agent(&format!("http://127.0.0.1:{port}/v1"), &home);
     command.arg("anything");
