@@ -110,7 +110,16 @@ async fn the_agent_answers_through_the_cluster_frontend() -> Result<()> {
     })
     .await;
 
-    let out = run_agent(&model, &api_key, &["--json", "Hash my secret"]).await?;
+    // Right after an install the NodePort can briefly lead to the Pod being replaced: retry a
+    // refused connection (the model is only asked once the MCP session exists).
+    let mut out = run_agent(&model, &api_key, &["--json", "Hash my secret"]).await?;
+    for _ in 0..10 {
+        if !out.stderr.contains("error sending request") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        out = run_agent(&model, &api_key, &["--json", "Hash my secret"]).await?;
+    }
     ensure!(
         out.code == Some(0),
         "agent failed ({:?}): {}\n{}",
