@@ -32,6 +32,9 @@ stop_postgres() { "$REPO_ROOT/e2e/postgres/stop.sh" >/dev/null 2>&1 || true; }
 trap stop_postgres EXIT
 pg_output="$("$REPO_ROOT/e2e/postgres/start.sh")"
 export SANDBOXRUN_TEST_POSTGRES_URL="${pg_output##*DATABASE_URL=}"   # the last line is DATABASE_URL=<url>
+# A writable database for the agent's thread store tests.
+SANDBOXRUN_TEST_POSTGRES_STATE_URL="$(sed -n 's/^STATE_DATABASE_URL=//p' <<<"$pg_output")"
+export SANDBOXRUN_TEST_POSTGRES_STATE_URL
 export SANDBOXRUN_REQUIRE_POSTGRES=1
 
 step "Prometheus for the fetch_metrics tests: e2e/prometheus/start.sh"
@@ -42,6 +45,9 @@ export SANDBOXRUN_TEST_PROMETHEUS_URL="${prom_output##*PROMETHEUS_URL=}"   # the
 export SANDBOXRUN_REQUIRE_PROMETHEUS=1
 
 step "unit and integration tests (no cluster)"
+# The agent's tests start the embedded server next to the agent binary (target/debug): build it
+# first (cargo test builds only the binaries of the package under test).
+cargo build --locked -p sandboxrun-mcp
 cargo test --workspace --locked --exclude sandboxrun-e2e
 
 step "MCP client compatibility: the official Python SDK and the MCP Inspector vs sandboxrun-mcp"
@@ -94,8 +100,11 @@ MCP_NODE_PORT=30080
 kubectl -n sandboxrun-system get pods -o wide
 
 step "end-to-end tests against the cluster"
+# tests/agent.rs runs the agent binary against the frontend's NodePort.
+cargo build --locked -p sandboxrun-agent
 # Two at a time: each test starts Pods, and the machine has two cores.
-cargo test -p sandboxrun-e2e --locked -- --test-threads=2
+MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
+  cargo test -p sandboxrun-e2e --locked -- --test-threads=2
 
 step "the frontend in the cluster, through its NodePort, with the official Python MCP SDK"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \

@@ -20,7 +20,11 @@
 # tables agents may read and nothing else, plus `default_transaction_read_only = on`. sandboxrun
 # additionally runs every query in a READ ONLY transaction with a statement timeout.
 #
-# Idempotent: when it is already running it only prints the URL. The last line of the output is
+# It also creates database `sandboxrun_state` owned by role `sandboxrun_state` (writable), for the
+# agent's thread store tests; its URL is printed on the line before the last:
+#   STATE_DATABASE_URL=postgres://sandboxrun_state:<password>@127.0.0.1:<port>/sandboxrun_state
+#
+# Idempotent: when it is already running it only prints the URLs. The last line of the output is
 #   DATABASE_URL=postgres://sandboxrun_reader:<password>@127.0.0.1:<port>/sandboxrun_test
 # e.g.  export "SANDBOXRUN_TEST_POSTGRES_URL=$(e2e/postgres/start.sh | tail -1 | cut -d= -f2-)"
 #
@@ -138,4 +142,24 @@ SQL
   touch "$BASE/ready"
 fi
 
+# A writable database for state kept by sandboxrun itself (the agent's threads), owned by its own
+# role: the reader above must stay read-only. Checked on every start, so an instance started
+# before this existed gets it too.
+STATE=sandboxrun_state
+if [[ ! -s $BASE/state-password ]]; then
+  log "creating database $STATE owned by role $STATE"
+  STATE_PASSWORD="$(head -c 18 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+  psql_su -d postgres <<SQL
+SET client_min_messages TO warning;
+DROP DATABASE IF EXISTS $STATE;
+DROP ROLE IF EXISTS $STATE;
+CREATE ROLE $STATE LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION PASSWORD '$STATE_PASSWORD';
+CREATE DATABASE $STATE OWNER $STATE;
+REVOKE ALL ON DATABASE $STATE FROM PUBLIC;
+GRANT CONNECT ON DATABASE $STATE TO $STATE;
+SQL
+  (umask 077 && printf '%s\n' "$STATE_PASSWORD" >"$BASE/state-password")
+fi
+
+echo "STATE_DATABASE_URL=postgres://$STATE:$(cat "$BASE/state-password")@127.0.0.1:$PORT/$STATE"
 echo "DATABASE_URL=postgres://$ROLE:$(cat "$BASE/reader-password")@127.0.0.1:$PORT/$DB"
