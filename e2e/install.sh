@@ -34,6 +34,10 @@ done
 helm_args=(--namespace "$RELEASE_NAMESPACE" --create-namespace --wait --timeout 3m
   --set "operator.image.tag=${TAGS[operator]}")
 [[ -n ${TAGS[mcp]:-} ]] && helm_args+=(--set "frontend.image.tag=${TAGS[mcp]}")
+# Helm installs a chart's crds/ only on first install and never upgrades them, so a changed
+# SandboxRun schema would be silently pruned on an upgrade: apply it first, as the README says.
+log "kubectl apply --server-side -f charts/sandboxrun/crds/"
+kubectl apply --server-side --force-conflicts -f charts/sandboxrun/crds/ >&2
 log "helm upgrade --install $RELEASE charts/sandboxrun ${helm_args[*]} $*"
 helm upgrade --install "$RELEASE" charts/sandboxrun "${helm_args[@]}" "$@" >&2
 kubectl -n "$RELEASE_NAMESPACE" rollout status deployment --timeout=120s >&2

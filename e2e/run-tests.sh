@@ -104,7 +104,7 @@ step "end-to-end tests against the cluster"
 cargo build --locked -p sandboxrun-agent
 # Two at a time: each test starts Pods, and the machine has two cores.
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
-  cargo test -p sandboxrun-e2e --locked -- --test-threads=2
+  cargo test -p sandboxrun-e2e --locked --no-fail-fast -- --test-threads=2
 
 step "the frontend in the cluster, through its NodePort, with the official Python MCP SDK"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
