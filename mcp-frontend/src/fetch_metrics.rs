@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use rmcp::model::{CallToolResult, ContentBlock, JsonObject};
+use rmcp::model::{CallToolResult, JsonObject};
 use sandboxrun_api::SandboxRunStatus;
 use sandboxrun_core::metrics::{
     CallStore, MetricsError, MetricsQuery, MetricsResult, QueryTime, ResultType, Series, TimeArgs,
@@ -203,46 +203,24 @@ impl MetricsOutput {
 
     /// Text a model can act on for a result that is not a success.
     pub fn error_text(&self) -> Option<String> {
-        let text = match (self.phase, self.verdict) {
-            (Phase::Succeeded, _) => return None,
-            (Phase::AwaitingApproval, _) => format!(
-                "awaiting approval: {} (rule {}: {}); nothing runs until a person with rights \
-                 approves the SandboxRun; its result is then written to its status.result",
-                self.run_name, self.rule, self.reason
-            ),
-            (_, Verdict::Block) => format!(
-                "the metrics query was blocked by policy (verdict Block, rule {}) and nothing \
-                 was executed: {}",
-                self.rule, self.reason
-            ),
-            (_, Verdict::Escalate) => format!(
-                "policy rule {} escalated this metrics query for a human approval ({}); awaiting \
-                 approval is only available in cluster mode (--backend kube), so nothing was \
-                 executed: use the sandbox environment or ask an operator for a rule that allows \
-                 this call",
-                self.rule, self.reason
-            ),
-            (phase, Verdict::Allow) => format!(
-                "the metrics query was allowed by rule {} but ended {phase}: {}",
-                self.rule,
-                self.message.as_deref().unwrap_or("no reason was given")
-            ),
-        };
-        Some(text)
+        crate::governed::Summary {
+            subject: "metrics query",
+            delivers: "its result",
+            phase: self.phase,
+            verdict: self.verdict,
+            run_name: &self.run_name,
+            rule: &self.rule,
+            reason: &self.reason,
+            message: self.message.as_deref(),
+        }
+        .error_text()
     }
 
     /// The MCP result: `structuredContent` always, the same JSON as text, and for anything but
     /// success first a sentence saying what happened and what to change.
     pub fn tool_result(&self) -> CallToolResult {
         let value = serde_json::to_value(self).expect("MetricsOutput serializes");
-        match self.error_text() {
-            None => CallToolResult::structured(value),
-            Some(text) => {
-                let mut result = CallToolResult::structured_error(value);
-                result.content.insert(0, ContentBlock::text(text));
-                result
-            }
-        }
+        crate::governed::tool_result(value, self.error_text())
     }
 }
 

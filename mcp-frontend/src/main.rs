@@ -6,6 +6,7 @@
 mod backend;
 mod cli;
 mod fetch_metrics;
+mod governed;
 mod http;
 mod metrics;
 mod policy;

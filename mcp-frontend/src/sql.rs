@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rmcp::model::{CallToolResult, ContentBlock, JsonObject};
+use rmcp::model::{CallToolResult, JsonObject};
 use sandboxrun_api::SandboxRunStatus;
 use sandboxrun_core::policy::Policy as PolicyRules;
 use sandboxrun_core::query::demo;
@@ -177,61 +177,24 @@ impl SqlOutput {
 
     /// Text a model can act on for a result that is not a success.
     pub fn error_text(&self) -> Option<String> {
-        let text = match (self.phase, self.verdict) {
-            (Phase::Succeeded, _) => return None,
-            (Phase::AwaitingApproval, _) => format!(
-                "awaiting approval: {} (rule {}: {}); nothing runs until a person with rights \
-                 approves the SandboxRun{}; its rows are then written to its status.result",
-                self.run_name,
-                self.rule,
-                self.reason,
-                self.message
-                    .as_deref()
-                    .map(|m| format!(" ({m})"))
-                    .unwrap_or_default()
-            ),
-            (_, Verdict::Block) => format!(
-                "the query was blocked by policy (verdict Block, rule {}) and nothing was \
-                 executed: {}",
-                self.rule, self.reason
-            ),
-            // Cluster mode: a person denied the run, nobody approved it in time, or it ran
-            // after the approval and failed; the operator's message says which.
-            (phase, Verdict::Escalate) if self.message.is_some() => format!(
-                "policy rule {} escalated this query for a human approval ({}) and it ended \
-                 {phase}: {}",
-                self.rule,
-                self.reason,
-                self.message.as_deref().unwrap_or_default()
-            ),
-            (_, Verdict::Escalate) => format!(
-                "policy rule {} escalated this query for a human approval ({}); awaiting \
-                 approval is only available in cluster mode (--backend kube), so nothing was \
-                 executed: use the sandbox environment or ask an operator for a rule that allows \
-                 this call",
-                self.rule, self.reason
-            ),
-            (phase, Verdict::Allow) => format!(
-                "the query was allowed by rule {} but ended {phase}: {}",
-                self.rule,
-                self.message.as_deref().unwrap_or("no reason was given")
-            ),
-        };
-        Some(text)
+        crate::governed::Summary {
+            subject: "query",
+            delivers: "its rows",
+            phase: self.phase,
+            verdict: self.verdict,
+            run_name: &self.run_name,
+            rule: &self.rule,
+            reason: &self.reason,
+            message: self.message.as_deref(),
+        }
+        .error_text()
     }
 
     /// The MCP result: `structuredContent` always, the same JSON as text, and for anything but
     /// success first a sentence saying what happened and what to change.
     pub fn tool_result(&self) -> CallToolResult {
         let value = serde_json::to_value(self).expect("SqlOutput serializes");
-        match self.error_text() {
-            None => CallToolResult::structured(value),
-            Some(text) => {
-                let mut result = CallToolResult::structured_error(value);
-                result.content.insert(0, ContentBlock::text(text));
-                result
-            }
-        }
+        crate::governed::tool_result(value, self.error_text())
     }
 }
 
