@@ -41,13 +41,14 @@ kubectl apply --server-side --force-conflicts -f charts/sandboxrun/crds/ >&2
 log "helm upgrade --install $RELEASE charts/sandboxrun ${helm_args[*]} $*"
 helm upgrade --install "$RELEASE" charts/sandboxrun "${helm_args[@]}" "$@" >&2
 kubectl -n "$RELEASE_NAMESPACE" rollout status deployment --timeout=120s >&2
-# A new ResourceQuota refuses every create in its namespace ("status unknown for quota") until the
-# quota controller has filled in its status, about a second later: wait, so the first run passes.
-for _ in $(seq 60); do
+# A new ResourceQuota refuses every create of a resource it counts ("status unknown for quota")
+# until the quota controller reports usage for it: wait until every counted resource has a usage,
+# so the first run passes (see values.yaml on why count/sandboxruns is not counted by default).
+for _ in $(seq 180); do
   pending="$(kubectl get resourcequota -A -l "app.kubernetes.io/instance=$RELEASE" \
-    -o go-template='{{range .items}}{{if not .status.hard}}{{.metadata.name}} {{end}}{{end}}')"
+    -o go-template='{{range .items}}{{$used := .status.used}}{{range $k, $v := .spec.hard}}{{if not (and $used (index $used $k))}}{{$k}} {{end}}{{end}}{{end}}')"
   [[ -z $pending ]] && break
   sleep 0.5
 done
-[[ -z $pending ]] || die "ResourceQuota without status after 30 s: $pending"
+[[ -z $pending ]] || die "ResourceQuota reports no usage after 90 s for: $pending"
 log "sandboxrun installed in $RELEASE_NAMESPACE (runs go to the chart's sandbox namespace)"

@@ -16,6 +16,8 @@ import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from operator_audit import the_audit_line
+
 URL = os.environ["MCP_URL"]
 KEY = os.environ["MCP_API_KEY"]
 AGENT = os.environ["MCP_AGENT"]
@@ -47,6 +49,16 @@ def test_fetch_metrics_through_the_cluster_frontend_queries_prometheus():
     assert run["spec"]["agent"] == AGENT
     assert run["spec"]["metrics"]["query"] == 'up{job="prometheus"}'
     assert run["spec"]["metrics"]["time"], run["spec"]
+    # Exactly one SandboxRun for the call, and exactly one audit line with its verdict.
+    out = subprocess.run([KUBECTL, "-n", "sandboxrun-runs", "get", "sandboxruns", "-o", "json"],
+                         capture_output=True, text=True, check=True)
+    same = [r for r in json.loads(out.stdout)["items"]
+            if r["spec"].get("metrics", {}).get("time") == run["spec"]["metrics"]["time"]
+            and r["spec"]["metrics"]["query"] == 'up{job="prometheus"}']
+    assert [r["metadata"]["name"] for r in same] == [sc["runName"]], same
+    line = the_audit_line(sc["runName"])
+    assert (line["agent"], line["tool"], line["verdict"], line["phase"]) == \
+        (AGENT, "metrics", "allow", "Succeeded"), line
 
 
 def test_a_range_query_and_a_syntax_error():

@@ -25,6 +25,8 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from operator_audit import audit_lines, the_audit_line
+
 URL = os.environ["MCP_URL"]
 KEY = os.environ["MCP_API_KEY"]
 AGENT = os.environ["MCP_AGENT"]
@@ -118,36 +120,6 @@ def the_run(c: Call, run_name: str) -> dict:
     assert run["spec"]["environment"] == c.environment
     assert run["spec"]["sql"] == {"database": DATABASE, "query": c.query}
     return run
-
-
-def audit_lines(run_name: str) -> list[dict]:
-    """The operator's audit lines about the run."""
-    pods = json.loads(kubectl("-n", SYSTEM_NS, "get", "pods", "-l",
-                              "app.kubernetes.io/component=operator", "-o", "json"))["items"]
-    lines = []
-    for pod in pods:
-        log = kubectl("-n", SYSTEM_NS, "logs", pod["metadata"]["name"], "--tail=-1")
-        for line in log.splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("target") == "audit" and entry["fields"].get("run") == run_name:
-                lines.append(entry["fields"])
-    return lines
-
-
-def the_audit_line(run_name: str) -> dict:
-    """Exactly one audit line about the run (it follows the run's terminal status closely)."""
-    deadline = time.monotonic() + 20
-    lines = audit_lines(run_name)
-    while not lines and time.monotonic() < deadline:
-        time.sleep(0.5)
-        lines = audit_lines(run_name)
-    time.sleep(1)  # a duplicate would follow the first line closely
-    lines = audit_lines(run_name)
-    assert len(lines) == 1, f"exactly one audit line for {run_name}: {lines}"
-    return lines[0]
 
 
 def assert_recorded(c: Call, verdict: str, phase: str, rule: str, reason: str):

@@ -1,15 +1,15 @@
 //! Helpers for tests of the operator's policy gate: runs in a given environment, approvals,
-//! decisions and Events.
+//! decisions, Events and the operator's audit lines.
 
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Client;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, LogParams, Patch, PatchParams};
 use sandboxrun_api::{Decision, SandboxRun};
 
-use crate::runs::{RUNS_NAMESPACE, python_run, runs};
+use crate::runs::{RUNS_NAMESPACE, SYSTEM_NAMESPACE, python_run, runs};
 
 /// A Python run of agent `e2e` in `environment`, with the given extra spec fields.
 pub fn python_run_in(
@@ -67,4 +67,40 @@ pub async fn wait_events(
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// The `fields` of the operator's JSON audit lines about the run (target `audit`), from the logs
+/// of every operator Pod.
+pub async fn audit_lines(client: &Client, run: &str) -> Result<Vec<serde_json::Value>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=operator");
+    let mut lines = Vec::new();
+    for pod in pods.list(&lp).await?.items {
+        let name = pod.metadata.name.unwrap_or_default();
+        let log = pods.logs(&name, &LogParams::default()).await?;
+        for line in log.lines() {
+            let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if entry["target"] == "audit" && entry["fields"]["run"] == run {
+                lines.push(entry["fields"].clone());
+            }
+        }
+    }
+    Ok(lines)
+}
+
+/// Exactly one audit line about the run, which follows its terminal status closely.
+pub async fn the_audit_line(client: &Client, run: &str) -> Result<serde_json::Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while audit_lines(client, run).await?.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // A duplicate would follow the first line closely.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut lines = audit_lines(client, run).await?;
+    if lines.len() != 1 {
+        bail!("run {run}: expected exactly one audit line, found {lines:?}");
+    }
+    Ok(lines.remove(0))
 }

@@ -18,6 +18,23 @@ const DECIDE_TIMEOUT: Duration = Duration::from_secs(60);
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
 const EVENT_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The run left exactly one audit line, with this verdict, phase and reason.
+async fn audited(
+    client: &Client,
+    name: &str,
+    verdict: &str,
+    phase: &str,
+    reason: &str,
+) -> Result<()> {
+    let line = the_audit_line(client, name).await?;
+    ensure!(
+        line["tool"] == "python" && line["verdict"] == verdict && line["phase"] == phase,
+        "{line}"
+    );
+    ensure!(line["phase_reason"] == reason, "{line}");
+    Ok(())
+}
+
 fn status(run: &SandboxRun) -> sandboxrun_api::SandboxRunStatus {
     run.status.clone().unwrap_or_default()
 }
@@ -79,7 +96,7 @@ async fn a_run_violating_policy_is_rejected_without_a_pod() -> Result<()> {
         !events.iter().any(|r| r == "PodCreated"),
         "a Pod was created: {events:?}"
     );
-    Ok(())
+    audited(&client, &name, "block", "Rejected", "PolicyBlocked").await
 }
 
 #[tokio::test]
@@ -104,7 +121,8 @@ async fn an_escalated_run_waits_and_runs_after_approval() -> Result<()> {
     );
     wait_events(&client, &name, &["Approved", "PodCreated"], EVENT_TIMEOUT).await?;
     wait_no_pods(&client, &name, Duration::from_secs(30)).await?;
-    Ok(())
+    let reason = st.reason.clone().unwrap_or_default();
+    audited(&client, &name, "escalate", "Succeeded", &reason).await
 }
 
 #[tokio::test]
@@ -118,7 +136,7 @@ async fn an_escalated_run_is_rejected_after_a_denial() -> Result<()> {
     ensure!(st.reason.as_deref() == Some("ApprovalDenied"), "{st:?}");
     ensure!(st.pod_name.is_none(), "{st:?}");
     ensure!(pods_of(&client, &name).await?.is_empty(), "a Pod exists");
-    Ok(())
+    audited(&client, &name, "escalate", "Rejected", "ApprovalDenied").await
 }
 
 #[tokio::test]
