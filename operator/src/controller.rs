@@ -292,6 +292,11 @@ async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Erro
     }
 
     if tool == Tool::Sql || tool == Tool::Metrics {
+        // The query runs here, in the reconcile: a reconcile woken by our own earlier status
+        // write may still see the run before its terminal status, so ask the API server first.
+        if let Some(done) = terminal_now(&runs, &name).await? {
+            return finished(run, &done, &runs, &pods, now).await;
+        }
         let (outcome, result) = if tool == Tool::Sql {
             crate::sql::execute(
                 run,
@@ -534,6 +539,11 @@ async fn finish_with_status(
     now: Timestamp,
 ) -> Result<Action, Error> {
     let name = run.name_any();
+    // A run ends once: one terminal status, one audit line, even when this reconcile started from
+    // a cached copy that predates a terminal status written by the previous one.
+    if let Some(done) = terminal_now(runs, &name).await? {
+        return finished(run, &done, runs, pods, now).await;
+    }
     // The status first: the Pod (and its log) must outlive the only record of the result.
     apply_status(runs, &name, &status).await?;
     info!(run = %name, phase = %outcome.phase, reason = %outcome.reason, "run finished");
@@ -558,6 +568,19 @@ async fn finish_with_status(
         delete_pod(pods, pod).await?;
     }
     Ok(after_ttl(run, &status, now))
+}
+
+/// The run's status as the API server has it now, if that is terminal. Reconciles start from
+/// the watch cache, which can lag the operator's own last status write.
+async fn terminal_now(
+    runs: &Api<SandboxRun>,
+    name: &str,
+) -> Result<Option<SandboxRunStatus>, Error> {
+    Ok(runs
+        .get_opt(name)
+        .await?
+        .and_then(|fresh| fresh.status)
+        .filter(|status| status.phase.is_some_and(Phase::is_terminal)))
 }
 
 /// Time left before a finished run is deleted (`None`: due now). Counted from its completion
