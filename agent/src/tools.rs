@@ -106,7 +106,7 @@ impl Toolbox {
             Ok(other) => Err(Rejected(format!(
                 "error: the arguments of `{function}` must be a JSON object matching its \
                  parameters schema, not {}; call it again with an object such as {{\"name\": value}}.",
-                json_kind(&other)
+                sandboxrun_core::tools::args::json_kind(&other)
             ))),
             Err(e) => Err(Rejected(format!(
                 "error: the arguments of `{function}` are not valid JSON ({e}); nothing was run. \
@@ -149,17 +149,6 @@ fn parameters(input_schema: &JsonObject) -> Value {
         schema.insert("properties".into(), Value::Object(JsonObject::new()));
     }
     Value::Object(schema)
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 #[cfg(test)]

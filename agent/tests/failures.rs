@@ -2,6 +2,9 @@
 //! and a non-zero exit, never a panic or a backtrace. Also checks that the scripted model's own
 //! checks are able to fail (a checker that accepts everything would prove nothing).
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::scripted_model::{check_chunk, check_request, chunks};

@@ -2,6 +2,9 @@
 //! file naming the test PostgreSQL (e2e/postgres/start.sh, read-only role) and a policy allowing
 //! the query; the answer carries rows read from PostgreSQL.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{Reply, ScriptedModel, agent, postgres_url, run, sandbox_available, temp_dir};

@@ -2,6 +2,9 @@
 //! and the default one in the user's data directory) and from PostgreSQL; a run killed in the
 //! middle keeps everything it had.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::path::Path;

@@ -1,6 +1,9 @@
 //! The agent's loop end to end: the real binary, the scripted model over HTTP, the embedded
 //! `sandboxrun-mcp stdio` (or `serve` over Streamable HTTP) running code in the local sandbox.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::{Reply, ScriptedModel, agent, run, sandbox_available, stdout_of, temp_dir};

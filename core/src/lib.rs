@@ -3,27 +3,35 @@
 //! defaults, maxima and the sandbox runner protocol have exactly one definition.
 
 pub mod limits;
+// The local sandbox driver is the one place that needs unsafe code: system calls between fork
+// and exec (rlimits, joining a cgroup), signalling its own process group, geteuid.
+#[allow(unsafe_code)]
 pub mod local;
 pub mod metrics;
 pub mod model;
 pub mod output;
 pub mod policy;
+pub mod quantity;
 pub mod query;
 pub mod runner;
+pub mod schema;
 pub mod sql;
+pub mod tools;
 
 pub use limits::Limits;
 pub use local::{
     Isolation, LocalRun, LocalSandbox, LocalSandboxConfig, LocalSandboxError, Preference,
 };
-pub use model::{Environment, Phase, Tool, Verdict};
+pub use model::{Environment, Phase, Reason, Tool, Verdict};
 pub use output::{Capped, cap_bytes, cap_str};
 pub use policy::{CallContext, Decision, Policy, PolicyError, PolicyStore, SqlRequest};
 pub use query::{
     DatabaseConfig, Databases, DatabasesFileError, QueryError, QueryLimits, QueryResult,
     load_databases_file, redact_url,
 };
-pub use runner::{EnvelopeError, RUNNER_SCRIPT, RunnerResult, parse_envelope, runner_argv};
+pub use runner::{
+    EnvelopeError, Observed, RUNNER_SCRIPT, RunnerResult, parse_envelope, runner_argv,
+};
 pub use sql::{
     Columns, GuardViolation, GuardedQuery, SqlDialect, SqlRules, TableRule, ViolationKind, guard,
 };

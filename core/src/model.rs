@@ -20,12 +20,24 @@ pub enum Tool {
 }
 
 impl Tool {
-    /// The lowercase name used in labels, status and printer columns.
+    /// Every tool, in the order the server lists them.
+    pub const ALL: [Tool; 3] = [Tool::Python, Tool::Sql, Tool::Metrics];
+
+    /// The lowercase name used in the resource (`spec`), status, printer columns and policy.
     pub fn as_str(self) -> &'static str {
         match self {
             Tool::Python => "python",
             Tool::Sql => "sql",
             Tool::Metrics => "metrics",
+        }
+    }
+
+    /// The MCP tool's name, as agents call it and as the `tool` label of call metrics says it.
+    pub fn mcp_name(self) -> &'static str {
+        match self {
+            Tool::Python => "run_python",
+            Tool::Sql => "execute_sql",
+            Tool::Metrics => "fetch_metrics",
         }
     }
 }
@@ -49,6 +61,30 @@ pub enum Environment {
     Production,
 }
 
+impl Environment {
+    /// Every environment, least to most sensitive.
+    pub const ALL: [Environment; 3] = [
+        Environment::Sandbox,
+        Environment::Staging,
+        Environment::Production,
+    ];
+
+    /// The lowercase name used in the resource, policy files, logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Environment::Sandbox => "sandbox",
+            Environment::Staging => "staging",
+            Environment::Production => "production",
+        }
+    }
+}
+
+impl fmt::Display for Environment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What policy decided about a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum Verdict {
@@ -58,6 +94,24 @@ pub enum Verdict {
     Block,
     /// The run waits for a person to approve it.
     Escalate,
+}
+
+impl Verdict {
+    /// The name as it appears in the API (`status.decision.verdict`), audit lines and metric
+    /// labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "Allow",
+            Verdict::Block => "Block",
+            Verdict::Escalate => "Escalate",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Where a run is in its life. The terminal phases never change again.
@@ -119,6 +173,105 @@ impl fmt::Display for Phase {
     }
 }
 
+/// Why a run is in its phase (`status.reason`), for the reasons sandboxrun itself gives. The
+/// kubelet's own reasons for a failed Pod (`Evicted`, ...) are passed through as text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The code exited with status 0.
+    Succeeded,
+    /// The code exited with a non-zero status or was killed by a signal it was not sent for
+    /// memory.
+    NonZeroExit,
+    /// The sandbox was killed for exceeding its memory limit.
+    OomKilled,
+    /// The code or its sandbox ran past the deadline.
+    DeadlineExceeded,
+    /// The sandbox ended without a readable result.
+    NoResult,
+    /// The sandbox Pod was deleted before the run finished.
+    PodDeleted,
+    /// The sandbox Pod failed without a result (evicted, lost with its node).
+    PodFailed,
+    /// The sandbox image cannot be pulled.
+    ImageUnavailable,
+    /// The API server refused the sandbox Pod for good.
+    PodCreationFailed,
+    /// The sandbox Pod was created and waits to start.
+    PodCreated,
+    /// The sandbox's container started.
+    ContainerStarted,
+    /// Policy blocked the run.
+    PolicyBlocked,
+    /// A person denied the escalated run.
+    ApprovalDenied,
+    /// Nobody decided on the escalated run in time.
+    ApprovalTimedOut,
+    /// The run needs a person's approval, which this mode cannot offer (embedded).
+    ApprovalUnavailable,
+    /// The run asks for a tool this installation does not execute.
+    ToolNotImplemented,
+    /// The run sets no tool.
+    NoTool,
+    /// The run's tool section is missing.
+    NoQuery,
+    /// The run needs a policy and the operator has none.
+    PolicyRequired,
+    /// A query returned its result.
+    QueryCompleted,
+    /// A query ran past its statement timeout.
+    QueryTimedOut,
+    /// A query failed in the database or the metrics source.
+    QueryFailed,
+    /// A metrics query or its times are not valid.
+    InvalidQuery,
+    /// The Prometheus could not be reached.
+    PrometheusUnavailable,
+}
+
+impl Reason {
+    /// The CamelCase name written into `status.reason` and conditions.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Succeeded => "Succeeded",
+            Reason::NonZeroExit => "NonZeroExit",
+            Reason::OomKilled => "OOMKilled",
+            Reason::DeadlineExceeded => "DeadlineExceeded",
+            Reason::NoResult => "NoResult",
+            Reason::PodDeleted => "PodDeleted",
+            Reason::PodFailed => "PodFailed",
+            Reason::ImageUnavailable => "ImageUnavailable",
+            Reason::PodCreationFailed => "PodCreationFailed",
+            Reason::PodCreated => "PodCreated",
+            Reason::ContainerStarted => "ContainerStarted",
+            Reason::PolicyBlocked => "PolicyBlocked",
+            Reason::ApprovalDenied => "ApprovalDenied",
+            Reason::ApprovalTimedOut => "ApprovalTimedOut",
+            Reason::ApprovalUnavailable => "ApprovalUnavailable",
+            Reason::ToolNotImplemented => "ToolNotImplemented",
+            Reason::NoTool => "NoTool",
+            Reason::NoQuery => "NoQuery",
+            Reason::PolicyRequired => "PolicyRequired",
+            Reason::QueryCompleted => "QueryCompleted",
+            Reason::QueryTimedOut => "QueryTimedOut",
+            Reason::QueryFailed => "QueryFailed",
+            Reason::InvalidQuery => "InvalidQuery",
+            Reason::PrometheusUnavailable => "PrometheusUnavailable",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<Reason> for str {
+    fn eq(&self, other: &Reason) -> bool {
+        self == other.as_str()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,6 +300,15 @@ mod tests {
             serde_json::to_value(Environment::default()).unwrap(),
             "sandbox"
         );
-        assert_eq!(serde_json::to_value(Verdict::Escalate).unwrap(), "Escalate");
+        for v in [Verdict::Allow, Verdict::Block, Verdict::Escalate] {
+            assert_eq!(serde_json::to_value(v).unwrap(), v.as_str());
+        }
+        for e in Environment::ALL {
+            assert_eq!(serde_json::to_value(e).unwrap(), e.as_str());
+        }
+        for t in Tool::ALL {
+            assert_eq!(serde_json::to_value(t).unwrap(), t.as_str());
+        }
+        assert_eq!(Tool::Sql.mcp_name(), "execute_sql");
     }
 }

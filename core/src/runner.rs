@@ -68,6 +68,31 @@ impl RunnerResult {
     }
 }
 
+/// What the platform running a sandbox (the kubelet, or the local driver) saw of its end,
+/// besides the runner's envelope. Together with the envelope it is everything
+/// `tools::python::classify` needs to say how a run ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// The platform's word on an OOM kill: the kubelet's `OOMKilled` termination reason, or the
+    /// local run's memory cgroup counter. `None`: the platform cannot tell.
+    pub oom_killed: Option<bool>,
+    /// The platform stopped the sandbox at its deadline (the local driver's own deadline; the
+    /// kubelet's `activeDeadlineSeconds` is handled before any log is read).
+    pub deadline_hit: bool,
+    /// The run's cgroup refused a fork at its pid limit.
+    pub pids_limit_hit: bool,
+    /// Exit status of the sandbox itself (container or engine process): 128 + signal when a
+    /// signal ended it.
+    pub exit_code: Option<i32>,
+    /// The platform's own termination reason (`Completed`, `Error`, ...), when it gives one.
+    pub platform_reason: Option<String>,
+    /// Why the envelope could not be read, when it could not (see [`EnvelopeError`]).
+    pub envelope_error: Option<String>,
+    /// The last output of the sandbox outside the envelope (engine stderr, the log's tail),
+    /// quoted when there is no result.
+    pub detail: String,
+}
+
 /// Why no result could be read from a container log.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum EnvelopeError {
@@ -107,6 +132,63 @@ pub fn parse_envelope(log: &str) -> Result<RunnerResult, EnvelopeError> {
         }
     }
     Err(EnvelopeError::Missing)
+}
+
+/// Results as the runner and the platforms report them, for the tests of every crate that
+/// classifies them (the one table in core, the operator's adapter): one definition, so the
+/// tables cannot drift apart.
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fixtures {
+    use super::{Observed, RunnerResult};
+
+    /// An envelope of code that exited with `exit_code`, printing `out` and `err`.
+    pub fn envelope(exit_code: i32) -> RunnerResult {
+        RunnerResult {
+            version: 1,
+            exit_code,
+            stdout: "out\n".into(),
+            stderr: "err\n".into(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            signal: None,
+            oom_kill: None,
+            timed_out: false,
+            duration_millis: Some(7),
+        }
+    }
+
+    /// An envelope of code killed by `signal`; `oom_kill` is what the memory cgroup said.
+    pub fn killed(signal: i32, oom_kill: Option<bool>) -> RunnerResult {
+        RunnerResult {
+            signal: Some(signal),
+            oom_kill,
+            ..envelope(128 + signal)
+        }
+    }
+
+    /// What the kubelet tells of a container that ended with `reason` and `exit_code`: an
+    /// `OOMKilled` reason is evidence of an OOM kill, any other reason no evidence either way
+    /// (the runner may survive a child's OOM kill; under gVisor the sandbox's own OOM killer
+    /// leaves the host cgroup, and so the kubelet, none the wiser).
+    pub fn kubelet(reason: &str, exit_code: i32) -> Observed {
+        Observed {
+            oom_killed: (reason == "OOMKilled").then_some(true),
+            exit_code: Some(exit_code),
+            platform_reason: Some(reason.to_owned()),
+            ..Observed::default()
+        }
+    }
+
+    /// What the local driver tells: its cgroup's OOM counter (`None` without cgroups), its own
+    /// deadline, and the engine's exit.
+    pub fn local(oom: Option<bool>, deadline_hit: bool, exit_code: i32) -> Observed {
+        Observed {
+            oom_killed: oom,
+            deadline_hit,
+            exit_code: Some(exit_code),
+            ..Observed::default()
+        }
+    }
 }
 
 #[cfg(test)]

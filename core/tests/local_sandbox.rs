@@ -3,14 +3,16 @@
 //! that works here (see `local_common`); `SANDBOXRUN_REQUIRE_ENGINES=gvisor,bubblewrap` makes a
 //! missing engine fail instead of being skipped.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 mod local_common;
 
 use std::time::{Duration, Instant};
 
-use local_common::{CANARY_VAR, engines, leftovers, serial, wait_no_leftovers};
+use local_common::{CANARY_VAR, Run, engines, leftovers, serial, wait_no_leftovers};
 use sandboxrun_core::{
-    Isolation, Limits, LocalRun, LocalSandbox, LocalSandboxConfig, LocalSandboxError, Phase,
-    Preference,
+    Isolation, Limits, LocalSandbox, LocalSandboxConfig, LocalSandboxError, Phase, Preference,
 };
 
 fn limits() -> Limits {
@@ -20,16 +22,17 @@ fn limits() -> Limits {
     }
 }
 
-async fn run(sandbox: &LocalSandbox, code: &str, limits: &Limits) -> LocalRun {
-    sandbox
+async fn run(sandbox: &LocalSandbox, code: &str, limits: &Limits) -> Run {
+    let run = sandbox
         .run_python(code, limits)
         .await
-        .unwrap_or_else(|e| panic!("{}: run failed to start: {e}", sandbox.isolation()))
+        .unwrap_or_else(|e| panic!("{}: run failed to start: {e}", sandbox.isolation()));
+    Run::of(run, limits)
 }
 
 /// Runs `code` on every engine and hands each result to `check`, then asserts that nothing
 /// was left behind.
-async fn on_each_engine(code: &str, limits: &Limits, check: impl Fn(Isolation, &LocalRun)) {
+async fn on_each_engine(code: &str, limits: &Limits, check: impl Fn(Isolation, &Run)) {
     for (isolation, sandbox) in engines() {
         let r = run(sandbox, code, limits).await;
         eprintln!(

@@ -1,5 +1,8 @@
 //! The sample policy in `config/policy/policy.yaml` parses and decides the governance scenarios.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::path::PathBuf;
 
 use sandboxrun_core::model::{Environment, Tool, Verdict};

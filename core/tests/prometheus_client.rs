@@ -4,6 +4,9 @@
 //! The tests read `SANDBOXRUN_TEST_PROMETHEUS_URL` (printed by start.sh). Without it they are
 //! skipped with a note, unless `SANDBOXRUN_REQUIRE_PROMETHEUS=1` (CI), where they fail.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};

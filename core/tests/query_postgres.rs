@@ -4,6 +4,9 @@
 //! Without it they are skipped with a note, unless `SANDBOXRUN_REQUIRE_POSTGRES=1` (CI), where
 //! they fail.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

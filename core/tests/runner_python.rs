@@ -2,6 +2,9 @@
 //! checks what it reports. Pid limits are not tested here: RLIMIT_NPROC does not bind root, and
 //! these tests may run as root; the end-to-end suite covers fork bombs in a real sandbox.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 

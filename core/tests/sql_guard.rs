@@ -1,5 +1,8 @@
 //! The SQL guard against the governance scenarios and the scoping rules.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use sandboxrun_core::sql::{
     Columns, GuardViolation, GuardedQuery, SqlDialect, SqlRules, TableRule, ViolationKind, guard,
 };

@@ -1,5 +1,8 @@
 //! Every query of `sql_injection_corpus.txt` must be refused, in both dialects.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use sandboxrun_core::sql::{Columns, SqlDialect, SqlRules, TableRule, guard};
 
 fn rules() -> SqlRules {

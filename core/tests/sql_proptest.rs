@@ -1,6 +1,9 @@
 //! Property tests of the SQL guard: it never panics, and whatever it accepts is exactly one
 //! query whose LIMIT is at most the cap. Bounded so `cargo test` stays within a few seconds.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use proptest::prelude::*;
 use sandboxrun_core::sql::{Columns, SqlDialect, SqlRules, TableRule, guard};
 use sqlparser::ast::{Expr, LimitClause, Statement, Value};

@@ -5,9 +5,11 @@
 
 mod run;
 mod status;
+pub mod tools;
 
 pub use run::*;
 pub use status::*;
+pub use tools::ClusterTool;
 
 use kube::CustomResourceExt;
 

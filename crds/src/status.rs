@@ -67,6 +67,17 @@ pub struct SandboxRunStatus {
     pub observed_generation: Option<i64>,
 }
 
+impl SandboxRunStatus {
+    /// `status.result` read as the tool's typed result (`None`: there is none).
+    pub fn typed_result<T: serde::de::DeserializeOwned>(
+        &self,
+    ) -> Option<Result<T, serde_json::Error>> {
+        self.result
+            .as_ref()
+            .map(|v| serde_json::from_value(v.clone()))
+    }
+}
+
 /// Policy's judgement of a run.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct Decision {

@@ -2,6 +2,9 @@
 //! the API server will evaluate them (CEL evaluated client-side with kube-cel), and the types
 //! round-trip through JSON.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::path::PathBuf;
 
 use kube::CustomResourceExt;

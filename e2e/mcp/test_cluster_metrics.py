@@ -58,7 +58,7 @@ def test_fetch_metrics_through_the_cluster_frontend_queries_prometheus():
     assert [r["metadata"]["name"] for r in same] == [sc["runName"]], same
     line = the_audit_line(sc["runName"])
     assert (line["agent"], line["tool"], line["verdict"], line["phase"]) == \
-        (AGENT, "metrics", "allow", "Succeeded"), line
+        (AGENT, "metrics", "Allow", "Succeeded"), line
 
 
 def test_a_range_query_and_a_syntax_error():

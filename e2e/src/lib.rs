@@ -42,6 +42,7 @@ pub fn unique_name(prefix: &str) -> String {
 
 /// A namespace that exists for one test and is deleted when the guard is dropped, Pods and all.
 pub struct TestNamespace {
+    /// The namespace's name.
     pub name: String,
     client: Client,
 }

@@ -6,6 +6,9 @@
 //! http://10.244.0.1:30080/mcp), `MCP_API_KEY`, `MCP_AGENT` (the key's agent), `KUBECONFIG`. The
 //! agent binary is target/debug/sandboxrun-agent (`cargo build -p sandboxrun-agent`).
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 #[path = "../../agent/tests/common/scripted_model.rs"]
 mod scripted_model;
 

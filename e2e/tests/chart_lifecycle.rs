@@ -7,6 +7,9 @@
 //!
 //! After the uninstall test, reinstall with e2e/install.sh.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -3,6 +3,9 @@
 //! operator may do its job in the sandbox namespace and nothing more. Writes use server-side
 //! dry-run, so nothing is left behind; the authorizer runs before dry-run is honoured.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use anyhow::{Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, ListParams, PostParams};

@@ -2,6 +2,9 @@
 //! on the cluster in `KUBECONFIG`: gVisor Pods run, have no network, hit their deadline, are
 //! garbage-collected, and the restricted Pod Security Standard is enforced.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,6 +3,9 @@
 //! escalated, everything else blocked). Runs are created directly, as `kubectl apply` would: the
 //! frontend is not the only gate.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
@@ -96,7 +99,7 @@ async fn a_run_violating_policy_is_rejected_without_a_pod() -> Result<()> {
         !events.iter().any(|r| r == "PodCreated"),
         "a Pod was created: {events:?}"
     );
-    audited(&client, &name, "block", "Rejected", "PolicyBlocked").await
+    audited(&client, &name, "Block", "Rejected", "PolicyBlocked").await
 }
 
 #[tokio::test]
@@ -122,7 +125,7 @@ async fn an_escalated_run_waits_and_runs_after_approval() -> Result<()> {
     wait_events(&client, &name, &["Approved", "PodCreated"], EVENT_TIMEOUT).await?;
     wait_no_pods(&client, &name, Duration::from_secs(30)).await?;
     let reason = st.reason.clone().unwrap_or_default();
-    audited(&client, &name, "escalate", "Succeeded", &reason).await
+    audited(&client, &name, "Escalate", "Succeeded", &reason).await
 }
 
 #[tokio::test]
@@ -136,7 +139,7 @@ async fn an_escalated_run_is_rejected_after_a_denial() -> Result<()> {
     ensure!(st.reason.as_deref() == Some("ApprovalDenied"), "{st:?}");
     ensure!(st.pod_name.is_none(), "{st:?}");
     ensure!(pods_of(&client, &name).await?.is_empty(), "a Pod exists");
-    audited(&client, &name, "escalate", "Rejected", "ApprovalDenied").await
+    audited(&client, &name, "Escalate", "Rejected", "ApprovalDenied").await
 }
 
 #[tokio::test]

@@ -7,6 +7,9 @@
 //! `kubectl apply` would: the operator judges them with the chart's default policy (metrics allowed
 //! in `sandbox` and `staging`, escalated in `production`).
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use anyhow::{Result, ensure};

@@ -1,6 +1,9 @@
 //! The operator on a real cluster, installed with `helm install` (see e2e/install.sh): every
 //! test creates SandboxRuns and asserts what the operator recorded and what it left behind.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::net::TcpListener;
 use std::process::Command;
 use std::sync::Arc;

@@ -1,18 +1,16 @@
 //! `sandboxrun-mcp`: the MCP frontend of sandboxrun. See `cli.rs` for the commands and
-//! DESIGN.md for where it sits: agents call `run_python` here, and the backend runs the code in a
-//! SandboxRun (cluster) or a local sandbox (embedded); with `--enable-sql` they also call
-//! `execute_sql`, judged by policy and (embedded) executed here read-only (see `sql.rs`).
+//! ARCHITECTURE.md for where it sits: agents call `run_python` (and, when enabled, `execute_sql`
+//! and `fetch_metrics`) here; `pipeline.rs` runs each call on the backend, which makes it a
+//! SandboxRun (cluster) or judges and executes it on this machine (embedded).
 
 mod backend;
 mod cli;
-mod fetch_metrics;
-mod governed;
+mod embedded;
 mod http;
 mod metrics;
+mod pipeline;
 mod policy;
-mod schema;
 mod server;
-mod sql;
 mod transport;
 
 use std::io::{IsTerminal, Read};
@@ -27,16 +25,14 @@ use tracing_subscriber::EnvFilter;
 
 use backend::Backend;
 use backend::kube::KubeBackend;
-use backend::local::{LocalBackend, LocalOptions};
+use backend::local::LocalBackend;
 use cli::{BackendArgs, BackendKind, Cli, Command, HttpArgs};
-use fetch_metrics::MetricsService;
 use http::auth::{KeyStore, hash_key};
 use http::origin::OriginPolicy;
 use metrics::Metrics;
 use policy::Policy;
 use sandboxrun_core::metrics::CallStore;
 use server::{SandboxRunServer, Shared};
-use sql::SqlService;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -86,12 +82,13 @@ async fn main() -> anyhow::Result<()> {
 /// reported at start-up.
 async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
     let calls = CallStore::new();
-    let (backend, sql, metrics_service): (
-        Arc<dyn Backend>,
-        Option<SqlService>,
-        Option<MetricsService>,
-    ) = match args.backend {
+    let backend = match args.backend {
         BackendKind::Kube => {
+            anyhow::ensure!(
+                args.databases_file.is_none() && args.policy_file.is_none(),
+                "--databases-file and --policy-file are for --backend local: in a cluster the \
+                 operator holds the databases and the policy, and judges every run"
+            );
             let kube = KubeBackend::connect(
                 args.namespace.clone(),
                 Duration::from_secs(args.kube_grace_seconds),
@@ -99,57 +96,13 @@ async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
             )
             .await
             .context("cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)")?;
-            if args.enable_sql || args.enable_metrics {
-                anyhow::ensure!(
-                    args.databases_file.is_none() && args.policy_file.is_none(),
-                    "--databases-file and --policy-file are for --backend local: in a cluster \
-                     the operator holds the databases and the policy, and judges every run"
-                );
-            }
-            let sql = args
-                .enable_sql
-                .then(|| SqlService::Cluster(Box::new(kube.clone())));
-            let metrics_service = args
-                .enable_metrics
-                .then(|| MetricsService::Cluster(Box::new(kube.clone())));
-            (Arc::new(kube), sql, metrics_service)
+            Backend::Kube(Box::new(kube))
         }
         BackendKind::Local => {
-            let local = LocalBackend::detect(LocalOptions {
-                rootfs: args.rootfs.clone(),
-                isolation: args.isolation.clone(),
-                runsc: args.runsc.clone(),
-                bwrap: args.bwrap.clone(),
-                tmp_size_bytes: args.tmp_size_bytes,
-                state_dir: args.state_dir.clone(),
-            })
-            .await
-            .context("the local sandbox is not usable")?;
-            let sql = if args.enable_sql {
-                Some(
-                    SqlService::load_local(
-                        args.policy_file.as_deref(),
-                        args.databases_file.as_deref(),
-                    )
-                    .await
-                    .context("execute_sql cannot start")?,
-                )
-            } else {
-                None
-            };
-            let metrics_service = if args.enable_metrics {
-                Some(MetricsService::Local {
-                    policy: sql::load_policy(args.policy_file.as_deref())
-                        .context("fetch_metrics cannot start")?,
-                    calls: calls.clone(),
-                })
-            } else {
-                None
-            };
-            (Arc::new(local), sql, metrics_service)
+            let embedded = embedded::load(args, calls.clone()).await?;
+            Backend::Local(LocalBackend::new(Arc::new(embedded)))
         }
     };
-    let sql = sql.map(Arc::new);
     let defaults = Limits {
         timeout_seconds: args.default_timeout_seconds,
         ..Limits::default()
@@ -158,8 +111,8 @@ async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
         backend,
         policy: Policy::new(args.max_timeout_seconds, defaults),
         metrics: Arc::new(Metrics::new()),
-        sql,
-        fetch_metrics: metrics_service.map(Arc::new),
+        sql: args.enable_sql,
+        fetch_metrics: args.enable_metrics,
         calls,
     }))
 }

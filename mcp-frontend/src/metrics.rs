@@ -29,6 +29,17 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The outcome of a call whose run ended in `phase`.
+    pub fn of(phase: sandboxrun_core::Phase) -> Self {
+        use sandboxrun_core::Phase;
+        match phase {
+            Phase::Succeeded => Outcome::Succeeded,
+            Phase::TimedOut => Outcome::TimedOut,
+            Phase::Rejected | Phase::AwaitingApproval => Outcome::Rejected,
+            Phase::Pending | Phase::Running | Phase::Failed => Outcome::Failed,
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Outcome::Succeeded => "succeeded",

@@ -4,6 +4,7 @@
 
 use sandboxrun_core::Limits;
 use sandboxrun_core::limits::{MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS};
+use sandboxrun_core::tools::ParseContext;
 
 /// Limits applied to every run of this frontend.
 #[derive(Clone, Debug)]
@@ -27,14 +28,13 @@ impl Policy {
         }
     }
 
-    /// The limits of one run: the defaults, with the caller's timeout when it gave one (already
-    /// validated against the maximum).
-    pub fn limits_with_timeout(&self, timeout_seconds: Option<u32>) -> Limits {
-        let mut limits = self.defaults.clone();
-        if let Some(t) = timeout_seconds {
-            limits.timeout_seconds = t.clamp(MIN_TIMEOUT_SECONDS, self.max_timeout_seconds);
+    /// What the tools' argument validation needs of this policy, for a call arriving now.
+    pub fn parse_context(&self) -> ParseContext {
+        ParseContext {
+            max_timeout_seconds: self.max_timeout_seconds,
+            defaults: self.defaults.clone(),
+            now: jiff::Timestamp::now(),
         }
-        limits
     }
 }
 
@@ -48,9 +48,9 @@ mod tests {
         assert_eq!(p.max_timeout_seconds, 600);
         let p = Policy::new(10, Limits::default());
         assert_eq!(p.defaults.timeout_seconds, 10);
-        assert_eq!(p.limits_with_timeout(None).timeout_seconds, 10);
-        assert_eq!(p.limits_with_timeout(Some(3)).timeout_seconds, 3);
-        assert_eq!(p.limits_with_timeout(Some(99)).timeout_seconds, 10);
-        assert_eq!(p.limits_with_timeout(Some(3)).memory, "256Mi");
+        let ctx = p.parse_context();
+        assert_eq!(ctx.defaults.timeout_seconds, 10);
+        assert_eq!(ctx.max_timeout_seconds, 10);
+        assert_eq!(ctx.defaults.memory, "256Mi");
     }
 }

@@ -6,6 +6,8 @@
 //! `{"timestamp":…,"level":"INFO","fields":{"message":"audit","run":…,"namespace":…,"agent":…,
 //! "tool":…,"environment":…,"verdict":…,"rule":…,"reason":…,"approved":…,"phase":…,
 //! "phase_reason":…,"duration_ms":…},"target":"audit"}`; keep `audit=info` in `RUST_LOG`.
+//! `verdict` is the API's word (`Allow`, `Block`, `Escalate`: `Verdict::as_str`), `environment`
+//! and `tool` the resource's (`sandbox`, `python`).
 //!
 //! The steps in between (decision, approval) are Kubernetes Events on the run and ordinary log
 //! lines; a run still awaiting approval has no audit line yet (it ends Rejected at the approval
@@ -16,7 +18,7 @@ use kube::ResourceExt;
 use sandboxrun_api::{SandboxRun, SandboxRunStatus};
 use sandboxrun_core::{Phase, Tool};
 
-use crate::gate::{CONDITION_APPROVED, environment_word, verdict_word};
+use crate::gate::CONDITION_APPROVED;
 
 /// The tracing target of audit lines.
 pub const TARGET: &str = "audit";
@@ -54,8 +56,8 @@ pub fn record(
         namespace = %run.namespace().unwrap_or_default(),
         agent = %run.spec.agent,
         tool = tool.map_or("", Tool::as_str),
-        environment = environment_word(run.spec.environment),
-        verdict = decision.map_or("", |d| verdict_word(d.verdict)),
+        environment = run.spec.environment.as_str(),
+        verdict = decision.map_or("", |d| d.verdict.as_str()),
         rule = decision.map_or("", |d| d.rule.as_str()),
         reason = decision.map_or("", |d| d.reason.as_str()),
         approved = approved(status),

@@ -1,32 +1,34 @@
-//! The SandboxRun controller: `reconcile` and `error_policy` over a shared [`Context`]. Every
-//! decision is derived from the run and its Pod as they are now (see `phase`), so reconciling
-//! twice, or after a restart, converges on the same state.
+//! The SandboxRun controller: `reconcile` and `error_policy` over a shared [`Context`]. One
+//! reconciliation is a [`Reconcile`] that runs stages: decide (policy judges the run once),
+//! gate (the approval), execute (the python Pod state machine of `python/`, or a query of
+//! `crate::query`), finish. Every decision is derived from the run and its Pod as they are now,
+//! so reconciling twice, or after a restart, converges on the same state.
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sandboxrun_api::{SandboxRun, SandboxRunStatus};
 use sandboxrun_core::metrics::PrometheusClient;
-use sandboxrun_core::{Databases, Phase, PolicyStore, Tool, Verdict};
+use sandboxrun_core::{Databases, Decision, Phase, PolicyStore, Reason, Tool, Verdict};
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::audit;
 use crate::events::Events;
 use crate::gate::{self, Gate};
 use crate::metrics::Metrics;
-use crate::phase::{self, Next, Outcome, Progress};
-use crate::pod::{self, BuildError, SandboxConfig};
-use crate::{result, ttl};
+use crate::outcome::{self, Outcome};
+use crate::python::pod::{self, BuildError, SandboxConfig};
+use crate::{audit, query, ttl};
 
 /// The one field manager of every status write (server-side apply).
 pub const FIELD_MANAGER: &str = "sandboxrun-operator";
@@ -91,7 +93,7 @@ impl Context {
     }
 
     /// What policy says about `run` now (everything is allowed without a policy).
-    fn decide(&self, run: &SandboxRun, tool: Tool) -> sandboxrun_core::Decision {
+    pub fn decide(&self, run: &SandboxRun, tool: Tool) -> Decision {
         let call = gate::call_context(&run.spec, tool);
         match &self.policy {
             Some(store) => store.evaluate(&call),
@@ -134,453 +136,382 @@ impl Error {
     }
 }
 
-/// Writes the whole status with server-side apply: fields the operator stops setting are removed.
-async fn apply_status(
-    runs: &Api<SandboxRun>,
-    name: &str,
-    status: &SandboxRunStatus,
-) -> Result<(), Error> {
-    let patch = json!({
-        "apiVersion": SandboxRun::api_version(&()),
-        "kind": SandboxRun::kind(&()),
-        "status": status,
-    });
-    runs.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(())
-}
+/// The outcome of a stage: go on to the next stage with a `T`, or end this reconciliation with
+/// an [`Action`].
+pub type Stage<T> = Result<ControlFlow<Action, T>, Error>;
 
-/// Deletes a Pod; one that is already gone is fine.
-async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<(), Error> {
-    match pods.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+/// Whether a status is in a terminal phase.
+pub fn is_terminal(status: &SandboxRunStatus) -> bool {
+    status.phase.is_some_and(Phase::is_terminal)
 }
 
 /// Requeue delay until `deadline` (at least a second: the Pod watch usually comes first).
-fn until(deadline: Timestamp, now: Timestamp) -> Duration {
+pub fn until(deadline: Timestamp, now: Timestamp) -> Duration {
     let left = deadline.duration_since(now).as_millis().max(1000);
     Duration::from_millis(left as u64)
 }
 
-/// Reconciles one SandboxRun.
-pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.metrics.reconciles.inc();
-    let action = reconcile_inner(&run, &ctx).await?;
-    ctx.failures
-        .lock()
-        .expect("not poisoned")
-        .remove(&ObjectRef::from_obj(run.as_ref()));
-    Ok(action)
+/// One reconciliation of one run: the run as the watch delivered it, the shared context, the
+/// APIs of its namespace and the clock, read once. The stages are its methods: [`decide`]
+/// (first reconciliation: policy judges the run), [`gate`] (the approval), [`execute`] (the
+/// python Pod state machine in `python/`, or a query), and [`finish`] / [`finished`].
+///
+/// [`decide`]: Reconcile::decide
+/// [`gate`]: Reconcile::gate
+/// [`execute`]: Reconcile::execute
+/// [`finish`]: Reconcile::finish
+/// [`finished`]: Reconcile::finished
+pub struct Reconcile<'a> {
+    /// The run, as the watch cache has it (may lag the operator's own last status write).
+    pub run: &'a SandboxRun,
+    /// What every reconciliation shares.
+    pub ctx: &'a Context,
+    /// SandboxRuns of the run's namespace.
+    pub runs: Api<SandboxRun>,
+    /// Pods of the run's namespace.
+    pub pods: Api<Pod>,
+    /// The run's name.
+    pub name: String,
+    /// The run's namespace.
+    pub ns: String,
+    /// When this reconciliation started.
+    pub now: Timestamp,
+    /// The run's `metadata.generation`, recorded as `observedGeneration`.
+    pub generation: Option<i64>,
 }
 
-async fn reconcile_inner(run: &SandboxRun, ctx: &Context) -> Result<Action, Error> {
-    let ns = run.namespace().ok_or(Error::NoNamespace)?;
-    let name = run.name_any();
-    if run.metadata.deletion_timestamp.is_some() {
-        // Garbage collection removes the Pod through its ownerReference.
-        return Ok(Action::await_change());
+impl<'a> Reconcile<'a> {
+    /// A reconciliation of `run`, now.
+    pub fn new(run: &'a SandboxRun, ctx: &'a Context) -> Result<Self, Error> {
+        let ns = run.namespace().ok_or(Error::NoNamespace)?;
+        Ok(Self {
+            run,
+            ctx,
+            runs: Api::namespaced(ctx.client.clone(), &ns),
+            pods: Api::namespaced(ctx.client.clone(), &ns),
+            name: run.name_any(),
+            ns,
+            now: Timestamp::now(),
+            generation: run.metadata.generation,
+        })
     }
-    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let now = Timestamp::now();
-    let mut prev = run.status.clone().unwrap_or_default();
 
-    if prev.phase.is_some_and(Phase::is_terminal) {
-        return finished(run, &prev, &runs, &pods, now).await;
+    /// The stages, in order; each either hands over to the next or ends the reconciliation.
+    async fn stages(&self) -> Result<Action, Error> {
+        if self.run.metadata.deletion_timestamp.is_some() {
+            // Garbage collection removes the Pod through its ownerReference.
+            return Ok(Action::await_change());
+        }
+        let prev = self.run.status.clone().unwrap_or_default();
+        if is_terminal(&prev) {
+            return self.finished(&prev).await;
+        }
+        let Some(tool) = self.run.spec.tool() else {
+            let outcome = outcome::rejected(
+                Reason::NoTool,
+                "the run sets none of python, sql or metrics".to_owned(),
+                self.now,
+            );
+            return self.end(&prev, None, &outcome, None).await;
+        };
+        let (prev, decided) = match self.decide(prev, tool).await? {
+            ControlFlow::Continue(next) => next,
+            ControlFlow::Break(action) => return Ok(action),
+        };
+        let prev = match self.gate(prev, tool).await? {
+            ControlFlow::Continue(next) => next,
+            ControlFlow::Break(action) => return Ok(action),
+        };
+        self.execute(prev, tool, decided).await
     }
 
-    let Some(tool) = run.spec.tool() else {
-        let outcome = phase::rejected(
-            "NoTool",
-            "the run sets none of python, sql or metrics".to_owned(),
-            now,
-        );
-        return finish(run, ctx, &prev, None, &outcome, None, &runs, &pods, now).await;
-    };
-    let generation = run.metadata.generation;
-
-    // Policy judges a run once, on its first reconciliation. Runs that predate the policy gate
-    // (a phase but no decision) are left to finish as they started.
-    let mut decided: Option<sandboxrun_core::Decision> = None;
-    if prev.decision.is_none() && prev.phase.is_none() {
+    /// Stage 1, on the first reconciliation only: policy judges the run, and the decision is
+    /// recorded (an Allow right away, before anything executes; a Block or an Escalate with the
+    /// phase the gate gives it). Goes on with the status to build on and the full decision when
+    /// one was taken now. Runs that predate the policy gate (a phase but no decision) are left
+    /// to finish as they started.
+    async fn decide(
+        &self,
+        prev: SandboxRunStatus,
+        tool: Tool,
+    ) -> Stage<(SandboxRunStatus, Option<Decision>)> {
+        let undecided = |s: &SandboxRunStatus| s.decision.is_none() && s.phase.is_none();
+        if !undecided(&prev) {
+            return Ok(ControlFlow::Continue((prev, None)));
+        }
         // The cache may lag our own decision write: decide on the run as it is now.
-        match runs.get_opt(&name).await? {
-            Some(fresh) => prev = fresh.status.unwrap_or_default(),
-            None => return Ok(Action::await_change()),
+        let Some(mut prev) = self.fresh_status().await? else {
+            return Ok(ControlFlow::Break(Action::await_change()));
+        };
+        if is_terminal(&prev) {
+            return self.finished(&prev).await.map(ControlFlow::Break);
         }
-        if prev.phase.is_some_and(Phase::is_terminal) {
-            return finished(run, &prev, &runs, &pods, now).await;
+        if !undecided(&prev) {
+            return Ok(ControlFlow::Continue((prev, None)));
         }
-        if prev.decision.is_none() && prev.phase.is_none() {
-            let decision = ctx.decide(run, tool);
-            let record = gate::recorded(&decision);
-            info!(run = %name, namespace = %ns, decision = %decision, "policy decision");
-            ctx.events.decided(run, &record).await;
-            if record.verdict == Verdict::Allow {
-                // Recorded before anything executes; Block and Escalate record it with their
-                // phase just below.
-                let status = gate::decided_status(&prev, tool, record, generation);
-                apply_status(&runs, &name, &status).await?;
-                prev = status;
-            } else {
-                prev.decision = Some(record);
-            }
-            decided = Some(decision);
+        let decision = self.ctx.decide(self.run, tool);
+        let record = gate::recorded(&decision);
+        info!(run = %self.name, namespace = %self.ns, decision = %decision, "policy decision");
+        self.ctx.events.decided(self.run, &record).await;
+        if record.verdict == Verdict::Allow {
+            // Recorded before anything executes; Block and Escalate record it with their phase
+            // in the gate.
+            let status = gate::decided_status(&prev, tool, record, self.generation);
+            self.apply(&status).await?;
+            prev = status;
+        } else {
+            prev.decision = Some(record);
         }
+        Ok(ControlFlow::Continue((prev, Some(decision))))
     }
 
-    if let Some(decision) = prev.decision.clone() {
-        let approval = gate::approval_state(run.spec.approval.as_ref(), generation);
-        let since = gate::awaiting_since(&prev, run.metadata.creation_timestamp.as_ref(), now);
+    /// Stage 2: the recorded decision and the approval. A Block (or a denied or expired
+    /// escalation) ends the run Rejected, an escalation nobody answered yet waits in
+    /// AwaitingApproval, anything else goes on (an approval is recorded first).
+    async fn gate(&self, mut prev: SandboxRunStatus, tool: Tool) -> Stage<SandboxRunStatus> {
+        let Some(decision) = prev.decision.clone() else {
+            return Ok(ControlFlow::Continue(prev));
+        };
+        let approval = gate::approval_state(self.run.spec.approval.as_ref(), self.generation);
+        let created = self.run.metadata.creation_timestamp.as_ref();
+        let since = gate::awaiting_since(&prev, created, self.now);
         let awaiting = prev.phase == Some(Phase::AwaitingApproval);
-        match gate::gate(&decision, approval, since, ctx.approval_timeout, now) {
+        match gate::gate(
+            &decision,
+            approval,
+            since,
+            self.ctx.approval_timeout,
+            self.now,
+        ) {
             Gate::Reject(outcome) => {
                 if decision.verdict == Verdict::Escalate {
                     gate::mark_not_approved(
                         &mut prev,
                         &outcome.reason,
                         &outcome.message,
-                        generation,
-                        now,
+                        self.generation,
+                        self.now,
                     );
                 }
-                return finish(
-                    run,
-                    ctx,
-                    &prev,
-                    Some(tool),
-                    &outcome,
-                    None,
-                    &runs,
-                    &pods,
-                    now,
-                )
-                .await;
+                let action = self.end(&prev, Some(tool), &outcome, None).await?;
+                Ok(ControlFlow::Break(action))
             }
             Gate::Await { deadline } => {
                 if !awaiting {
-                    let approve = gate::approve_command(&name, &ns);
-                    let status = gate::awaiting_status(&prev, tool, &approve, generation, now);
-                    apply_status(&runs, &name, &status).await?;
-                    info!(run = %name, namespace = %ns, "run awaits approval");
-                    ctx.metrics.entered(Phase::AwaitingApproval);
+                    let approve = gate::approve_command(&self.name, &self.ns);
+                    let status =
+                        gate::awaiting_status(&prev, tool, &approve, self.generation, self.now);
+                    self.apply(&status).await?;
+                    info!(run = %self.name, namespace = %self.ns, "run awaits approval");
+                    self.ctx.metrics.entered(Phase::AwaitingApproval);
                 }
                 // A change of spec.approval wakes the run up before this.
-                return Ok(Action::requeue(until(deadline, now)));
+                let wait = until(deadline, self.now);
+                Ok(ControlFlow::Break(Action::requeue(wait)))
             }
             Gate::Proceed => {
-                let newly_approved = decision.verdict == Verdict::Escalate
-                    && !prev
-                        .conditions
-                        .iter()
-                        .any(|c| c.type_ == gate::CONDITION_APPROVED && c.status == "True");
+                let newly_approved =
+                    decision.verdict == Verdict::Escalate && !audit::approved(&prev);
                 if newly_approved {
-                    gate::mark_approved(&mut prev, generation, now);
-                    apply_status(&runs, &name, &prev).await?;
-                    info!(run = %name, namespace = %ns, "run approved");
-                    ctx.events.approved(run).await;
+                    gate::mark_approved(&mut prev, self.generation, self.now);
+                    self.apply(&prev).await?;
+                    info!(run = %self.name, namespace = %self.ns, "run approved");
+                    self.ctx.events.approved(self.run).await;
                 }
+                Ok(ControlFlow::Continue(prev))
             }
         }
     }
 
-    if tool == Tool::Sql || tool == Tool::Metrics {
-        // The query runs here, in the reconcile: a reconcile woken by our own earlier status
-        // write may still see the run before its terminal status, so ask the API server first.
-        if let Some(done) = terminal_now(&runs, &name).await? {
-            return finished(run, &done, &runs, &pods, now).await;
+    /// Stage 3: the run passed the gate; execute its tool. `decided` is the decision taken in
+    /// this reconciliation, if any (its limits build the sandbox Pod).
+    async fn execute(
+        &self,
+        prev: SandboxRunStatus,
+        tool: Tool,
+        decided: Option<Decision>,
+    ) -> Result<Action, Error> {
+        match tool {
+            Tool::Python => self.python(prev, decided).await,
+            Tool::Sql | Tool::Metrics => self.query(prev, tool).await,
         }
+    }
+
+    /// Executes an sql or metrics run on core's executors, in this reconcile, and ends it.
+    async fn query(&self, prev: SandboxRunStatus, tool: Tool) -> Result<Action, Error> {
+        // A reconcile woken by our own earlier status write may still see the run before its
+        // terminal status: ask the API server first, so a query runs at most once.
+        if let Some(done) = self.terminal_now().await? {
+            return self.finished(&done).await;
+        }
+        let (ctx, now) = (self.ctx, Timestamp::now());
+        let policy = ctx.policy.as_deref();
         let (outcome, result) = if tool == Tool::Sql {
-            crate::sql::execute(
-                run,
-                ctx.databases.as_ref(),
-                ctx.policy.as_deref(),
-                Timestamp::now(),
-            )
-            .await
+            query::sql(self.run, ctx.databases.as_ref(), policy, now).await
         } else {
-            crate::promql::execute(
-                run,
-                ctx.prometheus.as_ref(),
-                ctx.policy.as_deref(),
-                Timestamp::now(),
-            )
-            .await
+            query::metrics(self.run, ctx.prometheus.as_ref(), policy, now).await
         };
         let status = SandboxRunStatus {
             result,
-            ..phase::outcome_status(&prev, Some(tool), &outcome, None, generation, now)
+            ..self.terminal(&prev, Some(tool), &outcome, None)
         };
-        return finish_with_status(
-            run,
-            ctx,
-            status,
-            Some(tool),
-            &outcome,
-            None,
-            &runs,
-            &pods,
-            now,
-        )
-        .await;
+        self.finish(status, &outcome, None).await
     }
 
-    if tool != Tool::Python {
-        let outcome = phase::rejected(
-            "ToolNotImplemented",
-            format!(
-                "the {tool} tool is not executed by this version of sandboxrun yet; only python, sql and metrics runs"
-            ),
-            now,
+    /// The terminal status of `outcome`, built on `prev`.
+    pub fn terminal(
+        &self,
+        prev: &SandboxRunStatus,
+        tool: Option<Tool>,
+        outcome: &Outcome,
+        pod: Option<&str>,
+    ) -> SandboxRunStatus {
+        outcome::outcome_status(prev, tool, outcome, pod, self.generation, self.now)
+    }
+
+    /// Ends the run with `outcome`: [`Reconcile::finish`] with its terminal status.
+    pub async fn end(
+        &self,
+        prev: &SandboxRunStatus,
+        tool: Option<Tool>,
+        outcome: &Outcome,
+        pod: Option<&str>,
+    ) -> Result<Action, Error> {
+        self.finish(self.terminal(prev, tool, outcome, pod), outcome, pod)
+            .await
+    }
+
+    /// Records the terminal `status` of `outcome` (its tool is `status.tool`), writes the
+    /// run's one audit line, then deletes the Pod `pod` and schedules the TTL.
+    pub async fn finish(
+        &self,
+        status: SandboxRunStatus,
+        outcome: &Outcome,
+        pod: Option<&str>,
+    ) -> Result<Action, Error> {
+        // A run ends once: one terminal status, one audit line, even when this reconcile started
+        // from a cached copy that predates a terminal status written by the previous one.
+        if let Some(done) = self.terminal_now().await? {
+            return self.finished(&done).await;
+        }
+        // The status first: the Pod (and its log) must outlive the only record of the result.
+        self.apply(&status).await?;
+        info!(run = %self.name, phase = %outcome.phase, reason = %outcome.reason, "run finished");
+        // The call's one audit line: the run is terminal from here on.
+        let tool = status.tool;
+        audit::record(
+            self.run,
+            tool,
+            &status,
+            outcome.phase,
+            &outcome.reason,
+            self.now,
         );
-        return finish(
-            run,
-            ctx,
-            &prev,
-            Some(tool),
-            &outcome,
-            None,
-            &runs,
-            &pods,
-            now,
-        )
-        .await;
+        let metrics = &self.ctx.metrics;
+        metrics.entered(outcome.phase);
+        metrics.finished_call(
+            tool,
+            &self.run.spec.agent,
+            self.run.spec.environment,
+            status.decision.as_ref().map(|d| d.verdict),
+            outcome.phase,
+        );
+        if let Some(start) = outcome.started_at {
+            let secs = outcome.finished_at.duration_since(start).as_secs_f64();
+            metrics.run_duration.observe(secs.max(0.0));
+        }
+        self.ctx
+            .events
+            .finished(self.run, outcome.phase, &outcome.reason, &outcome.message)
+            .await;
+        if let Some(pod) = pod {
+            self.delete_pod(pod).await?;
+        }
+        Ok(after_ttl(self.run, &status, self.now))
     }
 
-    let pod_name = pod::pod_name(&name);
-    // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod.
-    let pod = pods.get_opt(&pod_name).await?;
-    // The limits the Pod was built with (policy may have lowered the requested ones).
-    let limits = pod
-        .as_ref()
-        .and_then(pod::limits_of)
-        .unwrap_or_else(|| run.spec.limits.effective());
-    if pod.is_none() {
-        // The cached run may lag our own last status write (for example the terminal one,
-        // just before we deleted the Pod): decide on the run as it is now.
-        match runs.get_opt(&name).await? {
-            Some(fresh) => prev = fresh.status.unwrap_or_default(),
-            None => return Ok(Action::await_change()),
+    /// A run in a terminal phase: make sure its Pod is gone, delete the run once its TTL passed.
+    pub async fn finished(&self, status: &SandboxRunStatus) -> Result<Action, Error> {
+        if let Some(pod) = &status.pod_name {
+            // Covers a crash between recording the result and deleting the Pod.
+            self.delete_pod(pod).await?;
         }
-        if prev.phase.is_some_and(Phase::is_terminal) {
-            return finished(run, &prev, &runs, &pods, now).await;
-        }
-    }
-
-    match phase::next(&prev, pod.as_ref(), &limits, now) {
-        Next::CreatePod => {
-            // The decision's limits: the requested ones, lowered to the policy rule's ceilings.
-            let limits = match decided {
-                Some(d) => d.limits,
-                None => ctx.decide(run, tool).limits,
-            };
-            let desired = pod::build_with_limits(run, &ctx.sandbox, &limits)?;
-            match pods.create(&PostParams::default(), &desired).await {
-                Ok(_) => {
-                    info!(run = %name, namespace = %ns, pod = %pod_name, "created sandbox pod");
-                    // Counted here, once per Pod: a lagging cache can show "no phase" again.
-                    ctx.metrics.entered(Phase::Pending);
-                    ctx.events.pod_created(run, &pod_name).await;
+        match ttl_left(self.run, status, self.now) {
+            Some(left) => Ok(Action::requeue(left)),
+            None => {
+                info!(run = %self.name, "TTL expired, deleting run");
+                match self
+                    .runs
+                    .delete(&self.name, &DeleteParams::background())
+                    .await
+                {
+                    Ok(_) => Ok(Action::await_change()),
+                    Err(kube::Error::Api(e)) if e.code == 404 => Ok(Action::await_change()),
+                    Err(e) => Err(e.into()),
                 }
-                // Created before a restart, or by a concurrent reconcile: same Pod, same name.
-                Err(kube::Error::Api(e)) if e.code == 409 => {}
-                // Refused for good (admission, quota, Pod Security, unknown RuntimeClass):
-                // retrying would fail the same way.
-                Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
-                    let outcome = phase::rejected(
-                        "PodCreationFailed",
-                        format!("the API server refused the sandbox Pod: {}", e.message),
-                        now,
-                    );
-                    let outcome = Outcome {
-                        phase: Phase::Failed,
-                        ..outcome
-                    };
-                    return finish(
-                        run,
-                        ctx,
-                        &prev,
-                        Some(tool),
-                        &outcome,
-                        None,
-                        &runs,
-                        &pods,
-                        now,
-                    )
-                    .await;
-                }
-                Err(e) => return Err(e.into()),
             }
-            let deadline = now
-                .checked_add(SignedDuration::from_secs(
-                    i64::from(limits.timeout_seconds + pod::ACTIVE_DEADLINE_GRACE_SECONDS)
-                        + phase::OPERATOR_DEADLINE_SLACK_SECONDS,
-                ))
-                .unwrap_or(now);
-            let progress = Progress {
-                phase: Phase::Pending,
-                reason: "PodCreated".to_owned(),
-                message: format!("created sandbox Pod {pod_name}"),
-                started_at: None,
-                deadline,
-            };
-            progress_to(run, ctx, &prev, &progress, &pod_name, &runs, now).await
         }
-        Next::Progress(progress) => {
-            progress_to(run, ctx, &prev, &progress, &pod_name, &runs, now).await
-        }
-        Next::Collect(exited) => {
-            let outcome = match result::read_log(&pods, &pod_name, &limits).await {
-                Ok(log) => phase::collected(&exited, &log, &limits),
-                Err(source) => match phase::log_unreadable(&exited, &source.to_string(), now) {
-                    Some(outcome) => outcome,
-                    None => {
-                        return Err(Error::LogUnreadable {
-                            pod: pod_name,
-                            source,
-                        });
-                    }
-                },
-            };
-            finish(
-                run,
-                ctx,
-                &prev,
-                Some(tool),
-                &outcome,
-                Some(&pod_name),
-                &runs,
-                &pods,
-                now,
+    }
+
+    /// The run's status as the API server has it now (never the watch cache): `None` when the
+    /// run is gone, else its status.
+    pub async fn fresh_status(&self) -> Result<Option<SandboxRunStatus>, Error> {
+        Ok(self
+            .runs
+            .get_opt(&self.name)
+            .await?
+            .map(|fresh| fresh.status.unwrap_or_default()))
+    }
+
+    /// The run's status as the API server has it now, if that is terminal. Reconciles start
+    /// from the watch cache, which can lag the operator's own last status write.
+    pub async fn terminal_now(&self) -> Result<Option<SandboxRunStatus>, Error> {
+        Ok(self
+            .runs
+            .get_opt(&self.name)
+            .await?
+            .and_then(|fresh| fresh.status)
+            .filter(is_terminal))
+    }
+
+    /// Writes the whole status with server-side apply: fields the operator stops setting are
+    /// removed.
+    pub async fn apply(&self, status: &SandboxRunStatus) -> Result<(), Error> {
+        let patch = json!({
+            "apiVersion": SandboxRun::api_version(&()),
+            "kind": SandboxRun::kind(&()),
+            "status": status,
+        });
+        self.runs
+            .patch_status(
+                &self.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
             )
-            .await
-        }
-        Next::Finish(outcome) => {
-            finish(
-                run,
-                ctx,
-                &prev,
-                Some(tool),
-                &outcome,
-                Some(&pod_name),
-                &runs,
-                &pods,
-                now,
-            )
-            .await
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes a Pod; one that is already gone is fine.
+    pub async fn delete_pod(&self, name: &str) -> Result<(), Error> {
+        match self.pods.delete(name, &DeleteParams::background()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
         }
     }
 }
 
-/// Records a non-terminal state (only when it changed) and waits for the Pod to move.
-async fn progress_to(
-    run: &SandboxRun,
-    ctx: &Context,
-    prev: &SandboxRunStatus,
-    progress: &Progress,
-    pod_name: &str,
-    runs: &Api<SandboxRun>,
-    now: Timestamp,
-) -> Result<Action, Error> {
-    let status = phase::progress_status(prev, progress, pod_name, run.metadata.generation, now);
-    if &status != prev {
-        apply_status(runs, &run.name_any(), &status).await?;
-    }
-    if prev.phase != Some(progress.phase) && progress.phase == Phase::Running {
-        ctx.metrics.entered(Phase::Running);
-        ctx.events.started(run, pod_name).await;
-        if let (Some(start), Some(created)) = (
-            progress.started_at,
-            run.metadata.creation_timestamp.as_ref(),
-        ) {
-            // Whole seconds: Kubernetes timestamps have no finer resolution.
-            let wait = start.duration_since(created.0).as_secs_f64();
-            ctx.metrics.queue_to_start.observe(wait.max(0.0));
-        }
-    }
-    Ok(Action::requeue(until(progress.deadline, now)))
-}
-
-/// Records a terminal outcome, then deletes the Pod and schedules the TTL.
-#[allow(clippy::too_many_arguments)]
-async fn finish(
-    run: &SandboxRun,
-    ctx: &Context,
-    prev: &SandboxRunStatus,
-    tool: Option<Tool>,
-    outcome: &Outcome,
-    pod_name: Option<&str>,
-    runs: &Api<SandboxRun>,
-    pods: &Api<Pod>,
-    now: Timestamp,
-) -> Result<Action, Error> {
-    let status = phase::outcome_status(prev, tool, outcome, pod_name, run.metadata.generation, now);
-    finish_with_status(run, ctx, status, tool, outcome, pod_name, runs, pods, now).await
-}
-
-/// [`finish`] with the terminal status already built (sql runs add `result`).
-#[allow(clippy::too_many_arguments)]
-async fn finish_with_status(
-    run: &SandboxRun,
-    ctx: &Context,
-    status: SandboxRunStatus,
-    tool: Option<Tool>,
-    outcome: &Outcome,
-    pod_name: Option<&str>,
-    runs: &Api<SandboxRun>,
-    pods: &Api<Pod>,
-    now: Timestamp,
-) -> Result<Action, Error> {
-    let name = run.name_any();
-    // A run ends once: one terminal status, one audit line, even when this reconcile started from
-    // a cached copy that predates a terminal status written by the previous one.
-    if let Some(done) = terminal_now(runs, &name).await? {
-        return finished(run, &done, runs, pods, now).await;
-    }
-    // The status first: the Pod (and its log) must outlive the only record of the result.
-    apply_status(runs, &name, &status).await?;
-    info!(run = %name, phase = %outcome.phase, reason = %outcome.reason, "run finished");
-    // The call's one audit line: the run is terminal from here on.
-    audit::record(run, tool, &status, outcome.phase, &outcome.reason, now);
-    ctx.metrics.entered(outcome.phase);
-    ctx.metrics.finished_call(
-        tool,
-        &run.spec.agent,
-        run.spec.environment,
-        status.decision.as_ref().map(|d| d.verdict),
-        outcome.phase,
-    );
-    if let Some(start) = outcome.started_at {
-        let secs = outcome.finished_at.duration_since(start).as_secs_f64();
-        ctx.metrics.run_duration.observe(secs.max(0.0));
-    }
-    ctx.events
-        .finished(run, outcome.phase, &outcome.reason, &outcome.message)
-        .await;
-    if let Some(pod) = pod_name {
-        delete_pod(pods, pod).await?;
-    }
-    Ok(after_ttl(run, &status, now))
-}
-
-/// The run's status as the API server has it now, if that is terminal. Reconciles start from
-/// the watch cache, which can lag the operator's own last status write.
-async fn terminal_now(
-    runs: &Api<SandboxRun>,
-    name: &str,
-) -> Result<Option<SandboxRunStatus>, Error> {
-    Ok(runs
-        .get_opt(name)
-        .await?
-        .and_then(|fresh| fresh.status)
-        .filter(|status| status.phase.is_some_and(Phase::is_terminal)))
+/// Reconciles one SandboxRun.
+#[tracing::instrument(skip_all, fields(run = %run.name_any(), namespace = %run.namespace().unwrap_or_default()))]
+pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciles.inc();
+    let action = Reconcile::new(&run, &ctx)?.stages().await?;
+    ctx.failures
+        .lock()
+        .expect("not poisoned")
+        .remove(&ObjectRef::from_obj(run.as_ref()));
+    Ok(action)
 }
 
 /// Time left before a finished run is deleted (`None`: due now). Counted from its completion
@@ -598,34 +529,6 @@ fn ttl_left(run: &SandboxRun, status: &SandboxRunStatus, now: Timestamp) -> Opti
 fn after_ttl(run: &SandboxRun, status: &SandboxRunStatus, now: Timestamp) -> Action {
     // When due already, reconcile again right away: the terminal path deletes the run.
     Action::requeue(ttl_left(run, status, now).unwrap_or(Duration::from_millis(1)))
-}
-
-/// A run in a terminal phase: make sure its Pod is gone, delete the run once its TTL passed.
-async fn finished(
-    run: &SandboxRun,
-    status: &SandboxRunStatus,
-    runs: &Api<SandboxRun>,
-    pods: &Api<Pod>,
-    now: Timestamp,
-) -> Result<Action, Error> {
-    if let Some(pod) = &status.pod_name {
-        // Covers a crash between recording the result and deleting the Pod.
-        delete_pod(pods, pod).await?;
-    }
-    match ttl_left(run, status, now) {
-        Some(left) => Ok(Action::requeue(left)),
-        None => {
-            info!(run = %run.name_any(), "TTL expired, deleting run");
-            match runs
-                .delete(&run.name_any(), &DeleteParams::background())
-                .await
-            {
-                Ok(_) => Ok(Action::await_change()),
-                Err(kube::Error::Api(e)) if e.code == 404 => Ok(Action::await_change()),
-                Err(e) => Err(e.into()),
-            }
-        }
-    }
 }
 
 /// Retries a failed reconciliation with exponential backoff per run: 1 s, 2 s, 4 s ... 60 s.
@@ -673,3 +576,7 @@ pub async fn run(
         })
         .await;
 }
+
+#[cfg(test)]
+#[path = "controller_tests.rs"]
+mod tests;

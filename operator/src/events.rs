@@ -3,7 +3,7 @@
 use kube::Resource;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use sandboxrun_api::SandboxRun;
-use sandboxrun_core::{Phase, Verdict};
+use sandboxrun_core::{Phase, Reason, Verdict};
 
 /// Publishes Events about runs; failures are logged, never fatal: an Event is a courtesy.
 #[derive(Clone)]
@@ -49,7 +49,7 @@ impl Events {
         self.publish(
             run,
             EventType::Normal,
-            "PodCreated",
+            Reason::PodCreated.as_str(),
             "CreatePod",
             format!("created sandbox Pod {pod}"),
         )
@@ -72,7 +72,7 @@ impl Events {
     pub async fn decided(&self, run: &SandboxRun, decision: &sandboxrun_api::Decision) {
         let (type_, reason) = match decision.verdict {
             Verdict::Allow => (EventType::Normal, "PolicyAllowed"),
-            Verdict::Block => (EventType::Warning, "PolicyBlocked"),
+            Verdict::Block => (EventType::Warning, Reason::PolicyBlocked.as_str()),
             Verdict::Escalate => (EventType::Warning, "PolicyEscalated"),
         };
         self.publish(

@@ -17,12 +17,14 @@ use sandboxrun_api::{
     Approval, CONDITION_COMPLETED, CONDITION_STARTED, Decision, SandboxRunSpec, SandboxRunStatus,
 };
 use sandboxrun_core::policy::DEFAULT_ROWS;
-use sandboxrun_core::{CallContext, Environment, Phase, Tool, Verdict};
+use sandboxrun_core::{CallContext, Phase, Reason, Tool, Verdict};
 
-use crate::phase::{self, Outcome, set_condition};
+use crate::outcome::{Outcome, rejected, set_condition};
 
 /// Condition type: a person approved the run (True), or not (False, reason says why).
 pub const CONDITION_APPROVED: &str = "Approved";
+/// Reason of the `Approved=True` condition (core's [`Reason`] names why runs end, not this).
+pub const APPROVED: &str = "Approved";
 /// Rule name of the decisions taken when the operator runs without a policy file.
 pub const NO_POLICY_RULE: &str = "no-policy";
 
@@ -56,24 +58,6 @@ pub fn recorded(decision: &sandboxrun_core::Decision) -> Decision {
         verdict: decision.verdict,
         rule: decision.rule.clone(),
         reason: decision.reason.clone(),
-    }
-}
-
-/// A verdict as a word (`allow`, `block`, `escalate`).
-pub fn verdict_word(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Allow => "allow",
-        Verdict::Block => "block",
-        Verdict::Escalate => "escalate",
-    }
-}
-
-/// An environment as a word (`sandbox`, `staging`, `production`).
-pub fn environment_word(e: Environment) -> &'static str {
-    match e {
-        Environment::Sandbox => "sandbox",
-        Environment::Staging => "staging",
-        Environment::Production => "production",
     }
 }
 
@@ -124,8 +108,8 @@ pub fn gate(
 ) -> Gate {
     match decision.verdict {
         Verdict::Allow => Gate::Proceed,
-        Verdict::Block => Gate::Reject(phase::rejected(
-            "PolicyBlocked",
+        Verdict::Block => Gate::Reject(rejected(
+            Reason::PolicyBlocked,
             format!(
                 "blocked by policy rule {}: {}",
                 decision.rule, decision.reason
@@ -134,8 +118,8 @@ pub fn gate(
         )),
         Verdict::Escalate => match approval {
             ApprovalState::Approved => Gate::Proceed,
-            ApprovalState::Denied => Gate::Reject(phase::rejected(
-                "ApprovalDenied",
+            ApprovalState::Denied => Gate::Reject(rejected(
+                Reason::ApprovalDenied,
                 format!(
                     "policy rule {} escalated the run ({}) and a person denied it (spec.approval.approved: false)",
                     decision.rule, decision.reason
@@ -145,8 +129,8 @@ pub fn gate(
             ApprovalState::Pending => {
                 let deadline = since.checked_add(timeout).unwrap_or(since);
                 if now >= deadline {
-                    Gate::Reject(phase::rejected(
-                        "ApprovalTimedOut",
+                    Gate::Reject(rejected(
+                        Reason::ApprovalTimedOut,
                         format!(
                             "policy rule {} escalated the run ({}) and nobody approved it within {:#}",
                             decision.rule, decision.reason, timeout
@@ -215,13 +199,11 @@ pub fn awaiting_status(
     let message = format!(
         "policy rule {rule} escalated the run ({reason}); it waits for a person: {approve} (or \"approved\":false to deny)"
     );
-    s.reason = Some("AwaitingApproval".to_owned());
+    // The phase is its own reason: the run waits for a person.
+    let reason = Phase::AwaitingApproval.as_str();
+    s.reason = Some(reason.to_owned());
     s.message = Some(message.clone());
-    for (type_, reason) in [
-        (CONDITION_APPROVED, "AwaitingApproval"),
-        (CONDITION_STARTED, "AwaitingApproval"),
-        (CONDITION_COMPLETED, "AwaitingApproval"),
-    ] {
+    for type_ in [CONDITION_APPROVED, CONDITION_STARTED, CONDITION_COMPLETED] {
         set_condition(
             &mut s.conditions,
             type_,
@@ -241,7 +223,7 @@ pub fn mark_approved(status: &mut SandboxRunStatus, generation: Option<i64>, now
         &mut status.conditions,
         CONDITION_APPROVED,
         true,
-        "Approved",
+        APPROVED,
         "a person approved the run (spec.approval.approved: true)",
         generation,
         now,

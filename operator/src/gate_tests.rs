@@ -2,7 +2,7 @@
 
 use super::*;
 use sandboxrun_api::{LimitsSpec, PythonSpec, SqlSpec};
-use sandboxrun_core::Policy;
+use sandboxrun_core::{Environment, Policy};
 
 fn t(s: &str) -> Timestamp {
     s.parse().unwrap()

@@ -4,15 +4,15 @@ mod audit;
 mod config;
 mod controller;
 mod events;
+#[cfg(test)]
+mod fixtures;
 mod gate;
 mod leader;
 mod metrics;
-mod phase;
-mod pod;
+mod outcome;
 mod policy;
-mod promql;
-mod result;
-mod sql;
+mod python;
+mod query;
 mod ttl;
 
 use std::sync::Arc;
@@ -24,7 +24,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::Config;
 use crate::controller::Context;
-use crate::pod::SandboxConfig;
+use crate::python::pod::SandboxConfig;
 
 /// Completes on SIGTERM (what the kubelet sends) or Ctrl-C.
 async fn termination() {

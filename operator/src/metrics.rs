@@ -13,7 +13,6 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use sandboxrun_core::metrics::store::{environment_label, tool_label, verdict_label};
 use sandboxrun_core::{Environment, Phase, Tool, Verdict};
 
 /// Label set naming a phase.
@@ -144,10 +143,10 @@ impl Metrics {
     ) {
         self.tool_calls
             .get_or_create(&CallLabels {
-                tool: tool.map(tool_label).unwrap_or_default().to_owned(),
+                tool: tool.map(Tool::mcp_name).unwrap_or_default().to_owned(),
                 agent: agent.to_owned(),
-                environment: environment_label(environment).to_owned(),
-                verdict: verdict.map(verdict_label).unwrap_or_default().to_owned(),
+                environment: environment.as_str().to_owned(),
+                verdict: verdict.map(Verdict::as_str).unwrap_or_default().to_owned(),
                 phase: phase.to_string(),
             })
             .inc();

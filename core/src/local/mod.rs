@@ -29,7 +29,6 @@
 mod bwrap;
 mod cgroup;
 mod gvisor;
-mod quantity;
 mod rootfs;
 
 use std::ffi::OsString;
@@ -45,11 +44,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use crate::Phase;
 use crate::limits::Limits;
-use crate::runner::{ENVELOPE_VERSION, RunnerResult, parse_envelope, runner_argv};
+use crate::runner::{Observed, RunnerResult, parse_envelope, runner_argv};
 
-pub use quantity::{cpu_millis, memory_bytes};
+pub use crate::quantity::{cpu_millis, memory_bytes};
 pub use rootfs::MARKER as ROOTFS_MARKER;
 
 use cgroup::{CgroupLimits, RunCgroup};
@@ -253,19 +251,17 @@ fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> LocalSan
     move |source| LocalSandboxError::Io { context, source }
 }
 
-/// The result of one run.
+/// What one run left: the runner's envelope and what the driver saw. How the run ended is
+/// decided by [`crate::tools::python::classify`], the same classification as a sandbox Pod's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalRun {
-    /// What the runner reported; when the sandbox ended without an envelope (killed, OOM), a
-    /// result synthesised by the driver with the reason in `stderr`.
-    pub result: RunnerResult,
-    /// `Succeeded`, `Failed` or `TimedOut`.
-    pub outcome: Phase,
-    /// Why the run did not succeed: `NonZeroExit`, `OOMKilled`, `DeadlineExceeded` or
-    /// `NoResult` (the Pod's reasons); None on success.
-    pub reason: Option<String>,
+    /// What the runner reported, when its envelope could be read.
+    pub envelope: Option<RunnerResult>,
+    /// What the driver saw of the sandbox's end (cgroup OOM counter, deadline, exit status,
+    /// the engine's stderr).
+    pub observed: Observed,
     /// Wall-clock time of the whole sandbox, start-up included, in milliseconds (the code's
-    /// own run time is `result.duration_millis`).
+    /// own run time is the envelope's `duration_millis`).
     pub duration_ms: u64,
 }
 
@@ -386,16 +382,19 @@ impl LocalSandbox {
             .run_python("print(1)", &limits)
             .await
             .map_err(|e| failed(e.to_string()))?;
-        if run.outcome == Phase::Succeeded && run.result.stdout == "1\n" {
-            Ok(())
-        } else {
-            Err(failed(format!(
-                "ended {:?} ({}), stdout {:?}, stderr {:?}",
-                run.outcome,
-                run.reason.as_deref().unwrap_or("-"),
-                run.result.stdout,
-                run.result.stderr.trim_end()
-            )))
+        match &run.envelope {
+            Some(r) if r.exit_code == 0 && r.stdout == "1\n" => Ok(()),
+            Some(r) => Err(failed(format!(
+                "exit code {}, stdout {:?}, stderr {:?}",
+                r.exit_code,
+                r.stdout,
+                r.stderr.trim_end()
+            ))),
+            None => Err(failed(format!(
+                "no result ({:?}): {}",
+                run.observed.exit_code,
+                run.observed.detail.trim_end()
+            ))),
         }
     }
 
@@ -551,117 +550,33 @@ impl LocalSandbox {
             .as_ref()
             .is_some_and(RunCgroup::pids_limit_hit);
         let log = String::from_utf8_lossy(out.bytes());
-        let engine_stderr = String::from_utf8_lossy(&err);
-        let (result, outcome, reason) = classify(
-            parse_envelope(&log).ok(),
-            Observed {
-                oom,
-                pids_hit,
-                deadline_hit,
-                status,
-            },
-            engine_stderr.trim(),
-        );
+        let envelope = parse_envelope(&log);
+        let observed = Observed {
+            oom_killed: cleanup.cgroup.as_ref().map(|_| oom),
+            deadline_hit,
+            pids_limit_hit: pids_hit,
+            exit_code: status.map(exit_code_of),
+            platform_reason: None,
+            envelope_error: envelope.as_ref().err().map(ToString::to_string),
+            detail: String::from_utf8_lossy(&err).trim().to_owned(),
+        };
         drop(cleanup);
         Ok(LocalRun {
-            result,
-            outcome,
-            reason,
+            envelope: envelope.ok(),
+            observed,
             duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
         })
     }
 }
 
-/// What the driver saw of a run besides its envelope.
-#[derive(Clone, Copy, Debug, Default)]
-struct Observed {
-    /// The run's cgroup recorded an OOM kill.
-    oom: bool,
-    /// The run's cgroup refused a fork at its pid limit.
-    pids_hit: bool,
-    /// The driver killed the sandbox at its own deadline.
-    deadline_hit: bool,
-    /// How the engine process ended.
-    status: Option<ExitStatus>,
-}
-
-/// Turns what was observed into the run's outcome, the Pod's way: the envelope when there is
-/// one, else the cgroup's OOM counter, the deadline, or "no result".
-fn classify(
-    envelope: Option<RunnerResult>,
-    seen: Observed,
-    engine_stderr: &str,
-) -> (RunnerResult, Phase, Option<String>) {
+/// The exit code of the engine process: its own, or 128 + the signal that ended it.
+fn exit_code_of(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    let Observed {
-        oom,
-        pids_hit,
-        deadline_hit,
-        status,
-    } = seen;
-    if let Some(r) = envelope {
-        let (phase, reason) = if r.timed_out {
-            (Phase::TimedOut, Some("DeadlineExceeded"))
-        } else if r.exit_code == 0 {
-            (Phase::Succeeded, None)
-        } else if r.oom_kill == Some(true) || (oom && r.signal == Some(libc::SIGKILL)) {
-            (Phase::Failed, Some("OOMKilled"))
-        } else {
-            (Phase::Failed, Some("NonZeroExit"))
-        };
-        return (r, phase, reason.map(str::to_owned));
-    }
-    let signal = status.and_then(|s| s.signal());
-    let exit_code = match (status.and_then(|s| s.code()), signal) {
+    match (status.code(), status.signal()) {
         (Some(code), _) => code,
         (None, Some(sig)) => 128 + sig,
         (None, None) => 137,
-    };
-    let (phase, reason, why) = if oom {
-        (
-            Phase::Failed,
-            "OOMKilled",
-            "the sandbox ran out of memory and was killed".to_owned(),
-        )
-    } else if deadline_hit {
-        (
-            Phase::TimedOut,
-            "DeadlineExceeded",
-            "the sandbox did not finish in time and was killed".to_owned(),
-        )
-    } else {
-        let mut detail = String::new();
-        if pids_hit {
-            // gVisor's Sentry dies when the host refuses it threads for a fork bomb.
-            detail.push_str(" after reaching its process limit");
-        }
-        if !engine_stderr.is_empty() {
-            detail.push_str(": ");
-            detail.push_str(engine_stderr);
-        }
-        (
-            Phase::Failed,
-            "NoResult",
-            format!("the sandbox ended without a result (exit status {exit_code}){detail}"),
-        )
-    };
-    let result = RunnerResult {
-        version: ENVELOPE_VERSION,
-        exit_code,
-        stdout: String::new(),
-        stderr: why,
-        stdout_truncated: false,
-        stderr_truncated: false,
-        signal: if oom || deadline_hit {
-            Some(libc::SIGKILL)
-        } else {
-            signal
-        },
-        oom_kill: Some(oom),
-        timed_out: deadline_hit,
-        duration_millis: None,
-    };
-    (result, phase, Some(reason.to_owned()))
+    }
 }
 
 /// Everything a run holds that must not outlive it. Dropping it (normally, on error, or because
@@ -825,105 +740,7 @@ fn which(name: &str) -> Option<PathBuf> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::process::ExitStatusExt;
-
     use super::*;
-
-    fn envelope(exit_code: i32) -> RunnerResult {
-        RunnerResult {
-            version: 1,
-            exit_code,
-            stdout: String::new(),
-            stderr: String::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            signal: None,
-            oom_kill: None,
-            timed_out: false,
-            duration_millis: Some(1),
-        }
-    }
-
-    #[test]
-    fn envelope_outcomes() {
-        let ok = classify(Some(envelope(0)), Observed::default(), "");
-        assert_eq!((ok.1, ok.2), (Phase::Succeeded, None));
-        let failed = classify(Some(envelope(3)), Observed::default(), "");
-        assert_eq!(
-            (failed.1, failed.2.as_deref()),
-            (Phase::Failed, Some("NonZeroExit"))
-        );
-        let timed = classify(
-            Some(RunnerResult {
-                timed_out: true,
-                exit_code: 137,
-                ..envelope(137)
-            }),
-            Observed::default(),
-            "",
-        );
-        assert_eq!(
-            (timed.1, timed.2.as_deref()),
-            (Phase::TimedOut, Some("DeadlineExceeded"))
-        );
-        let killed = RunnerResult {
-            signal: Some(9),
-            ..envelope(137)
-        };
-        let oom = classify(
-            Some(killed),
-            Observed {
-                oom: true,
-                ..Observed::default()
-            },
-            "",
-        );
-        assert_eq!(
-            (oom.1, oom.2.as_deref()),
-            (Phase::Failed, Some("OOMKilled"))
-        );
-    }
-
-    #[test]
-    fn missing_envelope_outcomes() {
-        let status = Some(ExitStatus::from_raw(9));
-        let seen = |oom, deadline_hit| Observed {
-            oom,
-            deadline_hit,
-            status,
-            pids_hit: false,
-        };
-        let oom = classify(None, seen(true, false), "");
-        assert_eq!(
-            (oom.1, oom.2.as_deref()),
-            (Phase::Failed, Some("OOMKilled"))
-        );
-        assert_eq!(oom.0.exit_code, 137);
-        let late = classify(None, seen(false, true), "");
-        assert_eq!(
-            (late.1, late.2.as_deref()),
-            (Phase::TimedOut, Some("DeadlineExceeded"))
-        );
-        let lost = classify(
-            None,
-            Observed {
-                status: Some(ExitStatus::from_raw(1 << 8)),
-                pids_hit: true,
-                ..Observed::default()
-            },
-            "bwrap: no",
-        );
-        assert_eq!(
-            (lost.1, lost.2.as_deref()),
-            (Phase::Failed, Some("NoResult"))
-        );
-        assert!(
-            lost.0.stderr.contains("process limit: bwrap: no"),
-            "{}",
-            lost.0.stderr
-        );
-        assert_eq!(lost.0.exit_code, 1);
-    }
 
     #[test]
     fn tail_buffer_keeps_the_end() {

@@ -24,7 +24,7 @@ use promql_parser::parser::{
     VectorMatchCardinality, VectorSelector,
 };
 
-use super::store::{Labels, SeriesData};
+use super::series::{Labels, SeriesData};
 use super::{
     CALLS_METRIC, MetricsError, MetricsResult, QueryTime, ResultType, Series, format_value,
 };
@@ -85,11 +85,18 @@ fn unsupported(what: impl std::fmt::Display) -> MetricsError {
 /// Evaluates expressions over the series of the store.
 pub(super) struct Evaluator<'a> {
     series: &'a [SeriesData],
+    /// When the evaluation gives up (`None`: never), and the budget that set it.
+    deadline: Option<std::time::Instant>,
+    budget: std::time::Duration,
 }
 
 impl<'a> Evaluator<'a> {
-    pub(super) fn new(series: &'a [SeriesData]) -> Self {
-        Self { series }
+    pub(super) fn new(series: &'a [SeriesData], budget: std::time::Duration) -> Self {
+        Self {
+            series,
+            deadline: std::time::Instant::now().checked_add(budget),
+            budget,
+        }
     }
 
     /// Evaluates `expr` at an instant, or at every step of a range.
@@ -178,6 +185,12 @@ impl<'a> Evaluator<'a> {
     }
 
     fn eval(&self, expr: &Expr, t: i64) -> Result<Value> {
+        if self
+            .deadline
+            .is_some_and(|deadline| std::time::Instant::now() >= deadline)
+        {
+            return Err(MetricsError::Timeout(self.budget));
+        }
         match expr {
             Expr::NumberLiteral(n) => Ok(Value::Scalar(n.val)),
             Expr::StringLiteral(s) => Ok(Value::String(s.val.clone())),

@@ -310,3 +310,111 @@ fn no_calls_no_series() {
     assert!(r.result.is_empty());
     assert!(!r.truncated);
 }
+
+// Hostile shapes: nothing recurses over a query deeper than the bounds, and evaluation stops at
+// its deadline. Before the bounds, aggregations nested a few thousand deep as a range query
+// overflowed the stack of the async worker and aborted the whole embedded server.
+
+fn range(q: &str) -> MetricsQuery {
+    MetricsQuery {
+        query: q.into(),
+        time: QueryTime::Range {
+            start: ago(3600),
+            end: now(),
+            step: Duration::from_secs(1),
+        },
+    }
+}
+
+#[test]
+fn deep_nesting_is_refused_before_parsing() {
+    let store = CallStore::new();
+    store.record_at(&python("a"), ago(10));
+    for depth in [33, 3_000, 20_000] {
+        for (open, close) in [("sum(", ")"), ("(", ")"), ("abs(", ")"), ("-(", ")")] {
+            let q = format!(
+                "{}sandboxrun_tool_calls_total{}",
+                open.repeat(depth),
+                close.repeat(depth)
+            );
+            let q = &q[..q.len().min(crate::metrics::MAX_QUERY_BYTES)];
+            let err = store.query(&range(q)).unwrap_err();
+            assert!(
+                matches!(err, MetricsError::BadRequest(_)),
+                "{open} x{depth}: {err}"
+            );
+        }
+    }
+    let err = store
+        .query(&range(&format!("{}1{}", "(".repeat(40), ")".repeat(40))))
+        .unwrap_err();
+    assert!(err.to_string().contains("at most 32 levels"), "{err}");
+    // Brackets inside strings and comments do not count.
+    let quoted = format!(
+        "count(sandboxrun_tool_calls_total{{agent=\"{}\"}})",
+        "(".repeat(100)
+    );
+    assert!(store.query(&range(&quoted)).is_ok());
+}
+
+#[test]
+fn long_operator_chains_are_refused() {
+    let store = CallStore::new();
+    store.record_at(&python("a"), ago(10));
+    for n in [200, 5_000] {
+        let chain = vec!["sandboxrun_tool_calls_total"; n].join(" + ");
+        let chain = &chain[..chain.len().min(crate::metrics::MAX_QUERY_BYTES)];
+        let err = store.query(&range(chain)).unwrap_err();
+        assert!(matches!(err, MetricsError::BadRequest(_)), "{n}: {err}");
+    }
+    let chain = vec!["1"; 300].join(" - ");
+    let err = store.query(&range(&chain)).unwrap_err();
+    assert!(
+        err.to_string().contains("levels deep") || err.to_string().contains("tokens"),
+        "{err}"
+    );
+    // Within the bounds a chain works.
+    let ok = vec!["1"; 20].join(" + ");
+    assert_eq!(
+        store.query(&range(&ok)).unwrap().result[0]
+            .values
+            .as_ref()
+            .unwrap()[0]
+            .1,
+        "20"
+    );
+}
+
+#[test]
+fn evaluation_stops_at_its_deadline() {
+    let store = CallStore::new();
+    for i in 0..2_000 {
+        store.record_at(&python(&format!("agent-{i}")), ago(i % 3000));
+    }
+    let q = MetricsQuery {
+        query: "sum by (agent) (increase(sandboxrun_tool_calls_total[1h]))".into(),
+        time: QueryTime::Range {
+            start: ago(10_000),
+            end: now(),
+            step: Duration::from_secs(1),
+        },
+    };
+    let err = store
+        .query_within(&q, Duration::from_millis(20))
+        .unwrap_err();
+    assert_eq!(err, MetricsError::Timeout(Duration::from_millis(20)));
+}
+
+#[tokio::test]
+async fn async_evaluation_runs_off_the_workers_and_keeps_the_deadline() {
+    let store = CallStore::new();
+    store.record_at(&python("a"), ago(10));
+    let r = store
+        .evaluate(
+            &range("sum(sandboxrun_tool_calls_total)"),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.result_type, ResultType::Matrix);
+}

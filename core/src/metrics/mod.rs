@@ -17,6 +17,7 @@
 
 pub mod eval;
 pub mod prometheus;
+pub mod series;
 pub mod store;
 pub mod syntax;
 
@@ -28,7 +29,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use prometheus::PrometheusClient;
-pub use store::{CallRecord, CallStore, tool_label};
+pub use store::{CallRecord, CallStore};
 
 /// The counter of the embedded store: one increment per tool call (blocked, escalated and
 /// malformed calls included), labelled
@@ -372,8 +373,18 @@ impl MetricsError {
     }
 }
 
-/// Checks that `query` is one PromQL expression of acceptable size; a syntax error comes back
-/// with where it is (see [`syntax`]).
+/// Deepest bracket nesting a query may have (read before it is parsed).
+pub const MAX_NESTING: usize = 32;
+/// Most lexical tokens a query may have (read before it is parsed): bounds chains of binary
+/// operators, which nest without brackets.
+pub const MAX_TOKENS: usize = 1_000;
+/// Deepest expression tree a query may have once parsed.
+pub const MAX_EXPR_DEPTH: usize = 64;
+
+/// Checks that `query` is one PromQL expression of acceptable size and depth; a syntax error
+/// comes back with where it is (see [`syntax`]). The size and depth are bounded before the text
+/// is parsed, so a hostile query (aggregations nested thousands deep, a chain of thousands of
+/// operators) is refused without any recursion over it.
 pub fn check_syntax(query: &str) -> Result<promql_parser::parser::Expr, MetricsError> {
     if query.trim().is_empty() {
         return Err(MetricsError::BadRequest(format!(
@@ -387,8 +398,57 @@ pub fn check_syntax(query: &str) -> Result<promql_parser::parser::Expr, MetricsE
             query.len()
         )));
     }
-    promql_parser::parser::parse(query)
-        .map_err(|message| MetricsError::Parse(syntax::describe(query, &message)))
+    let depth = syntax::bracket_depth(query);
+    if depth > MAX_NESTING {
+        return Err(MetricsError::BadRequest(format!(
+            "the query nests brackets {depth} deep; at most {MAX_NESTING} levels are accepted: \
+             write a flatter query"
+        )));
+    }
+    let count = syntax::token_count(query);
+    if count > MAX_TOKENS {
+        return Err(MetricsError::BadRequest(format!(
+            "the query has about {count} tokens; at most {MAX_TOKENS} are accepted: write a \
+             shorter query"
+        )));
+    }
+    let expr = promql_parser::parser::parse(query)
+        .map_err(|message| MetricsError::Parse(syntax::describe(query, &message)))?;
+    let depth = expr_depth(&expr);
+    if depth > MAX_EXPR_DEPTH {
+        return Err(MetricsError::BadRequest(format!(
+            "the query's expression is {depth} levels deep; at most {MAX_EXPR_DEPTH} are \
+             accepted: split long chains of operators into fewer terms"
+        )));
+    }
+    Ok(expr)
+}
+
+/// The depth of an expression tree, measured without recursion.
+pub fn expr_depth(expr: &promql_parser::parser::Expr) -> usize {
+    use promql_parser::parser::Expr;
+    let mut deepest = 0;
+    let mut stack: Vec<(&Expr, usize)> = vec![(expr, 1)];
+    while let Some((e, d)) = stack.pop() {
+        deepest = deepest.max(d);
+        let children: Vec<&Expr> = match e {
+            Expr::Aggregate(a) => std::iter::once(a.expr.as_ref())
+                .chain(a.param.as_deref())
+                .collect(),
+            Expr::Unary(u) => vec![u.expr.as_ref()],
+            Expr::Binary(b) => vec![b.lhs.as_ref(), b.rhs.as_ref()],
+            Expr::Paren(p) => vec![p.expr.as_ref()],
+            Expr::Subquery(s) => vec![s.expr.as_ref()],
+            Expr::Call(c) => c.args.args.iter().map(AsRef::as_ref).collect(),
+            Expr::NumberLiteral(_)
+            | Expr::StringLiteral(_)
+            | Expr::VectorSelector(_)
+            | Expr::MatrixSelector(_)
+            | Expr::Extension(_) => Vec::new(),
+        };
+        stack.extend(children.into_iter().map(|c| (c, d + 1)));
+    }
+    deepest
 }
 
 /// A time given as RFC 3339 (`2026-11-29T10:00:00Z`) or unix seconds (`1764410400`, `1764410400.5`).

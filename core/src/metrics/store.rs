@@ -7,13 +7,15 @@
 //! per-series base count, so the counter's value stays exact while only recent calls keep their
 //! times (and count in range functions).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jiff::Timestamp;
 
 use super::eval::Evaluator;
+pub use super::series::Labels;
+use super::series::SeriesData;
 use super::{CALLS_METRIC, MetricsError, MetricsQuery, MetricsResult};
 use crate::model::{Environment, Tool, Verdict};
 
@@ -22,13 +24,10 @@ pub const RETENTION: Duration = Duration::from_secs(8 * 24 * 3600);
 /// Most calls kept with their times (about 16 bytes each).
 pub const MAX_RECORDS: usize = 1_000_000;
 
-/// Labels of one series.
-pub type Labels = BTreeMap<String, String>;
-
 /// One tool call, as the store records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CallRecord {
-    /// The tool called (labelled with its MCP name, see [`tool_label`]).
+    /// The tool called (labelled with its MCP name, see [`Tool::mcp_name`]).
     pub tool: Tool,
     /// The calling agent.
     pub agent: String,
@@ -40,34 +39,6 @@ pub struct CallRecord {
     /// `AwaitingApproval`), or `InvalidArguments`, `Cancelled`, `Unavailable` for calls that
     /// ended without a run phase.
     pub phase: String,
-}
-
-/// The `tool` label of a call: the MCP tool's name, as agents know it and as the frontend's
-/// `sandboxrun_mcp_tool_calls_total` labels it.
-pub fn tool_label(tool: Tool) -> &'static str {
-    match tool {
-        Tool::Python => "run_python",
-        Tool::Sql => "execute_sql",
-        Tool::Metrics => "fetch_metrics",
-    }
-}
-
-/// The `environment` label of a call.
-pub fn environment_label(environment: Environment) -> &'static str {
-    match environment {
-        Environment::Sandbox => "sandbox",
-        Environment::Staging => "staging",
-        Environment::Production => "production",
-    }
-}
-
-/// The `verdict` label of a call.
-pub fn verdict_label(verdict: Verdict) -> &'static str {
-    match verdict {
-        Verdict::Allow => "Allow",
-        Verdict::Block => "Block",
-        Verdict::Escalate => "Escalate",
-    }
 }
 
 impl CallRecord {
@@ -93,47 +64,19 @@ impl CallRecord {
     pub fn labels(&self) -> Labels {
         let mut labels: Labels = [
             ("__name__", CALLS_METRIC),
-            ("tool", tool_label(self.tool)),
+            ("tool", self.tool.mcp_name()),
             ("agent", self.agent.as_str()),
-            ("environment", environment_label(self.environment)),
+            ("environment", self.environment.as_str()),
             ("phase", self.phase.as_str()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
         if let Some(verdict) = self.verdict {
-            labels.insert("verdict".to_owned(), verdict_label(verdict).to_owned());
+            labels.insert("verdict".to_owned(), verdict.as_str().to_owned());
         }
         labels.retain(|_, v| !v.is_empty());
         labels
-    }
-}
-
-/// One series: its labels, the calls folded into its base count, the times of the others.
-#[derive(Debug)]
-pub(super) struct SeriesData {
-    pub(super) labels: Labels,
-    /// Calls no longer kept with their times.
-    pub(super) base: u64,
-    /// Times (unix milliseconds) of the kept calls, oldest first.
-    pub(super) times: VecDeque<i64>,
-}
-
-impl SeriesData {
-    /// Whether the series exists at `t` (a call at or before it).
-    pub(super) fn exists_at(&self, t: i64) -> bool {
-        self.base > 0 || self.times.front().is_some_and(|&first| first <= t)
-    }
-
-    /// The counter's value at `t`: every call at or before it.
-    pub(super) fn value_at(&self, t: i64) -> u64 {
-        self.base + self.times.partition_point(|&x| x <= t) as u64
-    }
-
-    /// Calls in the window `(from, to]`.
-    pub(super) fn calls_in(&self, from: i64, to: i64) -> u64 {
-        (self.times.partition_point(|&x| x <= to) - self.times.partition_point(|&x| x <= from))
-            as u64
     }
 }
 
@@ -228,11 +171,39 @@ impl CallStore {
         self.len() == 0
     }
 
-    /// Evaluates a PromQL query over the recorded calls.
+    /// Evaluates a PromQL query over the recorded calls, with no time limit.
     pub fn query(&self, q: &MetricsQuery) -> Result<MetricsResult, MetricsError> {
+        self.query_within(q, Duration::MAX)
+    }
+
+    /// Evaluates a PromQL query over the recorded calls; past `budget` the evaluation stops
+    /// with [`MetricsError::Timeout`]. It runs on the calling thread: async callers use
+    /// [`CallStore::evaluate`].
+    pub fn query_within(
+        &self,
+        q: &MetricsQuery,
+        budget: Duration,
+    ) -> Result<MetricsResult, MetricsError> {
         let expr = super::check_syntax(&q.query)?;
         let inner = self.inner.lock().expect("not poisoned");
-        Evaluator::new(&inner.series).run(&expr, q.time)
+        Evaluator::new(&inner.series, budget).run(&expr, q.time)
+    }
+
+    /// Evaluates a query off the async workers (a blocking thread), within `budget`: a costly
+    /// query never stalls the server's other calls, and stops at its deadline.
+    pub async fn evaluate(
+        &self,
+        q: &MetricsQuery,
+        budget: Duration,
+    ) -> Result<MetricsResult, MetricsError> {
+        let (store, q) = (self.clone(), q.clone());
+        tokio::task::spawn_blocking(move || store.query_within(&q, budget))
+            .await
+            .unwrap_or_else(|e| {
+                Err(MetricsError::Unavailable(format!(
+                    "the metrics evaluation failed: {e}"
+                )))
+            })
     }
 }
 

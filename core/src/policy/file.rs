@@ -251,7 +251,7 @@ fn validate(file: PolicyFile) -> Result<Policy, String> {
             None if verdict != Verdict::Block && rule.covers_tool(Tool::Sql) => {
                 return Err(format!(
                     "{at}: it can {} sql calls but has no sql section; add sql.databases and sql.tables (or exclude sql from its tools)",
-                    super::verdict_word(verdict)
+                    verdict.as_str()
                 ));
             }
             None => {}

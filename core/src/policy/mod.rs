@@ -15,6 +15,7 @@
 //! Unknown fields anywhere in the file are errors, so a typo can never silently weaken policy;
 //! a malformed file is refused with the line, the column and the problem.
 
+pub mod embedded;
 mod file;
 mod store;
 
@@ -29,6 +30,7 @@ use crate::limits::{
     MIN_OUTPUT_BYTES, MIN_TIMEOUT_SECONDS,
 };
 use crate::model::{Environment, Tool, Verdict};
+use crate::quantity::memory_bytes;
 use crate::sql::{self, SqlDialect, SqlRules};
 
 pub use file::LimitOverrides;
@@ -212,55 +214,16 @@ pub struct Decision {
     pub rewritten_query: Option<String>,
 }
 
-fn verdict_word(v: Verdict) -> &'static str {
-    match v {
-        Verdict::Allow => "allow",
-        Verdict::Block => "block",
-        Verdict::Escalate => "escalate",
-    }
-}
-
-fn environment_word(e: Environment) -> &'static str {
-    match e {
-        Environment::Sandbox => "sandbox",
-        Environment::Staging => "staging",
-        Environment::Production => "production",
-    }
-}
-
 impl fmt::Display for Decision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "{} by {}: {}",
-            verdict_word(self.verdict),
+            self.verdict.as_str(),
             self.rule,
             self.reason
         )
     }
-}
-
-/// Bytes of a Kubernetes memory quantity (`256Mi`, `1G`, `1048576`), if it is one.
-pub fn quantity_bytes(q: &str) -> Option<f64> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(q.len());
-    let (number, suffix) = q.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let factor = match suffix {
-        "" => 1.0,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0 * 1024.0,
-        "Gi" => 1024.0 * 1024.0 * 1024.0,
-        "Ti" => 1024.0f64.powi(4),
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        _ => return None,
-    };
-    Some(number * factor)
 }
 
 impl Policy {
@@ -310,7 +273,7 @@ impl Policy {
             "agent {} calling {} in {}",
             call.agent,
             call.tool,
-            environment_word(call.environment)
+            call.environment.as_str()
         );
         let Some(rule) = self.rules.iter().find(|r| r.matches(call, &self.groups)) else {
             let mut decision = Decision {
@@ -318,7 +281,7 @@ impl Policy {
                 rule: DEFAULT_RULE.to_owned(),
                 reason: format!(
                     "no policy rule matches {who}; the policy default is {}",
-                    verdict_word(self.default)
+                    self.default.as_str()
                 ),
                 limits: call.limits.clamped(),
                 max_rows: call.rows.unwrap_or(DEFAULT_ROWS).min(DEFAULT_ROWS),
@@ -340,7 +303,7 @@ impl Policy {
             format!(
                 "rule {} says {} for {who}",
                 rule.name,
-                verdict_word(rule.verdict)
+                rule.verdict.as_str()
             )
         });
         let (limits, max_rows, lowered) = effective_limits(rule, call);
@@ -443,15 +406,15 @@ fn effective_limits(rule: &Rule, call: &CallContext) -> (limits::Limits, u64, Ve
         limits.output_bytes = max;
     }
     let max_memory = ceilings.memory.as_deref().unwrap_or(MAX_MEMORY);
-    let ceiling_bytes = quantity_bytes(max_memory).unwrap_or(0.0);
-    match quantity_bytes(&limits.memory) {
+    let ceiling_bytes = memory_bytes(max_memory).unwrap_or(0);
+    match memory_bytes(&limits.memory) {
         Some(bytes) if bytes <= ceiling_bytes => {}
         Some(_) => {
             lowered.push(format!("memory {} → {max_memory}", limits.memory));
             limits.memory = max_memory.to_owned();
         }
         None => {
-            let fallback = if quantity_bytes(DEFAULT_MEMORY).unwrap_or(0.0) <= ceiling_bytes {
+            let fallback = if memory_bytes(DEFAULT_MEMORY).unwrap_or(0) <= ceiling_bytes {
                 DEFAULT_MEMORY
             } else {
                 max_memory
@@ -489,13 +452,13 @@ fn validate_limits(l: &LimitOverrides) -> Result<(), String> {
         ));
     }
     if let Some(m) = &l.memory {
-        let Some(bytes) = quantity_bytes(m) else {
+        let Some(bytes) = memory_bytes(m) else {
             return Err(format!(
                 "limits.memory is {m:?}: write a quantity such as 256Mi or 1Gi"
             ));
         };
-        let min = quantity_bytes(MIN_MEMORY).unwrap_or(0.0);
-        let max = quantity_bytes(MAX_MEMORY).unwrap_or(f64::MAX);
+        let min = memory_bytes(MIN_MEMORY).unwrap_or(0);
+        let max = memory_bytes(MAX_MEMORY).unwrap_or(u64::MAX);
         if bytes < min || bytes > max {
             return Err(format!(
                 "limits.memory is {m}: it must be between {MIN_MEMORY} and {MAX_MEMORY}"

@@ -16,7 +16,9 @@ pub const DEMO_SQL: &str = include_str!("../../../config/demo/demo.sql");
 #[derive(Debug, thiserror::Error)]
 #[error("cannot create the demo database {}: {message}", path.display())]
 pub struct DemoError {
+    /// The file that could not be created.
     pub path: PathBuf,
+    /// Why.
     pub message: String,
 }
 

@@ -173,33 +173,56 @@ pub enum QueryError {
     /// The database name is not configured.
     #[error("unknown database {name:?}; configured databases: {}", list(.configured))]
     UnknownDatabase {
+        /// The name asked for.
         name: String,
+        /// The names that are configured.
         configured: Vec<String>,
     },
     /// The database's configuration is unusable (URL missing or invalid).
     #[error("database {database:?} is misconfigured: {message}")]
-    Config { database: String, message: String },
+    Config {
+        /// The database.
+        database: String,
+        /// What is wrong.
+        message: String,
+    },
     /// No connection could be made.
     #[error("cannot connect to database {database:?}: {message}")]
-    Connect { database: String, message: String },
+    Connect {
+        /// The database.
+        database: String,
+        /// Why (without credentials).
+        message: String,
+    },
     /// The statement timeout fired.
     #[error(
         "the query ran longer than {}s and was cancelled; narrow it (fewer rows, a WHERE on an indexed column) or ask for a longer timeout",
         secs(.timeout)
     )]
-    Timeout { timeout: Duration },
+    Timeout {
+        /// The statement timeout.
+        timeout: Duration,
+    },
     /// The database refused a write (read-only transaction or read-only file).
     #[error("the database refused a write: {message}; execute_sql only runs read-only queries")]
-    ReadOnly { message: String },
+    ReadOnly {
+        /// The database's words.
+        message: String,
+    },
     /// The connecting role lacks a privilege.
     #[error(
         "the database refused access: {message}; the sandboxrun database role may only read the tables it was granted"
     )]
-    PermissionDenied { message: String },
+    PermissionDenied {
+        /// The database's words.
+        message: String,
+    },
     /// Any other error reported by the database (syntax, unknown column, division by zero, …).
     #[error("the database reported an error{}: {message}", code.as_deref().map(|c| format!(" (SQLSTATE {c})")).unwrap_or_default())]
     Database {
+        /// The SQLSTATE, when the database gave one.
         code: Option<String>,
+        /// The database's words.
         message: String,
     },
 }

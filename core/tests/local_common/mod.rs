@@ -15,7 +15,50 @@ use std::sync::OnceLock;
 
 use tokio::sync::{Mutex, MutexGuard};
 
-use sandboxrun_core::{Isolation, LocalSandbox, LocalSandboxConfig, Preference};
+use sandboxrun_core::tools::python::classify;
+use sandboxrun_core::{
+    Isolation, Limits, LocalRun, LocalSandbox, LocalSandboxConfig, Phase, Preference, RunnerResult,
+};
+
+/// A local run as the tool reports it: the one classification of its end (phase and reason,
+/// `None` on success) next to what the runner reported (or, without an envelope, a result
+/// with the exit status and the classification's message as stderr).
+#[derive(Debug)]
+pub struct Run {
+    /// The terminal phase.
+    pub outcome: Phase,
+    /// Why, unless it succeeded.
+    pub reason: Option<String>,
+    /// The runner's result.
+    pub result: RunnerResult,
+    /// Wall-clock time of the whole sandbox.
+    pub duration_ms: u64,
+}
+
+impl Run {
+    /// Classifies a driver's run under `limits`.
+    pub fn of(run: LocalRun, limits: &Limits) -> Self {
+        let c = classify(run.envelope.as_ref(), &run.observed, limits);
+        let result = run.envelope.unwrap_or_else(|| RunnerResult {
+            version: 1,
+            exit_code: run.observed.exit_code.unwrap_or(137),
+            stdout: String::new(),
+            stderr: c.message.clone(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            signal: None,
+            oom_kill: run.observed.oom_killed,
+            timed_out: run.observed.deadline_hit,
+            duration_millis: None,
+        });
+        Self {
+            outcome: c.phase,
+            reason: (c.phase != Phase::Succeeded).then(|| c.reason.as_str().to_owned()),
+            result,
+            duration_ms: run.duration_ms,
+        }
+    }
+}
 
 /// Set in this process before any sandbox starts; must never be visible inside one.
 pub const CANARY_VAR: &str = "SANDBOXRUN_TEST_CANARY";
@@ -42,7 +85,11 @@ pub fn engines() -> &'static [(Isolation, LocalSandbox)] {
     ENGINES.get_or_init(|| {
         // SAFETY: called with the serial lock held, before any test thread reads the
         // environment or starts a sandbox (every test takes the lock first).
-        unsafe { std::env::set_var(CANARY_VAR, "host-secret-must-not-leak") };
+        #[allow(unsafe_code)]
+        // SAFETY: set once, before any sandbox (or other thread of this test) starts.
+        unsafe {
+            std::env::set_var(CANARY_VAR, "host-secret-must-not-leak")
+        };
         // detect() is async; the tests each own a runtime, so probe on a separate thread.
         std::thread::spawn(|| {
             let rt = tokio::runtime::Runtime::new().expect("tokio runtime");

@@ -15,20 +15,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt, future::BoxFuture};
+use futures::StreamExt;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use sandboxrun_api::{
-    LimitsSpec, PythonSpec, SandboxRun, SandboxRunSpec, SandboxRunStatus, SqlSpec,
-};
-use sandboxrun_core::metrics::MetricsQuery;
-use sandboxrun_core::{Environment, Limits, Phase, limits::DEFAULT_TTL_SECONDS_AFTER_FINISHED};
+use sandboxrun_api::{ClusterTool, SandboxRun, SandboxRunSpec, SandboxRunStatus};
+use sandboxrun_core::Phase;
 use tokio_util::sync::CancellationToken;
 
-use super::{Backend, BackendError, ProgressFn, RunOutput, RunRequest, outcome};
-use crate::fetch_metrics::{self, MetricsOutput};
-use crate::sql::{self, ExecuteSqlArgs, SqlOutput};
+use super::{BackendError, ProgressFn};
 
 /// Label on every SandboxRun this frontend creates, so operators can tell them apart.
 const CREATED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/created-by", "sandboxrun-mcp");
@@ -67,110 +62,25 @@ impl KubeBackend {
         })
     }
 
-    /// The SandboxRun object for a request: generated name `run-…`, the caller as agent.
-    pub fn build(req: &RunRequest) -> SandboxRun {
-        let spec = SandboxRunSpec {
-            agent: req.agent.clone(),
-            environment: Environment::Sandbox,
-            python: Some(PythonSpec {
-                code: req.code.clone(),
-            }),
-            sql: None,
-            metrics: None,
-            limits: LimitsSpec::from(req.limits.clone()),
-            ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
-            approval: None,
-        };
+    /// The SandboxRun of `agent`'s call: generated name `run-…`, the frontend's label.
+    pub fn build(spec: SandboxRunSpec) -> SandboxRun {
         with_metadata(SandboxRun::new("", spec))
     }
 
-    /// The SandboxRun of an `execute_sql` call: `spec.sql` and the environment; the operator
-    /// judges it, runs the checked query and writes `status.result`.
-    pub fn build_sql(agent: &str, args: &ExecuteSqlArgs) -> SandboxRun {
-        let spec = SandboxRunSpec {
-            agent: agent.to_owned(),
-            environment: args.environment,
-            python: None,
-            sql: Some(SqlSpec {
-                database: args.database.clone(),
-                query: args.query.clone(),
-            }),
-            metrics: None,
-            limits: LimitsSpec::from(Limits::default()),
-            ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
-            approval: None,
-        };
-        with_metadata(SandboxRun::new("", spec))
-    }
-
-    async fn run(
-        &self,
-        req: RunRequest,
-        progress: ProgressFn,
-        cancel: CancellationToken,
-    ) -> Result<RunOutput, BackendError> {
-        self.create_and_follow(
-            Self::build(&req),
-            req.limits.timeout_seconds,
-            progress,
-            cancel,
-            outcome::from_status,
-        )
-        .await
-    }
-
-    /// Runs an `execute_sql` call as a SandboxRun. The call returns when the run is terminal,
-    /// or when it awaits a person's approval and the approval wait is over (at once by default;
-    /// the result then lands in the run's status).
-    pub async fn execute_sql(
+    /// Runs one call as a SandboxRun. The call returns when the run is terminal, or when it
+    /// awaits a person's approval and the approval wait is over (at once by default; the result
+    /// then lands in the run's status).
+    pub async fn call<T: ClusterTool>(
         &self,
         agent: &str,
-        args: &ExecuteSqlArgs,
+        call: T::Call,
         progress: ProgressFn,
         cancel: CancellationToken,
-    ) -> Result<SqlOutput, BackendError> {
-        let run = Self::build_sql(agent, args);
-        let timeout = run.spec.limits.timeout_seconds;
-        self.create_and_follow(run, timeout, progress, cancel, sql::from_status)
-            .await
-    }
-
-    /// The SandboxRun of a `fetch_metrics` call: `spec.metrics` with explicit times (resolved
-    /// when the agent asked) and the environment; the operator judges it, queries its
-    /// Prometheus and writes `status.result`.
-    pub fn build_metrics(
-        agent: &str,
-        environment: Environment,
-        query: &MetricsQuery,
-    ) -> SandboxRun {
-        let spec = SandboxRunSpec {
-            agent: agent.to_owned(),
-            environment,
-            python: None,
-            sql: None,
-            metrics: Some(fetch_metrics::spec_of(query)),
-            limits: LimitsSpec::from(Limits::default()),
-            ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
-            approval: None,
-        };
-        with_metadata(SandboxRun::new("", spec))
-    }
-
-    /// Runs a `fetch_metrics` call as a SandboxRun. The call returns when the run is terminal,
-    /// or as soon as it awaits a person's approval.
-    pub async fn fetch_metrics(
-        &self,
-        agent: &str,
-        environment: Environment,
-        query: &MetricsQuery,
-        progress: ProgressFn,
-        cancel: CancellationToken,
-    ) -> Result<MetricsOutput, BackendError> {
-        let run = Self::build_metrics(agent, environment, query);
-        let timeout = run.spec.limits.timeout_seconds;
-        let time = query.time;
-        self.create_and_follow(run, timeout, progress, cancel, move |name, status| {
-            fetch_metrics::from_status(name, status, time)
+    ) -> Result<T::Output, BackendError> {
+        let run = Self::build(T::spec(agent, &call));
+        let timeout = T::timeout_seconds(&call).max(run.spec.limits.timeout_seconds);
+        self.create_and_follow(run, timeout, progress, cancel, |name, status| {
+            T::output(name, status, &call)
         })
         .await
     }
@@ -329,21 +239,6 @@ fn deleted(name: &str) -> BackendError {
     ))
 }
 
-impl Backend for KubeBackend {
-    fn name(&self) -> &'static str {
-        "kube"
-    }
-
-    fn run_python(
-        &self,
-        req: RunRequest,
-        progress: ProgressFn,
-        cancel: CancellationToken,
-    ) -> BoxFuture<'_, Result<RunOutput, BackendError>> {
-        self.run(req, progress, cancel).boxed()
-    }
-}
-
 /// Deletes a SandboxRun when dropped while armed. Deletion cascades to its Pod through the
 /// ownerReference, so a cancelled call leaves nothing running.
 struct DeleteOnDrop {
@@ -390,71 +285,22 @@ impl Drop for DeleteOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandboxrun_core::Limits;
+    use sandboxrun_core::tools::python::{PythonCall, RunPython};
 
     #[test]
-    fn built_run_carries_agent_code_and_limits() {
-        let req = RunRequest {
-            agent: "analyst-01".into(),
+    fn built_run_has_a_generated_name_and_the_frontends_label() {
+        let call = PythonCall {
             code: "print(1)".into(),
-            limits: Limits {
-                timeout_seconds: 7,
-                ..Limits::default()
-            },
+            limits: sandboxrun_core::Limits::default(),
+            max_timeout_seconds: 600,
         };
-        let run = KubeBackend::build(&req);
+        let run = KubeBackend::build(RunPython::spec("analyst-01", &call));
         assert_eq!(run.metadata.name, None);
         assert_eq!(run.metadata.generate_name.as_deref(), Some("run-"));
         assert_eq!(run.spec.agent, "analyst-01");
-        assert_eq!(run.spec.python.as_ref().unwrap().code, "print(1)");
-        assert_eq!(run.spec.limits.timeout_seconds, 7);
         assert_eq!(
             run.labels()["app.kubernetes.io/created-by"],
             "sandboxrun-mcp"
         );
-    }
-
-    #[test]
-    fn built_metrics_run_carries_query_times_and_environment() {
-        let t = |s| jiff::Timestamp::from_second(s).unwrap();
-        let q = MetricsQuery {
-            query: "up".into(),
-            time: sandboxrun_core::metrics::QueryTime::Range {
-                start: t(1_764_406_800),
-                end: t(1_764_410_400),
-                step: Duration::from_secs(30),
-            },
-        };
-        let run = KubeBackend::build_metrics("analyst-01", Environment::Staging, &q);
-        assert_eq!(run.spec.tool(), Some(sandboxrun_core::Tool::Metrics));
-        assert_eq!(run.spec.environment, Environment::Staging);
-        let m = run.spec.metrics.as_ref().unwrap();
-        assert_eq!(m.query, "up");
-        assert_eq!(m.time, None);
-        let r = m.range.as_ref().unwrap();
-        assert_eq!(
-            (r.start.as_str(), r.end.as_str(), r.step.as_str()),
-            ("2025-11-29T09:00:00Z", "2025-11-29T10:00:00Z", "30s")
-        );
-    }
-
-    #[test]
-    fn built_sql_run_carries_database_query_and_environment() {
-        let args = ExecuteSqlArgs {
-            database: "analytics".into(),
-            query: "SELECT id FROM ledger".into(),
-            environment: Environment::Production,
-        };
-        let run = KubeBackend::build_sql("analyst-01", &args);
-        assert_eq!(run.metadata.generate_name.as_deref(), Some("run-"));
-        assert_eq!(run.spec.agent, "analyst-01");
-        assert_eq!(run.spec.environment, Environment::Production);
-        assert!(run.spec.python.is_none());
-        let sql = run.spec.sql.as_ref().unwrap();
-        assert_eq!(
-            (sql.database.as_str(), sql.query.as_str()),
-            ("analytics", "SELECT id FROM ledger")
-        );
-        assert_eq!(run.spec.tool(), Some(sandboxrun_core::Tool::Sql));
     }
 }

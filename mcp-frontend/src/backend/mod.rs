@@ -1,29 +1,15 @@
-//! Where a `run_python` call is executed. The MCP layer only knows this trait, so the tool code
-//! is the same whether a call becomes a SandboxRun in a cluster (`kube`) or a sandbox on this
-//! machine (`local`).
+//! Where a tool call is executed. The call pipeline only knows [`Backend`], and the backends
+//! only know the tool traits (`ToolSpec` in core, `ClusterTool` in the API crate), not any
+//! tool: a call becomes a SandboxRun in a cluster (`kube`) or runs on this machine (`local`).
 
 pub mod kube;
 pub mod local;
-pub mod outcome;
 
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
-use sandboxrun_core::{Limits, Phase};
+use sandboxrun_api::ClusterTool;
+use sandboxrun_core::Phase;
 use tokio_util::sync::CancellationToken;
-
-pub use outcome::RunOutput;
-
-/// One request to run Python code, already validated against the frontend's policy.
-#[derive(Clone, Debug)]
-pub struct RunRequest {
-    /// Identity of the caller, recorded in `spec.agent` (kube) and in logs.
-    pub agent: String,
-    /// The Python source.
-    pub code: String,
-    /// Effective limits of the run.
-    pub limits: Limits,
-}
 
 /// Receives the non-terminal phases a run passes through (Pending, Running, and
 /// AwaitingApproval while a call waits for a person) with the run's name, so the tool can turn
@@ -32,30 +18,48 @@ pub struct RunRequest {
 pub type ProgressFn = Arc<dyn Fn(Phase, &str) + Send + Sync>;
 
 /// Why a backend could not produce a result. A result with a failed phase (non-zero exit,
-/// timeout, rejection) is not an error: it is a [`RunOutput`].
+/// timeout, rejection) is not an error: it is the tool's output.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
     /// The caller cancelled the request; the run was deleted or killed.
     #[error("the run was cancelled")]
     Cancelled,
-    /// The backend cannot run code right now (API server unreachable, sandbox missing, ...).
-    /// The message says what to check.
+    /// The backend cannot run the call right now (API server unreachable, sandbox missing,
+    /// ...). The message says what to check.
     #[error("{0}")]
     Unavailable(String),
 }
 
-/// Executes Python snippets in isolation.
-pub trait Backend: Send + Sync + 'static {
-    /// Short name for logs and metrics (`kube` or `local`).
-    fn name(&self) -> &'static str;
+/// Executes tool calls: every tool, in one of two places.
+pub enum Backend {
+    /// Each call becomes a SandboxRun that the operator executes.
+    Kube(Box<kube::KubeBackend>),
+    /// Each call is judged and executed on this machine.
+    Local(local::LocalBackend),
+}
 
-    /// Runs `req` to a terminal phase. `progress` hears Pending and Running; when `cancel`
+impl Backend {
+    /// Short name for logs and metrics (`kube` or `local`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Kube(_) => "kube",
+            Backend::Local(_) => "local",
+        }
+    }
+
+    /// Runs `call` for `agent` to its result. `progress` hears the run's phases; when `cancel`
     /// fires the run is deleted (kube) or killed (local) and [`BackendError::Cancelled`] is
-    /// returned. Dropping the future must clean up the same way.
-    fn run_python(
+    /// returned. Dropping the future cleans up the same way.
+    pub async fn call<T: ClusterTool>(
         &self,
-        req: RunRequest,
+        agent: &str,
+        call: T::Call,
         progress: ProgressFn,
         cancel: CancellationToken,
-    ) -> BoxFuture<'_, Result<RunOutput, BackendError>>;
+    ) -> Result<T::Output, BackendError> {
+        match self {
+            Backend::Kube(kube) => kube.call::<T>(agent, call, progress, cancel).await,
+            Backend::Local(local) => local.call::<T>(agent, call, progress, cancel).await,
+        }
+    }
 }

@@ -134,7 +134,17 @@ pub async fn serve(
     Ok(())
 }
 
-async fn metrics(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
+/// The frontend's metrics, behind the same DNS-rebinding defence as MCP (see
+/// [`OriginPolicy::check_scrape`]): a rebound name in a browser cannot read them.
+async fn metrics(State(state): State<Arc<HttpState>>, headers: axum::http::HeaderMap) -> Response {
+    if let Err(refusal) = state.origin.check_scrape(&headers) {
+        state.shared.metrics.observe_rejection("forbidden");
+        let what = match refusal {
+            Refusal::Origin(o) => format!("Origin {o:?} is not allowed"),
+            Refusal::Host(h) => format!("Host {h:?} is not allowed"),
+        };
+        return (StatusCode::FORBIDDEN, what).into_response();
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -142,6 +152,7 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> impl IntoResponse {
         )],
         state.shared.metrics.encode(),
     )
+        .into_response()
 }
 
 /// Keeps Streamable HTTP sessions to the agent that opened them (see [`owners`]).

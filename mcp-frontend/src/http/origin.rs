@@ -81,6 +81,20 @@ impl OriginPolicy {
         })
     }
 
+    /// Checks the headers of a request for `/metrics`: like [`OriginPolicy::check`], except
+    /// that a `Host` that is an IP address passes (scrapers address Pods by IP; a rebound DNS
+    /// name, the attack the Host check defends against, is never an IP literal).
+    pub fn check_scrape(&self, headers: &HeaderMap) -> Result<(), Refusal> {
+        let host = headers
+            .get(HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if headers.get(ORIGIN).is_none() && split_host(host).0.parse::<std::net::IpAddr>().is_ok() {
+            return Ok(());
+        }
+        self.check(headers)
+    }
+
     /// Checks a request's headers.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), Refusal> {
         if let Some(origin) = headers.get(ORIGIN) {
@@ -103,6 +117,34 @@ impl OriginPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scrapes_pass_by_ip_but_not_by_a_rebound_name() {
+        let p = OriginPolicy::new(&[], &["sandboxrun-mcp.example".into()]);
+        for host in ["10.244.0.7:8000", "[fd00::7]:8000", "127.0.0.1"] {
+            assert_eq!(
+                p.check_scrape(&headers(&[("host", host)])),
+                Ok(()),
+                "{host}"
+            );
+        }
+        assert_eq!(
+            p.check_scrape(&headers(&[("host", "sandboxrun-mcp.example")])),
+            Ok(())
+        );
+        assert_eq!(
+            p.check_scrape(&headers(&[("host", "attacker.example:8000")])),
+            Err(Refusal::Host("attacker.example:8000".into()))
+        );
+        // A browser page (it sends an Origin) gets no exception for IP hosts.
+        assert!(
+            p.check_scrape(&headers(&[
+                ("host", "10.244.0.7:8000"),
+                ("origin", "http://attacker.example")
+            ]))
+            .is_err()
+        );
+    }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -1,10 +1,8 @@
-//! What a model reads when a governed call (`execute_sql`, `fetch_metrics`) did not succeed, and
-//! the MCP result around the call's structured output. One place, so that both tools explain a
-//! block, an escalation, a denial or a failure in the same words and with the same advice.
+//! What a model reads when a governed call (`execute_sql`, `fetch_metrics`) did not succeed. One
+//! place, so that both tools explain a block, an escalation, a denial or a failure in the same
+//! words and with the same advice.
 
-use rmcp::model::{CallToolResult, ContentBlock};
-use sandboxrun_core::{Phase, Verdict};
-use serde_json::Value;
+use crate::model::{Phase, Verdict};
 
 /// The parts of a governed call's output that decide what the model is told.
 pub struct Summary<'a> {
@@ -12,10 +10,15 @@ pub struct Summary<'a> {
     pub subject: &'a str,
     /// Where the answer of an approved run ends up: "its rows", "its result".
     pub delivers: &'a str,
+    /// The run's phase.
     pub phase: Phase,
+    /// What policy decided.
     pub verdict: Verdict,
+    /// The run's name (a person approves it by this name).
     pub run_name: &'a str,
+    /// The rule that decided.
     pub rule: &'a str,
+    /// Why it decided so.
     pub reason: &'a str,
     /// The run's own message (the operator's or the executor's), if it has one.
     pub message: Option<&'a str>,
@@ -63,20 +66,6 @@ impl Summary<'_> {
             ),
         };
         Some(text)
-    }
-}
-
-/// The MCP result of a governed call: `structuredContent` always (and the same JSON as text);
-/// anything but a success is an error result whose first block says what happened and what to
-/// change.
-pub fn tool_result(output: Value, error_text: Option<String>) -> CallToolResult {
-    match error_text {
-        None => CallToolResult::structured(output),
-        Some(text) => {
-            let mut result = CallToolResult::structured_error(output);
-            result.content.insert(0, ContentBlock::text(text));
-            result
-        }
     }
 }
 
@@ -135,15 +124,5 @@ mod tests {
             failed.ends_with("ended Failed: statement timeout"),
             "{failed}"
         );
-    }
-
-    #[test]
-    fn errors_lead_with_the_sentence_and_keep_the_structure() {
-        let result = tool_result(serde_json::json!({"x": 1}), Some("why".into()));
-        assert_eq!(result.is_error, Some(true));
-        assert_eq!(result.structured_content, Some(serde_json::json!({"x": 1})));
-        assert_eq!(result.content[0].as_text().unwrap().text, "why");
-        let ok = tool_result(serde_json::json!({"x": 1}), None);
-        assert_eq!(ok.is_error, Some(false));
     }
 }

@@ -6,7 +6,7 @@ use kube::Api;
 use kube::api::LogParams;
 use sandboxrun_core::Limits;
 
-use crate::pod::CONTAINER;
+use super::pod::CONTAINER;
 
 /// Most log bytes to read: the envelope holds both streams (each at most `outputBytes`), and
 /// JSON escaping can grow a byte sixfold (control characters become `\u00XX`); plus room for

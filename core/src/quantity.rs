@@ -1,6 +1,6 @@
-//! Kubernetes quantities as the local driver needs them: memory in bytes, CPU in thousandths of
-//! a core. [`crate::Limits`] carries them as strings so the CRD and the Pod get exactly what the
-//! user wrote; outside Kubernetes they must be turned into numbers here.
+//! Kubernetes quantities as numbers: memory in bytes, CPU in thousandths of a core. [`crate::Limits`]
+//! carries them as strings so the CRD and the Pod get exactly what the user wrote; policy ceilings
+//! and the local driver compare and apply them as numbers, parsed here (the one parser).
 
 /// Bytes of a memory quantity: a plain number, a decimal suffix (k, M, G, T, P, E) or a binary
 /// one (Ki, Mi, Gi, Ti, Pi, Ei), optionally with a decimal fraction ("1.5Gi"). None if invalid.
@@ -78,10 +78,13 @@ mod tests {
         assert_eq!(memory_bytes("128M"), Some(128_000_000));
         assert_eq!(memory_bytes("1000"), Some(1000));
         assert_eq!(memory_bytes("16Ki"), Some(16384));
+        assert_eq!(memory_bytes("1G"), Some(1_000_000_000));
+        assert_eq!(memory_bytes("1024"), Some(1024));
         for bad in [
             "",
             "Mi",
             "12Q",
+            "1Xi",
             "-1Mi",
             "1..2Gi",
             "99999999999999999999Ei",

@@ -1,7 +1,12 @@
-//! Phase derivation from Pod states, one test per transition.
+//! Phase derivation from Pod states, one test per transition, and the classification of ended
+//! sandboxes through the kubelet's eyes (core's, see `runner_outcomes_are_classified_by_core`).
 
 use super::*;
+use sandboxrun_core::RunnerResult;
+use sandboxrun_core::runner::fixtures::{envelope, killed, kubelet};
 use serde_json::json;
+
+use crate::outcome::outcome_status;
 
 fn t(s: &str) -> Timestamp {
     s.parse().unwrap()
@@ -393,4 +398,182 @@ fn statuses_carry_conditions_with_generation_and_stable_transition_times() {
     );
     let started = s4.conditions.iter().find(|c| c.type_ == "Started").unwrap();
     assert_eq!(started.last_transition_time.0, t("2026-11-29T08:00:01Z"));
+}
+
+/// One row of the table: a name, the runner's envelope (`None`: the log holds none), the log
+/// without the envelope, the container's terminated reason and exit code, and the expected phase
+/// and reason.
+type Row = (
+    &'static str,
+    Option<RunnerResult>,
+    String,
+    (&'static str, i32),
+    Phase,
+    Reason,
+);
+
+/// The operator's rows of core's table of runner outcomes (`core/src/tools/python_tests.rs`):
+/// each (log envelope, container end) goes through the operator's adapter ([`collected`]) and
+/// must end in the same phase and reason as core's [`classify`] says for what the kubelet saw,
+/// so the operator has no classification of its own.
+#[test]
+fn runner_outcomes_are_classified_by_core() {
+    let mut timed_out = killed(9, None);
+    timed_out.timed_out = true;
+    let mut truncated = envelope(0);
+    truncated.stdout_truncated = true;
+    let v2 = serde_json::to_string(&envelope(0))
+        .unwrap()
+        .replace("\"sandboxrun\":1", "\"sandboxrun\":2");
+    let line = |r: &RunnerResult| serde_json::to_string(r).unwrap();
+    let rows: Vec<Row> = vec![
+        (
+            "exit 0",
+            Some(envelope(0)),
+            String::new(),
+            ("Completed", 0),
+            Phase::Succeeded,
+            Reason::Succeeded,
+        ),
+        (
+            "exit 3",
+            Some(envelope(3)),
+            String::new(),
+            ("Error", 3),
+            Phase::Failed,
+            Reason::NonZeroExit,
+        ),
+        (
+            "SIGTERM",
+            Some(killed(15, None)),
+            String::new(),
+            ("Error", 143),
+            Phase::Failed,
+            Reason::NonZeroExit,
+        ),
+        (
+            "SIGKILL, cgroup says OOM",
+            Some(killed(9, Some(true))),
+            String::new(),
+            ("Error", 137),
+            Phase::Failed,
+            Reason::OomKilled,
+        ),
+        (
+            "SIGKILL, cgroup says no OOM",
+            Some(killed(9, Some(false))),
+            String::new(),
+            ("Error", 137),
+            Phase::Failed,
+            Reason::NonZeroExit,
+        ),
+        (
+            "SIGKILL, the runner could not tell",
+            Some(killed(9, None)),
+            String::new(),
+            ("Error", 137),
+            Phase::Failed,
+            Reason::OomKilled,
+        ),
+        (
+            "the runner's timeout",
+            Some(timed_out),
+            String::new(),
+            ("Error", 137),
+            Phase::TimedOut,
+            Reason::DeadlineExceeded,
+        ),
+        (
+            "non-zero exit, the kubelet saw OOM",
+            Some(envelope(1)),
+            String::new(),
+            ("OOMKilled", 137),
+            Phase::Failed,
+            Reason::OomKilled,
+        ),
+        // A program that handled a child's OOM kill and exited 0 succeeded (core's rule).
+        (
+            "exit 0, the kubelet saw OOM",
+            Some(envelope(0)),
+            String::new(),
+            ("OOMKilled", 0),
+            Phase::Succeeded,
+            Reason::Succeeded,
+        ),
+        (
+            "truncated output",
+            Some(truncated),
+            String::new(),
+            ("Completed", 0),
+            Phase::Succeeded,
+            Reason::Succeeded,
+        ),
+        (
+            "no envelope, OOM",
+            None,
+            "Killed\n".into(),
+            ("OOMKilled", 137),
+            Phase::Failed,
+            Reason::OomKilled,
+        ),
+        (
+            "no envelope, no reason",
+            None,
+            "Traceback ...\n".into(),
+            ("Error", 1),
+            Phase::Failed,
+            Reason::NoResult,
+        ),
+        (
+            "unknown envelope version",
+            None,
+            v2,
+            ("Completed", 0),
+            Phase::Failed,
+            Reason::NoResult,
+        ),
+    ];
+    for (name, env, noise, (reason, code), phase, want) in rows {
+        // User output before the runner's own last line, as in a real log.
+        let log = match &env {
+            Some(r) => format!("{noise}noise\n{}\n", line(r)),
+            None => noise,
+        };
+        let o = collected(&exited(reason, code), &log, &limits());
+        let direct = classify(env.as_ref(), &kubelet(reason, code), &limits());
+        assert_eq!(
+            (o.phase, o.reason.as_str()),
+            (direct.phase, direct.reason.as_str()),
+            "{name}: the operator's adapter and core disagree"
+        );
+        assert_eq!(
+            (o.phase, o.reason.as_str()),
+            (phase, want.as_str()),
+            "{name}"
+        );
+        assert_eq!(o.exit_code, direct.exit_code, "{name}");
+        assert_eq!(o.exit_code, env.as_ref().map(|e| e.exit_code), "{name}");
+        if env.is_some() {
+            assert_eq!(o.stdout.as_deref(), Some(direct.stdout.as_str()), "{name}");
+            assert_eq!(o.message, direct.message, "{name}");
+        } else {
+            assert_eq!((o.stdout.as_deref(), o.truncated), (None, None), "{name}");
+        }
+    }
+}
+
+#[test]
+fn no_result_messages_say_what_the_kubelet_saw() {
+    let o = collected(&exited("Error", 1), "boom\n", &limits());
+    assert_eq!(
+        o.message,
+        "the sandbox ended (exit code 1, Error) without reporting a result; last output: boom"
+    );
+    let v2 = OK_LOG.replace("\"sandboxrun\":1", "\"sandboxrun\":2");
+    let o = collected(&exited("Completed", 0), &v2, &limits());
+    assert!(
+        o.message.contains("result protocol version 2"),
+        "{}",
+        o.message
+    );
 }

@@ -1,38 +1,51 @@
-//! The `fetch_metrics` tool's domain side in the frontend: the arguments, the result the agent
-//! sees, the early policy check and (embedded mode) the evaluation over the frontend's own record
-//! of tool calls.
+//! `fetch_metrics`: a PromQL query, judged by policy, answered by the embedded server's own record
+//! of tool calls or, in a cluster, by the Prometheus the operator is configured with.
 //!
-//! Every tool call of this process (run_python, execute_sql, fetch_metrics; allowed, blocked,
-//! escalated or malformed) is recorded in a [`CallStore`] as the counter
+//! Every tool call of an embedded server (run_python, execute_sql, fetch_metrics; allowed,
+//! blocked, escalated or malformed) is recorded in a [`CallStore`] as the counter
 //! `sandboxrun_tool_calls_total{tool, agent, environment, verdict, phase}` (see
-//! [`sandboxrun_core::metrics::CALLS_METRIC`]). Embedded (`--backend local`), `fetch_metrics`
-//! judges the call with the policy (`--policy-file`, else the embedded default, which allows it)
-//! and evaluates the PromQL over that record, exactly: "how many run_python calls in the last
-//! hour?" is `sum(increase(sandboxrun_tool_calls_total{tool="run_python"}[1h]))`.
+//! [`crate::metrics::CALLS_METRIC`]); embedded, "how many run_python calls in the last hour?" is
+//! `sum(increase(sandboxrun_tool_calls_total{tool="run_python"}[1h]))` over that record, exactly.
+//! In a cluster each call becomes a SandboxRun with `spec.metrics`; the operator judges it, sends
+//! the query to its Prometheus and writes [`MetricsResult`] into `status.result`. Relative times
+//! (`range`, a missing `time`) are resolved when the agent asks ([`parse_args`]), so a run that
+//! waits for approval still answers the question that was asked.
 //!
-//! In cluster mode (`--backend kube`) each call becomes a SandboxRun with `spec.metrics`; the
-//! operator judges it, sends the query to the Prometheus it is configured with and writes
-//! `status.result`, which [`from_status`] maps to the same output. Relative times (`range`, a
-//! missing `time`) are resolved here, when the agent asks, so a run that waits for approval
-//! still answers the question that was asked.
+//! [`execute`] is the one executor for both sources, with the same caps, and [`outcome`] the one
+//! classification of its results.
 
 use std::time::Duration;
 
 use jiff::Timestamp;
-use rmcp::model::{CallToolResult, JsonObject};
-use sandboxrun_api::SandboxRunStatus;
-use sandboxrun_core::metrics::{
-    CallStore, MetricsError, MetricsQuery, MetricsResult, QueryTime, ResultType, Series, TimeArgs,
-    check_syntax,
-};
-use sandboxrun_core::{CallContext, Decision, Environment, Phase, PolicyStore, Tool, Verdict};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
-use crate::backend::kube::KubeBackend;
-use crate::backend::{BackendError, ProgressFn};
+use super::args::{environment, unknown_argument};
+use super::governed::Summary;
+use super::{CallSummary, Embedded, JsonObject, ParseContext, ToolSpec};
+use crate::metrics::{
+    CallStore, MetricsError, MetricsQuery, MetricsResult, PrometheusClient, QueryTime, ResultType,
+    Series, TimeArgs, check_syntax,
+};
+use crate::model::{Environment, Phase, Reason, Tool, Verdict};
+use crate::policy::{CallContext, Decision};
+
+/// The most bytes of result one query returns: far below etcd's object limit in the cluster,
+/// where it is written into the run's status, and the same embedded.
+pub const RESULT_MAX_BYTES: usize = 256 * 1024;
+
+/// The `fetch_metrics` tool.
+pub struct FetchMetrics;
+
+/// A validated `fetch_metrics` call: the query with its times resolved, and the environment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetricsCall {
+    /// The expression and when to evaluate it.
+    pub query: MetricsQuery,
+    /// The environment the call targets.
+    pub environment: Environment,
+}
 
 /// An example a model can copy.
 pub const EXAMPLE_QUERY: &str =
@@ -46,7 +59,7 @@ pub const EXAMPLE_QUERY: &str =
 pub struct FetchMetricsArgs {
     /// A PromQL expression, for example
     /// `sum(increase(sandboxrun_tool_calls_total{tool="run_python"}[1h]))`.
-    #[schemars(length(min = 1, max = sandboxrun_core::metrics::MAX_QUERY_BYTES))]
+    #[schemars(length(min = 1, max = crate::metrics::MAX_QUERY_BYTES))]
     pub query: String,
     /// Instant query: evaluation time, RFC 3339 (`2026-11-29T10:00:00Z`) or unix seconds;
     /// default now. Leave out for a range query.
@@ -76,7 +89,8 @@ pub struct FetchMetricsArgs {
 }
 
 impl FetchMetricsArgs {
-    fn time_args(&self) -> TimeArgs {
+    /// The time arguments, unresolved.
+    pub fn time_args(&self) -> TimeArgs {
         TimeArgs {
             time: self.time.clone(),
             start: self.start.clone(),
@@ -149,7 +163,8 @@ pub struct Evaluated {
 }
 
 impl Evaluated {
-    fn of(time: QueryTime) -> Self {
+    /// The evaluation times of `time`.
+    pub fn of(time: QueryTime) -> Self {
         match time {
             QueryTime::Instant(t) => Self {
                 time: Some(t.to_string()),
@@ -174,6 +189,27 @@ impl MetricsOutput {
         decision: &Decision,
         phase: Phase,
     ) -> Self {
+        Self::decided(
+            source,
+            time,
+            run_name,
+            decision.verdict,
+            &decision.rule,
+            &decision.reason,
+            phase,
+        )
+    }
+
+    /// A result without series, ending in `phase` after policy decided `verdict` by `rule`.
+    pub fn decided(
+        source: &str,
+        time: QueryTime,
+        run_name: String,
+        verdict: Verdict,
+        rule: &str,
+        reason: &str,
+        phase: Phase,
+    ) -> Self {
         Self {
             result_type: ResultType::Vector,
             result: Vec::new(),
@@ -183,9 +219,9 @@ impl MetricsOutput {
             source: source.to_owned(),
             evaluated: Evaluated::of(time),
             run_name,
-            verdict: decision.verdict,
-            rule: decision.rule.clone(),
-            reason: decision.reason.clone(),
+            verdict,
+            rule: rule.to_owned(),
+            reason: reason.to_owned(),
             phase,
             message: None,
         }
@@ -203,7 +239,7 @@ impl MetricsOutput {
 
     /// Text a model can act on for a result that is not a success.
     pub fn error_text(&self) -> Option<String> {
-        crate::governed::Summary {
+        Summary {
             subject: "metrics query",
             delivers: "its result",
             phase: self.phase,
@@ -214,13 +250,6 @@ impl MetricsOutput {
             message: self.message.as_deref(),
         }
         .error_text()
-    }
-
-    /// The MCP result: `structuredContent` always, the same JSON as text, and for anything but
-    /// success first a sentence saying what happened and what to change.
-    pub fn tool_result(&self) -> CallToolResult {
-        let value = serde_json::to_value(self).expect("MetricsOutput serializes");
-        crate::governed::tool_result(value, self.error_text())
     }
 }
 
@@ -239,7 +268,7 @@ pub fn parse_args(
         "step",
         "environment",
     ];
-    if let Some(unknown) = args.keys().find(|k| !NAMES.contains(&k.as_str())) {
+    if let Some(unknown) = unknown_argument(args, &NAMES) {
         return Err(format!(
             "unknown argument `{unknown}`; fetch_metrics accepts `query` (PromQL, required), \
              `time` (instant), or `range` / `start`, `end`, `step` (range query), and \
@@ -274,12 +303,7 @@ pub fn parse_args(
             )),
         }
     };
-    let environment = match args.get("environment") {
-        None | Some(Value::Null) => Environment::Sandbox,
-        Some(v) => serde_json::from_value(v.clone()).map_err(|_| {
-            format!("argument `environment` is {v}; it must be one of sandbox, staging, production")
-        })?,
-    };
+    let environment = environment(args)?;
     let parsed = FetchMetricsArgs {
         query,
         time: text("time")?,
@@ -301,147 +325,153 @@ pub fn parse_args(
     Ok((parsed, query))
 }
 
-/// Where `fetch_metrics` calls are judged and executed.
-pub enum MetricsService {
-    /// Embedded: the frontend judges with its policy and evaluates over its own call record.
-    Local {
-        /// The policy (a `--policy-file`, or the embedded default).
-        policy: PolicyStore,
-        /// The record of this process's tool calls.
-        calls: CallStore,
-    },
-    /// Cluster: each call becomes a SandboxRun with `spec.metrics`; the operator judges it and
-    /// queries its Prometheus.
-    Cluster(Box<KubeBackend>),
-}
-
-impl MetricsService {
-    /// Judges and (when allowed) evaluates one query for `agent`.
-    pub async fn fetch(
-        &self,
-        agent: &str,
-        args: &FetchMetricsArgs,
-        query: &MetricsQuery,
-        progress: ProgressFn,
-        cancel: CancellationToken,
-    ) -> Result<MetricsOutput, BackendError> {
-        match self {
-            Self::Local { policy, calls } => Ok(fetch_local(policy, calls, agent, args, query)),
-            Self::Cluster(kube) => {
-                kube.fetch_metrics(agent, args.environment, query, progress, cancel)
-                    .await
-            }
-        }
-    }
-}
-
-/// The embedded path: policy, then PromQL over the call record.
-fn fetch_local(
-    policy: &PolicyStore,
-    calls: &CallStore,
-    agent: &str,
-    args: &FetchMetricsArgs,
+/// Runs a judged query against `source` with the decision's timeout, capped in series, samples
+/// and bytes.
+pub async fn execute(
+    source: Source<'_>,
     query: &MetricsQuery,
-) -> MetricsOutput {
-    let run_name = format!("local-{}", uuid::Uuid::new_v4().simple());
-    let decision = policy.evaluate(&CallContext::new(agent, Tool::Metrics, args.environment));
-    tracing::info!(
-        run = %run_name, agent, verdict = ?decision.verdict, rule = %decision.rule,
-        "fetch_metrics decision"
-    );
-    let out =
-        |phase| MetricsOutput::empty("embedded", query.time, run_name.clone(), &decision, phase);
-    if decision.verdict != Verdict::Allow {
-        return out(Phase::Rejected);
-    }
-    match calls.query(query) {
-        Ok(result) => out(Phase::Succeeded).with_result(result),
-        Err(e) => MetricsOutput {
-            message: Some(e.to_string()),
-            ..out(Phase::Failed)
-        },
-    }
+    timeout: Duration,
+) -> Result<MetricsResult, MetricsError> {
+    check_syntax(&query.query)?;
+    let result = match source {
+        Source::Embedded(calls) => calls.evaluate(query, timeout).await,
+        Source::Prometheus(client) => client.with_timeout(timeout).query(query).await,
+    };
+    result.map(|r| r.capped_to_bytes(RESULT_MAX_BYTES))
 }
 
-/// Reads the result of a metrics SandboxRun: `None` until it is terminal or awaits approval.
-pub fn from_status(
-    name: &str,
-    status: &SandboxRunStatus,
-    time: QueryTime,
-) -> Option<MetricsOutput> {
-    let phase = status.phase?;
-    if !phase.is_terminal() && phase != Phase::AwaitingApproval {
-        return None;
-    }
-    let decision = Decision {
-        verdict: status
-            .decision
-            .as_ref()
-            .map_or(Verdict::Allow, |d| d.verdict),
-        rule: status
-            .decision
-            .as_ref()
-            .map(|d| d.rule.clone())
-            .unwrap_or_default(),
-        reason: status
-            .decision
-            .as_ref()
-            .map(|d| d.reason.clone())
-            .unwrap_or_default(),
-        limits: Default::default(),
-        max_rows: 0,
-        rewritten_query: None,
-    };
-    let mut out = MetricsOutput {
-        message: status.message.clone(),
-        ..MetricsOutput::empty("prometheus", time, name.to_owned(), &decision, phase)
-    };
-    if let Some(result) = status.result.as_ref() {
-        match serde_json::from_value::<MetricsResult>(result.clone()) {
-            Ok(r) => out = out.with_result(r),
-            Err(e) => {
-                out.phase = Phase::Failed;
-                out.message = Some(format!(
-                    "the operator wrote a result this frontend cannot read ({e}); check that the \
-                     operator and the frontend are the same version"
-                ));
-            }
+/// Where a metrics query is answered.
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    /// The embedded server's own record of tool calls.
+    Embedded(&'a CallStore),
+    /// A Prometheus HTTP API (the operator's).
+    Prometheus(&'a PrometheusClient),
+}
+
+/// The terminal phase, reason and message of an executed query (the same words in the
+/// operator's status and embedded).
+pub fn outcome(result: &Result<MetricsResult, MetricsError>) -> (Phase, Reason, String) {
+    match result {
+        Ok(r) => (
+            Phase::Succeeded,
+            Reason::QueryCompleted,
+            format!(
+                "the query returned {} series with {} samples{}",
+                r.result.len(),
+                r.sample_count(),
+                if r.truncated {
+                    format!(" (truncated from {} series)", r.series_total)
+                } else {
+                    String::new()
+                }
+            ),
+        ),
+        Err(e) => {
+            let (phase, reason) = match e {
+                MetricsError::Timeout(_) => (Phase::TimedOut, Reason::QueryTimedOut),
+                MetricsError::Unavailable(_) => (Phase::Failed, Reason::PrometheusUnavailable),
+                e if e.is_query_error() => (Phase::Failed, Reason::InvalidQuery),
+                _ => (Phase::Failed, Reason::QueryFailed),
+            };
+            (phase, reason, e.to_string())
         }
     }
-    Some(out)
 }
 
-/// The SandboxRun spec fields of a query: the expression, an explicit instant, or the range.
-pub fn spec_of(query: &MetricsQuery) -> sandboxrun_api::MetricsSpec {
-    match query.time {
-        QueryTime::Instant(t) => sandboxrun_api::MetricsSpec {
-            query: query.query.clone(),
-            time: Some(t.to_string()),
-            range: None,
-        },
-        QueryTime::Range { start, end, step } => sandboxrun_api::MetricsSpec {
-            query: query.query.clone(),
-            time: None,
-            range: Some(sandboxrun_api::MetricsRange {
-                start: start.to_string(),
-                end: end.to_string(),
-                step: format_step(step),
-            }),
-        },
+impl ToolSpec for FetchMetrics {
+    const TOOL: Tool = Tool::Metrics;
+    type Args = FetchMetricsArgs;
+    type Call = MetricsCall;
+    type Output = MetricsOutput;
+
+    fn parse(args: &JsonObject, ctx: &ParseContext) -> Result<MetricsCall, String> {
+        let (parsed, query) = parse_args(args, ctx.now)?;
+        Ok(MetricsCall {
+            query,
+            environment: parsed.environment,
+        })
+    }
+
+    fn environment(call: &MetricsCall) -> Environment {
+        call.environment
+    }
+
+    fn timeout_seconds(_: &MetricsCall) -> u32 {
+        crate::limits::DEFAULT_TIMEOUT_SECONDS
+    }
+
+    fn summary(output: &MetricsOutput) -> CallSummary {
+        CallSummary {
+            phase: output.phase,
+            verdict: Some(output.verdict),
+            run_name: output.run_name.clone(),
+        }
+    }
+
+    fn error_text(_: &MetricsCall, output: &MetricsOutput, _: &ParseContext) -> Option<String> {
+        output.error_text()
+    }
+
+    async fn run_embedded(
+        embedded: &Embedded,
+        agent: &str,
+        run_name: String,
+        call: MetricsCall,
+    ) -> Result<MetricsOutput, String> {
+        let decision =
+            embedded
+                .policy
+                .evaluate(&CallContext::new(agent, Tool::Metrics, call.environment));
+        tracing::info!(
+            run = %run_name, agent, verdict = %decision.verdict, rule = %decision.rule,
+            "fetch_metrics decision"
+        );
+        let out = |phase| {
+            MetricsOutput::empty(
+                "embedded",
+                call.query.time,
+                run_name.clone(),
+                &decision,
+                phase,
+            )
+        };
+        if decision.verdict != Verdict::Allow {
+            return Ok(out(Phase::Rejected));
+        }
+        let timeout = Duration::from_secs(u64::from(decision.limits.timeout_seconds));
+        let result = execute(Source::Embedded(&embedded.calls), &call.query, timeout).await;
+        let (phase, _, message) = outcome(&result);
+        Ok(match result {
+            Ok(r) => out(phase).with_result(r),
+            Err(_) => MetricsOutput {
+                message: Some(message),
+                ..out(phase)
+            },
+        })
     }
 }
 
-fn format_step(step: Duration) -> String {
-    if step.subsec_millis() == 0 {
-        format!("{}s", step.as_secs())
-    } else {
-        format!("{}", step.as_secs_f64())
-    }
-}
+/// What a model reads about the tool before calling it (the tool's `description`).
+pub const DESCRIPTION: &str = "Evaluate a PromQL expression and return its series (labels and samples) as \
+Prometheus's API shapes them: an instant query at `time` (default now), or a \
+range query over the last `range` (1h, 30m) or from `start` to `end` every \
+`step`. In a cluster the query runs against the configured Prometheus. Embedded, \
+it answers over this server's own counter sandboxrun_tool_calls_total (one \
+increment per tool call, blocked ones included; labels tool = run_python | \
+execute_sql | fetch_metrics, agent, environment, verdict = Allow | Block | \
+Escalate, phase = Succeeded | Failed | TimedOut | Rejected | AwaitingApproval | \
+InvalidArguments | Cancelled | Unavailable): the number of run_python calls in \
+the last hour is \
+sum(increase(sandboxrun_tool_calls_total{tool=\"run_python\"}[1h])). A PromQL \
+syntax error comes back with its position; a refused or failed query as an error \
+result that says what to change. An empty result means no series matched (for a \
+count of calls: none).";
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::JsonObject;
     use serde_json::json;
 
     fn obj(v: Value) -> JsonObject {
@@ -470,10 +500,6 @@ mod tests {
                 step: Duration::from_secs(60)
             }
         );
-        let spec = spec_of(&q);
-        let range = spec.range.unwrap();
-        assert_eq!(range.step, "60s");
-        assert_eq!(range.end, "2025-11-29T10:00:00Z");
     }
 
     #[test]
@@ -518,36 +544,5 @@ mod tests {
         ] {
             assert!(output["properties"].get(f).is_some(), "{f} in {output}");
         }
-    }
-
-    #[test]
-    fn operator_results_map_to_the_output() {
-        let status: SandboxRunStatus = serde_json::from_value(json!({
-            "phase": "Succeeded",
-            "decision": {"verdict": "Allow", "rule": "r", "reason": "ok"},
-            "result": {"resultType": "vector", "truncated": false, "seriesTotal": 1,
-                "result": [{"metric": {"job": "prometheus"}, "value": [1.5, "1"]}]}
-        }))
-        .unwrap();
-        let out = from_status("run-x", &status, QueryTime::Instant(now())).unwrap();
-        assert_eq!(out.phase, Phase::Succeeded);
-        assert_eq!(out.source, "prometheus");
-        assert_eq!(out.result[0].metric["job"], "prometheus");
-        assert_eq!(out.result[0].value, Some((1.5, "1".to_owned())));
-        assert!(out.error_text().is_none());
-        let running: SandboxRunStatus =
-            serde_json::from_value(json!({"phase": "Running"})).unwrap();
-        assert!(from_status("run-x", &running, QueryTime::Instant(now())).is_none());
-        let failed: SandboxRunStatus = serde_json::from_value(json!({
-            "phase": "Failed", "message": "Prometheus answered bad_data: x",
-            "decision": {"verdict": "Allow", "rule": "r", "reason": "ok"}
-        }))
-        .unwrap();
-        let out = from_status("run-x", &failed, QueryTime::Instant(now())).unwrap();
-        assert!(
-            out.error_text()
-                .unwrap()
-                .contains("Prometheus answered bad_data")
-        );
     }
 }

@@ -1,16 +1,17 @@
-//! Phase derivation, pure: from what the run's status says and what its Pod shows (or that it
-//! has none), decide the next step and the status that describes it. No I/O, no clock: `now` is
-//! a parameter, so every transition is unit-tested.
+//! The sandbox Pod's state machine, pure: from what the run's status says and what its Pod shows
+//! (or that it has none), decide the next step ([`next`]) and the status that describes it. How
+//! an ended sandbox is classified is core's ([`classify`]); [`collected`] only says what the
+//! kubelet saw. No I/O, no clock: `now` is a parameter, so every transition is unit-tested.
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sandboxrun_api::{CONDITION_COMPLETED, CONDITION_STARTED, SandboxRunStatus};
-use sandboxrun_core::limits::STATUS_OUTPUT_BUDGET_BYTES;
-use sandboxrun_core::output::{cap_str, fit_json_budget};
-use sandboxrun_core::{EnvelopeError, Limits, Phase, RunnerResult, Tool};
+use sandboxrun_core::tools::python::classify;
+use sandboxrun_core::{EnvelopeError, Limits, Observed, Phase, Reason, Tool, parse_envelope};
 
-use crate::pod::{ACTIVE_DEADLINE_GRACE_SECONDS, CONTAINER};
+use super::pod::{ACTIVE_DEADLINE_GRACE_SECONDS, CONTAINER};
+use crate::outcome::{Outcome, base, set_condition};
 
 /// Seconds past the Pod's own deadline after which the operator stops waiting for the kubelet
 /// and ends the run itself (covers Pods that never start: unschedulable, stuck pulling).
@@ -18,8 +19,12 @@ pub const OPERATOR_DEADLINE_SLACK_SECONDS: i64 = 30;
 /// Seconds after the container ended during which unreadable logs are retried before the run
 /// ends Failed/NoResult.
 pub const LOG_RETRY_WINDOW_SECONDS: i64 = 60;
-/// Most bytes of raw sandbox log quoted in a NoResult message.
-const LOG_TAIL_BYTES: usize = 1024;
+/// The kubelet's termination reason of a container killed for memory.
+pub const KUBELET_OOM_KILLED: &str = "OOMKilled";
+/// The kubelet's reason of a Pod stopped at its `activeDeadlineSeconds`.
+const KUBELET_DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+/// Status reason of a Pending run whose container waits without saying why.
+const CONTAINER_WAITING: &str = "ContainerWaiting";
 
 /// Container waiting reasons that mean the image will not arrive.
 const IMAGE_FAILURES: [&str; 4] = [
@@ -70,60 +75,6 @@ pub struct Exited {
     pub finished_at: Timestamp,
 }
 
-/// The terminal result of a run.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Outcome {
-    /// Succeeded, Failed, TimedOut or Rejected.
-    pub phase: Phase,
-    /// Why, in CamelCase (for example `NonZeroExit`).
-    pub reason: String,
-    /// Explanation for people (and for the model that called the tool).
-    pub message: String,
-    /// Exit code of the code, when it ran to an end.
-    pub exit_code: Option<i32>,
-    /// Captured stdout, already capped.
-    pub stdout: Option<String>,
-    /// Captured stderr, already capped.
-    pub stderr: Option<String>,
-    /// Whether output was cut.
-    pub truncated: Option<bool>,
-    /// When the code started executing.
-    pub started_at: Option<Timestamp>,
-    /// When the run ended.
-    pub finished_at: Timestamp,
-    /// Run time measured by the runner (Kubernetes timestamps only have whole seconds).
-    pub duration_millis: Option<i64>,
-}
-
-impl Outcome {
-    /// An outcome without any output.
-    fn bare(
-        phase: Phase,
-        reason: &str,
-        message: String,
-        started_at: Option<Timestamp>,
-        finished_at: Timestamp,
-    ) -> Self {
-        Self {
-            phase,
-            reason: reason.to_owned(),
-            message,
-            exit_code: None,
-            stdout: None,
-            stderr: None,
-            truncated: None,
-            started_at,
-            finished_at,
-            duration_millis: None,
-        }
-    }
-}
-
-/// A run refused before anything executed.
-pub fn rejected(reason: &str, message: String, now: Timestamp) -> Outcome {
-    Outcome::bare(Phase::Rejected, reason, message, None, now)
-}
-
 fn ts(t: &Option<Time>) -> Option<Timestamp> {
     t.as_ref().map(|t| t.0)
 }
@@ -158,9 +109,9 @@ pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: 
         // The status says a Pod was created, so a missing Pod was deleted by someone (or lost
         // with its node) before the result was recorded.
         return if matches!(status.phase, Some(Phase::Pending | Phase::Running)) {
-            Next::Finish(Outcome::bare(
+            Next::Finish(Outcome::of(
                 Phase::Failed,
-                "PodDeleted",
+                Reason::PodDeleted,
                 "the sandbox Pod was deleted before the run finished".to_owned(),
                 started,
                 now,
@@ -181,10 +132,10 @@ pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: 
         .or(started);
 
     // The kubelet enforced activeDeadlineSeconds: the runner itself did not stop in time.
-    if pod_status.reason.as_deref() == Some("DeadlineExceeded") {
-        return Next::Finish(Outcome::bare(
+    if pod_status.reason.as_deref() == Some(KUBELET_DEADLINE_EXCEEDED) {
+        return Next::Finish(Outcome::of(
             Phase::TimedOut,
-            "DeadlineExceeded",
+            Reason::DeadlineExceeded,
             format!(
                 "the sandbox exceeded its deadline ({}s timeout + {}s start-up grace) and was stopped",
                 limits.timeout_seconds, ACTIVE_DEADLINE_GRACE_SECONDS
@@ -205,9 +156,9 @@ pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: 
 
     // Someone else is deleting the Pod (the operator deletes only after recording a result).
     if pod.metadata.deletion_timestamp.is_some() {
-        return Next::Finish(Outcome::bare(
+        return Next::Finish(Outcome::of(
             Phase::Failed,
-            "PodDeleted",
+            Reason::PodDeleted,
             "the sandbox Pod was deleted before the run finished".to_owned(),
             started,
             now,
@@ -220,7 +171,7 @@ pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: 
             let reason = pod_status
                 .reason
                 .clone()
-                .unwrap_or_else(|| "PodFailed".to_owned());
+                .unwrap_or_else(|| Reason::PodFailed.as_str().to_owned());
             let message = pod_status
                 .message
                 .clone()
@@ -243,9 +194,9 @@ pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: 
     if let Some(w) = &state.waiting {
         let reason = w.reason.clone().unwrap_or_default();
         if IMAGE_FAILURES.contains(&reason.as_str()) {
-            return Next::Finish(Outcome::bare(
+            return Next::Finish(Outcome::of(
                 Phase::Failed,
-                "ImageUnavailable",
+                Reason::ImageUnavailable,
                 format!(
                     "the sandbox image is unavailable ({reason}): {}",
                     w.message.clone().unwrap_or_default()
@@ -258,9 +209,9 @@ pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: 
 
     let deadline = operator_deadline(pod, limits.timeout_seconds).unwrap_or(now);
     if now >= deadline {
-        return Next::Finish(Outcome::bare(
+        return Next::Finish(Outcome::of(
             Phase::TimedOut,
-            "DeadlineExceeded",
+            Reason::DeadlineExceeded,
             format!(
                 "the sandbox did not finish within {}s of its Pod starting; the operator stopped it",
                 i64::from(limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS)
@@ -274,7 +225,7 @@ pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: 
     if state.running.is_some() {
         return Next::Progress(Progress {
             phase: Phase::Running,
-            reason: "ContainerStarted".to_owned(),
+            reason: Reason::ContainerStarted.as_str().to_owned(),
             message: "the code is running".to_owned(),
             started_at: started,
             deadline,
@@ -284,13 +235,13 @@ pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: 
         Some(w) => (
             w.reason
                 .clone()
-                .unwrap_or_else(|| "ContainerWaiting".to_owned()),
+                .unwrap_or_else(|| CONTAINER_WAITING.to_owned()),
             w.message
                 .clone()
                 .unwrap_or_else(|| "the sandbox is starting".to_owned()),
         ),
         None => (
-            "PodCreated".to_owned(),
+            Reason::PodCreated.as_str().to_owned(),
             "the sandbox Pod was created and waits to start".to_owned(),
         ),
     };
@@ -303,119 +254,47 @@ pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: 
     })
 }
 
-/// The last `LOG_TAIL_BYTES` of a log, on a character boundary.
-fn log_tail(log: &str) -> &str {
-    let mut start = log.len().saturating_sub(LOG_TAIL_BYTES);
-    while !log.is_char_boundary(start) {
-        start += 1;
+/// What the kubelet saw of an ended container, as core's classification reads it. The
+/// kubelet's `OOMKilled` is a definite yes; any other reason is no definite no: under gVisor the
+/// sandbox's own OOM killer can kill the code inside the sandbox without the host cgroup
+/// recording an OOM kill, so the kubelet then reports `Error` (`None`: it cannot tell).
+pub fn observed(exited: &Exited, log: &str, envelope_error: Option<&EnvelopeError>) -> Observed {
+    let oom = exited.reason.as_deref() == Some(KUBELET_OOM_KILLED);
+    Observed {
+        oom_killed: oom.then_some(true),
+        // activeDeadlineSeconds is handled by `next` before any log is read.
+        deadline_hit: false,
+        pids_limit_hit: false,
+        exit_code: Some(exited.exit_code),
+        platform_reason: exited.reason.clone(),
+        // "Missing" says no more than "without reporting a result".
+        envelope_error: envelope_error
+            .filter(|e| **e != EnvelopeError::Missing)
+            .map(ToString::to_string),
+        detail: log.to_owned(),
     }
-    log[start..].trim()
 }
 
-/// The terminal outcome of a run whose container ended, from its log.
+/// The terminal outcome of a run whose container ended, from its log: the runner's envelope and
+/// what the kubelet saw, classified by core ([`classify`]).
 pub fn collected(exited: &Exited, log: &str, limits: &Limits) -> Outcome {
-    let oom_by_kubelet = exited.reason.as_deref() == Some("OOMKilled");
-    let parsed = sandboxrun_core::parse_envelope(log);
-    let mut outcome = match &parsed {
-        Ok(r) => from_result(r, limits, exited),
-        Err(e) => {
-            let detail = match e {
-                EnvelopeError::Missing => format!(
-                    "the sandbox ended (exit code {}, {}) without reporting a result",
-                    exited.exit_code,
-                    exited.reason.as_deref().unwrap_or("no reason")
-                ),
-                other => other.to_string(),
-            };
-            let tail = log_tail(log);
-            let message = if tail.is_empty() {
-                detail
-            } else {
-                format!("{detail}; last log output: {tail}")
-            };
-            Outcome::bare(
-                Phase::Failed,
-                "NoResult",
-                message,
-                exited.started_at,
-                exited.finished_at,
-            )
-        }
-    };
-    if oom_by_kubelet {
-        outcome.phase = Phase::Failed;
-        outcome.reason = "OOMKilled".to_owned();
-        outcome.message = format!(
-            "the sandbox exceeded its memory limit of {} and was killed",
-            limits.memory
-        );
-    }
-    outcome
-}
-
-/// Outcome from a runner envelope: the exit code decides, with timeouts and OOM kills named.
-fn from_result(r: &RunnerResult, limits: &Limits, exited: &Exited) -> Outcome {
-    // The runner already capped each stream; cap again (a runner from another image version
-    // must not be able to grow the status) and keep the encoded total within the status budget.
-    let cap = limits.output_bytes as usize;
-    let (out, err) = (cap_str(&r.stdout, cap), cap_str(&r.stderr, cap));
-    let (out_fit, err_fit) = fit_json_budget(&out.text, &err.text, STATUS_OUTPUT_BUDGET_BYTES);
-    let truncated =
-        r.truncated() || out.truncated || err.truncated || out_fit.truncated || err_fit.truncated;
-
-    let (phase, reason, message) = if r.timed_out {
-        (
-            Phase::TimedOut,
-            "DeadlineExceeded",
-            format!(
-                "the code ran longer than its timeout of {}s and was stopped",
-                limits.timeout_seconds
-            ),
-        )
-    } else if r.exit_code == 0 {
-        (
-            Phase::Succeeded,
-            "Succeeded",
-            "the code exited with code 0".to_owned(),
-        )
-    } else if r.signal == Some(9) && r.oom_kill != Some(false) {
-        // SIGKILL that the runner did not send: inside a sandbox that is the OOM killer (the
-        // cgroup said so, or could not be read). Code that SIGKILLs itself is reported the same.
-        (
-            Phase::Failed,
-            "OOMKilled",
-            format!(
-                "the code was killed by SIGKILL, most likely for exceeding its memory limit of {}",
-                limits.memory
-            ),
-        )
-    } else if let Some(sig) = r.signal {
-        (
-            Phase::Failed,
-            "NonZeroExit",
-            format!(
-                "the code was killed by signal {sig} (exit code {})",
-                r.exit_code
-            ),
-        )
-    } else {
-        (
-            Phase::Failed,
-            "NonZeroExit",
-            format!("the code exited with code {}", r.exit_code),
-        )
-    };
+    let parsed = parse_envelope(log);
+    let envelope = parsed.as_ref().ok();
+    let seen = observed(exited, log, parsed.as_ref().err());
+    let c = classify(envelope, &seen, limits);
+    // Output only when the runner reported some: a run without a result has none to show.
+    let ran = envelope.is_some();
     Outcome {
-        phase,
-        reason: reason.to_owned(),
-        message,
-        exit_code: Some(r.exit_code),
-        stdout: Some(out_fit.text),
-        stderr: Some(err_fit.text),
-        truncated: Some(truncated),
+        phase: c.phase,
+        reason: c.reason.as_str().to_owned(),
+        message: c.message,
+        exit_code: c.exit_code,
+        stdout: ran.then_some(c.stdout),
+        stderr: ran.then_some(c.stderr),
+        truncated: ran.then_some(c.truncated),
         started_at: exited.started_at,
         finished_at: exited.finished_at,
-        duration_millis: r
+        duration_millis: c
             .duration_millis
             .map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
     }
@@ -429,53 +308,14 @@ pub fn log_unreadable(exited: &Exited, error: &str, now: Timestamp) -> Option<Ou
         .checked_add(SignedDuration::from_secs(LOG_RETRY_WINDOW_SECONDS))
         .unwrap_or(now);
     (now >= give_up).then(|| {
-        Outcome::bare(
+        Outcome::of(
             Phase::Failed,
-            "NoResult",
+            Reason::NoResult,
             format!("the sandbox ended but its log could not be read: {error}"),
             exited.started_at,
             exited.finished_at,
         )
     })
-}
-
-/// Sets a condition, keeping its lastTransitionTime when its status does not change.
-pub(crate) fn set_condition(
-    conditions: &mut Vec<Condition>,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    now: Timestamp,
-) {
-    let status = if status { "True" } else { "False" }.to_owned();
-    let transition = conditions
-        .iter()
-        .find(|c| c.type_ == type_ && c.status == status)
-        .map(|c| c.last_transition_time.clone())
-        .unwrap_or(Time(now));
-    conditions.retain(|c| c.type_ != type_);
-    conditions.push(Condition {
-        type_: type_.to_owned(),
-        status,
-        reason: reason.to_owned(),
-        message: message.to_owned(),
-        last_transition_time: transition,
-        observed_generation: generation,
-    });
-    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
-}
-
-/// The common part of every status the operator writes.
-fn base(prev: &SandboxRunStatus, tool: Option<Tool>, generation: Option<i64>) -> SandboxRunStatus {
-    SandboxRunStatus {
-        tool,
-        decision: prev.decision.clone(),
-        conditions: prev.conditions.clone(),
-        observed_generation: generation,
-        ..Default::default()
-    }
 }
 
 /// Status of a run whose Pod was just created or is in progress.
@@ -494,7 +334,10 @@ pub fn progress_status(
     s.start_time = progress.started_at.map(Time);
     let running = progress.phase == Phase::Running;
     let (started_reason, started_message) = if running {
-        ("ContainerStarted", "the code started executing")
+        (
+            Reason::ContainerStarted.as_str(),
+            "the code started executing",
+        )
     } else {
         (progress.reason.as_str(), progress.message.as_str())
     };
@@ -513,61 +356,6 @@ pub fn progress_status(
         false,
         progress.phase.as_str(),
         "the run has not finished",
-        generation,
-        now,
-    );
-    s
-}
-
-/// Status of a finished run.
-pub fn outcome_status(
-    prev: &SandboxRunStatus,
-    tool: Option<Tool>,
-    outcome: &Outcome,
-    pod_name: Option<&str>,
-    generation: Option<i64>,
-    now: Timestamp,
-) -> SandboxRunStatus {
-    let mut s = base(prev, tool, generation);
-    s.phase = Some(outcome.phase);
-    s.reason = Some(outcome.reason.clone());
-    s.message = Some(outcome.message.clone());
-    s.exit_code = outcome.exit_code;
-    s.stdout = outcome.stdout.clone();
-    s.stderr = outcome.stderr.clone();
-    s.truncated = outcome.truncated;
-    s.pod_name = pod_name.map(str::to_owned);
-    s.start_time = outcome.started_at.map(Time);
-    s.completion_time = Some(Time(outcome.finished_at));
-    s.duration_millis = outcome.duration_millis.or_else(|| {
-        outcome
-            .started_at
-            .map(|start| outcome.finished_at.duration_since(start).as_millis().max(0) as i64)
-    });
-    let started = outcome.started_at.is_some();
-    set_condition(
-        &mut s.conditions,
-        CONDITION_STARTED,
-        started,
-        if started {
-            "ContainerStarted"
-        } else {
-            "NotStarted"
-        },
-        if started {
-            "the code started executing"
-        } else {
-            "the code never started"
-        },
-        generation,
-        now,
-    );
-    set_condition(
-        &mut s.conditions,
-        CONDITION_COMPLETED,
-        true,
-        &outcome.reason,
-        &outcome.message,
         generation,
         now,
     );

@@ -1,0 +1,546 @@
+//! `run_python`: a Python 3 program run once in a single-use sandbox.
+//!
+//! This module is the tool: its arguments and their validation ([`parse_args`]), the call
+//! ([`PythonCall`]), the result agents see ([`PythonOutput`]) and the words a model reads about a
+//! failure ([`PythonOutput::error_text`]), and [`classify`], the one place that says how a run
+//! ended from what the runner reported ([`RunnerResult`]) and what the platform saw
+//! ([`Observed`]). The operator classifies a sandbox Pod with it and the embedded mode a local
+//! sandbox, so both report the same phase and reason for the same end.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::args::{json_kind, unknown_argument};
+use super::{CallSummary, Embedded, JsonObject, ParseContext, ToolSpec};
+use crate::limits::STATUS_OUTPUT_BUDGET_BYTES;
+use crate::limits::{Limits, MAX_CODE_BYTES, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS};
+use crate::model::{Environment, Phase, Reason, Tool, Verdict};
+use crate::output::{cap_str, fit_json_budget};
+use crate::policy::CallContext;
+use crate::runner::{Observed, RunnerResult};
+
+/// How much of stderr the error text quotes: enough for a traceback's last frames, short
+/// enough not to drown the message (the full stderr is in `structuredContent`).
+const STDERR_TAIL_CHARS: usize = 2_000;
+/// Most bytes of the platform's own output quoted in a NoResult message.
+const DETAIL_TAIL_BYTES: usize = 1024;
+
+/// The `run_python` tool.
+pub struct RunPython;
+
+/// Arguments of `run_python` (the tool's `inputSchema`). The tool parses the raw arguments
+/// itself (see [`parse_args`]) so each mistake gets its own actionable message.
+#[derive(Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::portable)]
+pub struct RunPythonArgs {
+    /// Python 3 source code to run, as a complete program (at most 262144 bytes). Print the
+    /// results you need: stdout, stderr and the exit code are returned.
+    #[schemars(length(min = 1, max = MAX_CODE_BYTES))]
+    pub code: String,
+    /// Wall-clock limit in seconds (default 30). The run is stopped and reported as TimedOut
+    /// past it.
+    // Optional, not nullable: `["integer", "null"]` types trip single-type schema dialects.
+    #[serde(default)]
+    #[schemars(with = "u32", range(min = MIN_TIMEOUT_SECONDS, max = MAX_TIMEOUT_SECONDS))]
+    pub timeout_seconds: Option<u32>,
+}
+
+/// A validated `run_python` call: the code and the limits it asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PythonCall {
+    /// The Python source.
+    pub code: String,
+    /// The limits of the run (the server's defaults with the caller's timeout).
+    pub limits: Limits,
+    /// The largest timeout the caller could have asked for, for the timeout advice.
+    pub max_timeout_seconds: u32,
+}
+
+/// Validates the raw arguments of `run_python`: returns the code and the requested timeout, or
+/// a message that says exactly what to fix.
+pub fn parse_args(args: &JsonObject, max_timeout: u32) -> Result<RunPythonArgs, String> {
+    const EXAMPLE: &str = r#"for example {"code": "print(6*7)"}"#;
+    if let Some(unknown) = unknown_argument(args, &["code", "timeoutSeconds"]) {
+        return Err(format!(
+            "unknown argument `{unknown}`; run_python accepts `code` (string, required) and \
+             `timeoutSeconds` (integer, optional)"
+        ));
+    }
+    let code = match args.get("code") {
+        None | Some(Value::Null) => {
+            return Err(format!(
+                "missing required argument `code`: pass the Python source to run as a string, \
+                 {EXAMPLE}"
+            ));
+        }
+        Some(Value::String(code)) => code,
+        Some(other) => {
+            return Err(format!(
+                "argument `code` must be a string of Python source, not {}; {EXAMPLE}",
+                json_kind(other)
+            ));
+        }
+    };
+    if code.trim().is_empty() {
+        return Err(format!(
+            "argument `code` is empty: pass the Python source to run, {EXAMPLE}"
+        ));
+    }
+    if code.len() > MAX_CODE_BYTES as usize {
+        return Err(format!(
+            "argument `code` is {} bytes; the limit is {MAX_CODE_BYTES} bytes (256 KiB): send \
+             shorter code, or generate large data inside the program instead of embedding it",
+            code.len()
+        ));
+    }
+    let range = format!("an integer number of seconds from {MIN_TIMEOUT_SECONDS} to {max_timeout}");
+    let timeout = match args.get("timeoutSeconds") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(t) if (u64::from(MIN_TIMEOUT_SECONDS)..=u64::from(max_timeout)).contains(&t) => {
+                u32::try_from(t).ok()
+            }
+            _ => {
+                return Err(format!(
+                    "argument `timeoutSeconds` is {n}; it must be {range}"
+                ));
+            }
+        },
+        Some(other) => {
+            return Err(format!(
+                "argument `timeoutSeconds` must be {range}, not {}",
+                json_kind(other)
+            ));
+        }
+    };
+    Ok(RunPythonArgs {
+        code: code.clone(),
+        timeout_seconds: timeout,
+    })
+}
+
+/// The result of one `run_python` call (the tool's `outputSchema`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::portable)]
+pub struct PythonOutput {
+    /// Standard output of the code (capped; see `truncated`).
+    pub stdout: String,
+    /// Standard error of the code (capped; see `truncated`).
+    pub stderr: String,
+    /// Exit status of the code: 128 + signal number when a signal killed it; absent when the
+    /// code never ran (rejected) or no status was recorded.
+    // Optional rather than nullable, for schema dialects with one `type` per property.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "i32")]
+    pub exit_code: Option<i32>,
+    /// Whether stdout or stderr was cut at the output cap.
+    pub truncated: bool,
+    /// Execution time in milliseconds.
+    pub duration_ms: u64,
+    /// The run's name: the SandboxRun's name (cluster) or a generated id (embedded).
+    pub run_name: String,
+    /// Terminal phase: Succeeded, Failed, TimedOut or Rejected.
+    pub phase: Phase,
+    /// Machine-readable reason of the phase (for example `OOMKilled`), when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
+    pub reason: Option<String>,
+    /// Human-readable explanation from the run; used in the error text only.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub message: Option<String>,
+}
+
+impl PythonOutput {
+    /// Whether the agent should see this result as a tool error (`isError: true`).
+    pub fn is_error(&self) -> bool {
+        self.phase != Phase::Succeeded
+    }
+
+    /// The output of a classified run.
+    pub fn from_classified(run_name: String, c: Classified, fallback_duration_ms: u64) -> Self {
+        Self {
+            stdout: c.stdout,
+            stderr: c.stderr,
+            exit_code: c.exit_code,
+            truncated: c.truncated,
+            duration_ms: c.duration_millis.unwrap_or(fallback_duration_ms),
+            run_name,
+            phase: c.phase,
+            reason: Some(c.reason.as_str().to_owned()).filter(|_| c.phase != Phase::Succeeded),
+            message: Some(c.message),
+        }
+    }
+
+    /// The output of a run refused before anything executed.
+    pub fn rejected(run_name: String, reason: Reason, message: String) -> Self {
+        Self {
+            stdout: String::new(),
+            stderr: String::new(),
+            exit_code: None,
+            truncated: false,
+            duration_ms: 0,
+            run_name,
+            phase: Phase::Rejected,
+            reason: Some(reason.as_str().to_owned()),
+            message: Some(message),
+        }
+    }
+
+    fn has_reason(&self, reason: Reason) -> bool {
+        self.reason.as_deref() == Some(reason.as_str())
+    }
+
+    /// Text a model can act on for a result that is not a success; `None` for a success.
+    /// `timeout_seconds` is the run's budget and `max_timeout_seconds` the server's maximum, so
+    /// a timeout message can say what to change.
+    pub fn error_text(&self, timeout_seconds: u32, max_timeout_seconds: u32) -> Option<String> {
+        let detail = |fallback: &str| {
+            self.message
+                .clone()
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| fallback.to_owned())
+        };
+        let text = match self.phase {
+            Phase::Succeeded => return None,
+            Phase::TimedOut => format!(
+                "the code did not finish within its {timeout_seconds}s timeout and was stopped; \
+                 make it faster, print partial results early, or pass a larger timeoutSeconds \
+                 (at most {max_timeout_seconds}){}",
+                self.stdout_hint()
+            ),
+            Phase::Rejected => format!(
+                "the run was rejected ({}) and nothing was executed: {}",
+                self.reason.as_deref().unwrap_or("Rejected"),
+                detail("no reason was given")
+            ),
+            Phase::Failed if self.has_reason(Reason::OomKilled) => format!(
+                "{}; use less memory (process data in chunks, avoid building huge lists){}",
+                detail("the code was killed for exceeding its memory limit"),
+                self.stderr_hint()
+            ),
+            Phase::Failed => match self.exit_code {
+                // The classification words exits and signal deaths (see `classify`).
+                Some(code) if self.has_reason(Reason::NonZeroExit) => format!(
+                    "{}{}",
+                    detail(&format!("the code exited with status {code}")),
+                    self.stderr_hint()
+                ),
+                Some(code) => format!("the code exited with status {code}{}", self.stderr_hint()),
+                None => format!(
+                    "the run failed ({}): {}",
+                    self.reason.as_deref().unwrap_or("Failed"),
+                    detail("no result was recorded")
+                ),
+            },
+            // Non-terminal phases never reach the agent; say so rather than panic.
+            other => format!("the run ended in the unexpected phase {other}"),
+        };
+        Some(text)
+    }
+
+    fn stderr_hint(&self) -> String {
+        let stderr = self.stderr.trim_end();
+        if stderr.is_empty() {
+            return " and printed nothing to stderr".to_owned();
+        }
+        let chars = stderr.chars().count();
+        let tail: String = if chars > STDERR_TAIL_CHARS {
+            let skip = chars - STDERR_TAIL_CHARS;
+            format!("...{}", stderr.chars().skip(skip).collect::<String>())
+        } else {
+            stderr.to_owned()
+        };
+        format!("; stderr: {tail}")
+    }
+
+    fn stdout_hint(&self) -> String {
+        if self.stdout.is_empty() {
+            String::new()
+        } else {
+            "; the output printed before the stop is in stdout".to_owned()
+        }
+    }
+}
+
+/// How a run ended: the one classification of a sandbox's end, with its output capped for the
+/// status (see [`classify`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Classified {
+    /// Succeeded, Failed or TimedOut.
+    pub phase: Phase,
+    /// Why.
+    pub reason: Reason,
+    /// For people and for the model that called the tool.
+    pub message: String,
+    /// The code's exit status, when the runner reported one.
+    pub exit_code: Option<i32>,
+    /// Captured stdout, capped.
+    pub stdout: String,
+    /// Captured stderr, capped.
+    pub stderr: String,
+    /// Whether output was cut.
+    pub truncated: bool,
+    /// The code's run time measured by the runner.
+    pub duration_millis: Option<u64>,
+}
+
+/// Says how a run ended, from the runner's envelope (`None` when none could be read) and what
+/// the platform saw. The rules, in order:
+///
+/// - with an envelope: the runner's timeout is `TimedOut`/`DeadlineExceeded`; exit 0 is
+///   `Succeeded`; a SIGKILL the runner did not send is `OOMKilled` unless the memory cgroup
+///   says it was no OOM kill (inside a sandbox nothing else sends SIGKILL; code that kills
+///   itself so is reported the same); another signal, or a non-zero exit, is `NonZeroExit`;
+/// - without one: an OOM kill the platform saw is `OOMKilled`, the platform's deadline
+///   `TimedOut`, anything else `NoResult`, quoting what the platform saw;
+/// - an OOM kill the platform reports turns any other failure into `OOMKilled` (the kubelet
+///   or the cgroup saw the sandbox run out of memory, whatever the runner made of it); a success
+///   or the runner's own timeout stands (a child process killed for memory inside a program
+///   that handled it and exited 0 is that program's business).
+///
+/// Output is capped at `limits.outputBytes` per stream and, together, within the status budget.
+pub fn classify(envelope: Option<&RunnerResult>, seen: &Observed, limits: &Limits) -> Classified {
+    let mut c = match envelope {
+        Some(r) => from_envelope(r, seen, limits),
+        None => without_envelope(seen),
+    };
+    if seen.oom_killed == Some(true) && c.phase == Phase::Failed {
+        c.phase = Phase::Failed;
+        c.reason = Reason::OomKilled;
+        c.message = format!(
+            "the sandbox exceeded its memory limit of {} and was killed",
+            limits.memory
+        );
+    }
+    c
+}
+
+fn from_envelope(r: &RunnerResult, seen: &Observed, limits: &Limits) -> Classified {
+    // The runner already capped each stream; cap again (a runner from another image version
+    // must not be able to grow the status) and keep the encoded total within the status budget.
+    let cap = limits.output_bytes as usize;
+    let (out, err) = (cap_str(&r.stdout, cap), cap_str(&r.stderr, cap));
+    let (out_fit, err_fit) = fit_json_budget(&out.text, &err.text, STATUS_OUTPUT_BUDGET_BYTES);
+    let truncated =
+        r.truncated() || out.truncated || err.truncated || out_fit.truncated || err_fit.truncated;
+    let sigkill_oom = r.oom_kill.or(seen.oom_killed) != Some(false);
+    let (phase, reason, message) = if r.timed_out {
+        (
+            Phase::TimedOut,
+            Reason::DeadlineExceeded,
+            format!(
+                "the code ran longer than its timeout of {}s and was stopped",
+                limits.timeout_seconds
+            ),
+        )
+    } else if r.exit_code == 0 {
+        (
+            Phase::Succeeded,
+            Reason::Succeeded,
+            "the code exited with status 0".to_owned(),
+        )
+    } else if r.signal == Some(9) && sigkill_oom {
+        (
+            Phase::Failed,
+            Reason::OomKilled,
+            format!(
+                "the code was killed by SIGKILL, most likely for exceeding its memory limit of {}",
+                limits.memory
+            ),
+        )
+    } else if let Some(sig) = r.signal {
+        (
+            Phase::Failed,
+            Reason::NonZeroExit,
+            format!(
+                "the code was killed by signal {sig} (exit code {})",
+                r.exit_code
+            ),
+        )
+    } else {
+        (
+            Phase::Failed,
+            Reason::NonZeroExit,
+            format!("the code exited with status {}", r.exit_code),
+        )
+    };
+    Classified {
+        phase,
+        reason,
+        message,
+        exit_code: Some(r.exit_code),
+        stdout: out_fit.text,
+        stderr: err_fit.text,
+        truncated,
+        duration_millis: r.duration_millis,
+    }
+}
+
+fn without_envelope(seen: &Observed) -> Classified {
+    let (phase, reason, mut message) = if seen.oom_killed == Some(true) {
+        (
+            Phase::Failed,
+            Reason::OomKilled,
+            "the sandbox ran out of memory and was killed".to_owned(),
+        )
+    } else if seen.deadline_hit {
+        (
+            Phase::TimedOut,
+            Reason::DeadlineExceeded,
+            "the sandbox did not finish in time and was killed".to_owned(),
+        )
+    } else {
+        let status = match (seen.exit_code, seen.platform_reason.as_deref()) {
+            (Some(code), Some(why)) => format!("exit code {code}, {why}"),
+            (Some(code), None) => format!("exit code {code}"),
+            (None, Some(why)) => why.to_owned(),
+            (None, None) => "no exit status".to_owned(),
+        };
+        let mut m = format!("the sandbox ended ({status}) without reporting a result");
+        if seen.pids_limit_hit {
+            // gVisor's Sentry dies when the host refuses it threads for a fork bomb.
+            m.push_str(" after reaching its process limit");
+        }
+        if let Some(e) = &seen.envelope_error {
+            m.push_str(": ");
+            m.push_str(e);
+        }
+        (Phase::Failed, Reason::NoResult, m)
+    };
+    let tail = tail(&seen.detail);
+    if reason == Reason::NoResult && !tail.is_empty() {
+        message.push_str("; last output: ");
+        message.push_str(tail);
+    }
+    Classified {
+        phase,
+        reason,
+        message,
+        exit_code: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        truncated: false,
+        duration_millis: None,
+    }
+}
+
+/// The last [`DETAIL_TAIL_BYTES`] of a text, on a character boundary, trimmed.
+fn tail(text: &str) -> &str {
+    let mut start = text.len().saturating_sub(DETAIL_TAIL_BYTES);
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].trim()
+}
+
+impl ToolSpec for RunPython {
+    const TOOL: Tool = Tool::Python;
+    type Args = RunPythonArgs;
+    type Call = PythonCall;
+    type Output = PythonOutput;
+
+    fn parse(args: &JsonObject, ctx: &ParseContext) -> Result<PythonCall, String> {
+        let max = ctx.max_timeout_seconds;
+        let parsed = parse_args(args, max)?;
+        let mut limits = ctx.defaults.clone();
+        if let Some(t) = parsed.timeout_seconds {
+            limits.timeout_seconds = t.clamp(MIN_TIMEOUT_SECONDS, max);
+        }
+        Ok(PythonCall {
+            code: parsed.code,
+            limits,
+            max_timeout_seconds: max,
+        })
+    }
+
+    fn environment(_: &PythonCall) -> Environment {
+        Environment::Sandbox
+    }
+
+    fn timeout_seconds(call: &PythonCall) -> u32 {
+        call.limits.timeout_seconds
+    }
+
+    fn summary(output: &PythonOutput) -> CallSummary {
+        // A rejection is a block (or an escalation nobody could answer), anything that ran was
+        // allowed.
+        let verdict = match output.phase {
+            Phase::Rejected if output.has_reason(Reason::ApprovalUnavailable) => Verdict::Escalate,
+            Phase::Rejected => Verdict::Block,
+            Phase::AwaitingApproval => Verdict::Escalate,
+            _ => Verdict::Allow,
+        };
+        CallSummary {
+            phase: output.phase,
+            verdict: Some(verdict),
+            run_name: output.run_name.clone(),
+        }
+    }
+
+    fn error_text(call: &PythonCall, output: &PythonOutput, _: &ParseContext) -> Option<String> {
+        output.error_text(call.limits.timeout_seconds, call.max_timeout_seconds)
+    }
+
+    async fn run_embedded(
+        embedded: &Embedded,
+        agent: &str,
+        run_name: String,
+        call: PythonCall,
+    ) -> Result<PythonOutput, String> {
+        let mut context = CallContext::new(agent, Tool::Python, Environment::Sandbox);
+        context.limits = call.limits.clone();
+        let decision = embedded.policy.evaluate(&context);
+        tracing::info!(run = %run_name, agent, decision = %decision, "run_python decision");
+        match decision.verdict {
+            Verdict::Allow => {}
+            Verdict::Block => {
+                return Ok(PythonOutput::rejected(
+                    run_name,
+                    Reason::PolicyBlocked,
+                    format!("blocked by rule {}: {}", decision.rule, decision.reason),
+                ));
+            }
+            Verdict::Escalate => {
+                return Ok(PythonOutput::rejected(
+                    run_name,
+                    Reason::ApprovalUnavailable,
+                    format!(
+                        "policy rule {} escalated this run for a human approval ({}); awaiting \
+                         approval is only available in cluster mode (--backend kube), so nothing \
+                         was executed: ask an operator for a rule that allows this call",
+                        decision.rule, decision.reason
+                    ),
+                ));
+            }
+        }
+        let Some(sandbox) = embedded.sandbox.as_ref() else {
+            return Err("run_python has no local sandbox on this server".to_owned());
+        };
+        // The decision's limits: the requested ones, lowered to the rule's ceilings.
+        let run = sandbox
+            .run_python(&call.code, &decision.limits)
+            .await
+            .map_err(|e| format!("the local sandbox failed: {e}"))?;
+        let classified = classify(run.envelope.as_ref(), &run.observed, &decision.limits);
+        Ok(PythonOutput::from_classified(
+            run_name,
+            classified,
+            run.duration_ms,
+        ))
+    }
+}
+
+/// What a model reads about the tool before calling it (the tool's `description`).
+pub const DESCRIPTION: &str = "Run a Python 3 program in a fresh, isolated sandbox (no network, read-only \
+filesystem except a small /tmp, limited CPU, memory, processes and time; \
+standard library only) and return its stdout, stderr and exit code. Print what \
+you need. A non-zero exit, a timeout or a rejection is reported as an error \
+result that says what to change.";
+
+#[cfg(test)]
+#[path = "python_tests.rs"]
+mod tests;

@@ -1,0 +1,361 @@
+//! Reconciliations against a scripted API server (`crate::fixtures`): the stages in order, and
+//! the invariants of a run's end (status before Pod deletion, one terminal write and one audit
+//! line even from a stale cache, nothing executed past a Block).
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use serde_json::{Value, json};
+use tracing_subscriber::fmt::MakeWriter;
+
+use super::*;
+use crate::fixtures::{FakeApi, NS};
+
+const RUN: &str = "r";
+const POD: &str = "r-sandbox";
+
+fn run_json(tool: Value) -> Value {
+    let mut spec = json!({"agent": "tester", "environment": "sandbox",
+        "limits": {"timeoutSeconds": 5}, "ttlSecondsAfterFinished": 3600});
+    for (k, v) in tool.as_object().unwrap() {
+        spec[k] = v.clone();
+    }
+    json!({
+        "apiVersion": "sandboxrun.dev/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": RUN, "namespace": NS, "uid": "uid-1", "generation": 1,
+            "creationTimestamp": Timestamp::now().to_string()},
+        "spec": spec,
+    })
+}
+
+fn python() -> Value {
+    json!({"python": {"code": "print('hello from sandboxrun')"}})
+}
+
+fn context(api: &FakeApi, policy: Option<&str>) -> Arc<Context> {
+    let policy = policy.map(|yaml| {
+        Arc::new(PolicyStore::new(
+            sandboxrun_core::Policy::from_yaml(yaml, "test").unwrap(),
+        ))
+    });
+    Arc::new(Context::new(
+        api.client.clone(),
+        SandboxConfig {
+            runtime_class: "gvisor".into(),
+            image: "sandbox:test".into(),
+            tmp_size: "16Mi".into(),
+        },
+        Arc::new(Metrics::default()),
+        Events::new(api.client.clone(), "test".into()),
+        policy,
+        SignedDuration::from_mins(15),
+    ))
+}
+
+/// The run as the API server has it now (an up-to-date watch cache).
+fn cached(api: &FakeApi) -> SandboxRun {
+    serde_json::from_value(api.with(|s| s.run.clone()).unwrap()).unwrap()
+}
+
+async fn reconcile_as(run: SandboxRun, ctx: &Arc<Context>) -> Action {
+    reconcile(Arc::new(run), ctx.clone()).await.unwrap()
+}
+
+fn get_run() -> String {
+    format!("GET /apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxruns/{RUN}")
+}
+fn patch_status() -> String {
+    format!("PATCH /apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxruns/{RUN}/status")
+}
+fn get_pod() -> String {
+    format!("GET /api/v1/namespaces/{NS}/pods/{POD}")
+}
+fn delete_pod() -> String {
+    format!("DELETE /api/v1/namespaces/{NS}/pods/{POD}")
+}
+
+/// The audit lines written while `f` runs.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+impl Captured {
+    /// Captures audit lines on this thread until the guard drops.
+    fn audit() -> (Self, tracing::subscriber::DefaultGuard) {
+        let captured = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("audit=info"))
+            .with_writer(captured.clone())
+            .finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        (captured, guard)
+    }
+
+    fn lines(&self) -> Vec<Value> {
+        String::from_utf8(self.0.lock().unwrap().clone())
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+const OK_LOG: &str = "noise\n{\"sandboxrun\":1,\"exitCode\":0,\"stdout\":\"hello from sandboxrun\\n\",\"stderr\":\"\",\"stdoutTruncated\":false,\"stderrTruncated\":false,\"signal\":null,\"oomKill\":null,\"timedOut\":false,\"durationMillis\":42}\n";
+
+#[tokio::test]
+async fn a_python_run_is_decided_executed_and_finished_once() {
+    let (audit, _guard) = Captured::audit();
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, None);
+
+    // First reconciliation: decide (fresh read, the Allow recorded), then the Pod.
+    let action = reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(
+        api.take_requests(),
+        [
+            get_run(),
+            patch_status(),
+            get_pod(),
+            get_run(),
+            format!("POST /api/v1/namespaces/{NS}/pods"),
+            patch_status(),
+        ]
+    );
+    let status = api.status();
+    assert_eq!(status["phase"], "Pending", "{status}");
+    assert_eq!(status["reason"], "PodCreated");
+    assert_eq!(status["decision"]["verdict"], "Allow");
+    assert_eq!(status["podName"], POD);
+    let pod = api.with(|s| s.pod.clone()).unwrap();
+    assert_eq!(pod["spec"]["runtimeClassName"], "gvisor");
+    assert!(action != Action::await_change());
+    assert_eq!(
+        api.with(|s| s.events.clone()),
+        ["PolicyAllowed", "PodCreated"]
+    );
+
+    // The container ends: the result is recorded, then the Pod deleted.
+    let stale = cached(&api);
+    let (started, finished) = (
+        Timestamp::now() - SignedDuration::from_secs(2),
+        Timestamp::now(),
+    );
+    api.with(|s| {
+        let pod = s.pod.as_mut().unwrap();
+        pod["status"] = json!({"phase": "Succeeded", "containerStatuses": [{
+            "name": "sandbox", "image": "sandbox:test", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+            "startedAt": started.to_string(), "finishedAt": finished.to_string()}}}]});
+        s.log = OK_LOG.to_owned();
+    });
+    reconcile_as(stale.clone(), &ctx).await;
+    let requests = api.take_requests();
+    assert_eq!(requests[0], get_pod());
+    assert!(
+        requests[1].ends_with(&format!("/pods/{POD}/log")),
+        "{requests:?}"
+    );
+    assert_eq!(requests[2..], [get_run(), patch_status(), delete_pod()]);
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Succeeded"), &json!("Succeeded"))
+    );
+    assert_eq!(status["stdout"], "hello from sandboxrun\n");
+    assert_eq!(status["durationMillis"], 42);
+    assert!(api.with(|s| s.pod.is_none()));
+
+    // A reconcile from the stale cache (before the terminal status) ends nothing again.
+    reconcile_as(stale, &ctx).await;
+    let requests = api.take_requests();
+    assert!(!requests.contains(&patch_status()), "{requests:?}");
+    assert_eq!(requests, [get_pod(), get_run(), delete_pod()]);
+
+    // The finished run waits for its TTL.
+    let action = reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.take_requests(), [delete_pod()]);
+    assert!(action != Action::await_change());
+    assert!(api.with(|s| s.run.is_some()));
+
+    let lines = audit.lines();
+    assert_eq!(lines.len(), 1, "one audit line per run: {lines:?}");
+    let f = &lines[0]["fields"];
+    assert_eq!(
+        (
+            &f["run"],
+            &f["tool"],
+            &f["verdict"],
+            &f["phase"],
+            &f["phase_reason"]
+        ),
+        (
+            &json!(RUN),
+            &json!("python"),
+            &json!("Allow"),
+            &json!("Succeeded"),
+            &json!("Succeeded")
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_blocked_run_ends_rejected_without_a_pod() {
+    let (audit, _guard) = Captured::audit();
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, Some("default: block\nrules: []\n"));
+    let action = reconcile_as(cached(&api), &ctx).await;
+    // Decided on a fresh read, then ended after one more (the terminal check): no Pod.
+    assert_eq!(api.take_requests(), [get_run(), get_run(), patch_status()]);
+    let status = api.status();
+    assert_eq!(
+        (
+            &status["phase"],
+            &status["reason"],
+            &status["decision"]["verdict"]
+        ),
+        (&json!("Rejected"), &json!("PolicyBlocked"), &json!("Block"))
+    );
+    assert!(status.get("podName").is_none(), "{status}");
+    assert!(action != Action::await_change());
+    assert_eq!(
+        api.with(|s| s.events.clone()),
+        ["PolicyBlocked", "PolicyBlocked"]
+    );
+    assert_eq!(audit.lines().len(), 1);
+    assert_eq!(audit.lines()[0]["fields"]["verdict"], "Block");
+}
+
+#[tokio::test]
+async fn an_escalated_run_waits_and_runs_once_approved() {
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, Some("default: escalate\nrules: []\n"));
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.take_requests(), [get_run(), patch_status()]);
+    let status = api.status();
+    assert_eq!(status["phase"], "AwaitingApproval", "{status}");
+    assert_eq!(status["decision"]["verdict"], "Escalate");
+    // Waiting again writes nothing.
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.take_requests(), Vec::<String>::new());
+
+    // A person approves (a later generation): the approval is recorded, then the Pod made.
+    api.with(|s| {
+        let run = s.run.as_mut().unwrap();
+        run["spec"]["approval"] = json!({"approved": true});
+        run["metadata"]["generation"] = json!(2);
+    });
+    reconcile_as(cached(&api), &ctx).await;
+    let requests = api.take_requests();
+    assert_eq!(requests[..2], [patch_status(), get_pod()], "{requests:?}");
+    assert!(api.with(|s| s.pod.is_some()));
+    let status = api.status();
+    let approved = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Approved")
+        .unwrap();
+    assert_eq!(approved["status"], "True");
+    assert_eq!(status["phase"], "Pending");
+    assert!(api.with(|s| s.events.contains(&"Approved".to_owned())));
+}
+
+#[tokio::test]
+async fn a_refused_pod_fails_the_run_for_good() {
+    let api = FakeApi::start(run_json(python())).await;
+    api.with(|s| s.refuse_pods = Some(422));
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Failed"), &json!("PodCreationFailed"))
+    );
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("the API server refused the sandbox Pod"),
+        "{status}"
+    );
+    assert!(api.with(|s| s.pod.is_none()));
+}
+
+#[tokio::test]
+async fn a_query_run_reads_the_api_server_before_executing() {
+    let (audit, _guard) = Captured::audit();
+    let sql = json!({"sql": {"database": "demo", "query": "SELECT id FROM ledger"}});
+    let api = FakeApi::start(run_json(sql)).await;
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    // decide (fresh read, Allow recorded), the check before the query, the terminal check.
+    assert_eq!(
+        api.take_requests(),
+        [
+            get_run(),
+            patch_status(),
+            get_run(),
+            get_run(),
+            patch_status()
+        ]
+    );
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"], &status["tool"]),
+        (
+            &json!("Rejected"),
+            &json!("ToolNotImplemented"),
+            &json!("sql")
+        )
+    );
+    assert!(status.get("result").is_none());
+    // The stale copy (before the terminal status) does not execute again.
+    let mut stale = cached(&api);
+    stale.status = serde_json::from_value(json!({"decision": status["decision"]})).unwrap();
+    reconcile_as(stale, &ctx).await;
+    assert_eq!(api.take_requests(), [get_run()]);
+    assert_eq!(audit.lines().len(), 1);
+}
+
+#[tokio::test]
+async fn a_run_without_a_tool_is_rejected() {
+    let api = FakeApi::start(run_json(json!({}))).await;
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Rejected"), &json!("NoTool"))
+    );
+    assert!(status.get("tool").is_none());
+}
+
+#[tokio::test]
+async fn an_expired_run_is_deleted() {
+    let mut run = run_json(python());
+    run["spec"]["ttlSecondsAfterFinished"] = json!(0);
+    run["status"] = json!({"phase": "Succeeded", "completionTime": "2026-11-29T08:00:00Z"});
+    let api = FakeApi::start(run).await;
+    let ctx = context(&api, None);
+    let action = reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(action, Action::await_change());
+    assert!(api.with(|s| s.run.is_none()));
+}

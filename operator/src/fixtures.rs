@@ -1,0 +1,169 @@
+//! A scripted Kubernetes API server for reconcile tests: just enough of the API for one
+//! SandboxRun and its sandbox Pod, served over HTTP on localhost to a real `kube::Client`, with
+//! every request recorded so a test can assert what the operator did, and in which order.
+
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+/// Namespace of every object of the fake.
+pub const NS: &str = "runs";
+
+/// What the fake API server holds, and what it was asked.
+#[derive(Default)]
+pub struct ApiState {
+    /// The SandboxRun as the API server has it (`None`: there is none).
+    pub run: Option<Value>,
+    /// The sandbox Pod (`None`: there is none).
+    pub pod: Option<Value>,
+    /// The sandbox container's log.
+    pub log: String,
+    /// When set, creating a Pod fails with this HTTP status.
+    pub refuse_pods: Option<u16>,
+    /// Every request, as `METHOD path`, in order.
+    pub requests: Vec<String>,
+    /// The reasons of the Events published, in order.
+    pub events: Vec<String>,
+}
+
+/// A handle on a running fake API server.
+#[derive(Clone)]
+pub struct FakeApi {
+    /// Its state, shared with the server.
+    pub state: Arc<Mutex<ApiState>>,
+    /// A client of it.
+    pub client: kube::Client,
+}
+
+impl FakeApi {
+    /// Starts a fake API server holding `run`.
+    pub async fn start(run: Value) -> Self {
+        let state = Arc::new(Mutex::new(ApiState {
+            run: Some(run),
+            ..ApiState::default()
+        }));
+        let app = Router::new().fallback(handle).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let url: Uri = format!("http://{addr}").parse().unwrap();
+        let mut config = kube::Config::new(url);
+        config.default_namespace = NS.to_owned();
+        let client = kube::Client::try_from(config).unwrap();
+        Self { state, client }
+    }
+
+    /// Runs `f` on the state.
+    pub fn with<T>(&self, f: impl FnOnce(&mut ApiState) -> T) -> T {
+        f(&mut self.state.lock().unwrap())
+    }
+
+    /// The requests so far, leaving Events out; clears the record.
+    pub fn take_requests(&self) -> Vec<String> {
+        self.with(|s| std::mem::take(&mut s.requests))
+            .into_iter()
+            .filter(|r| !r.contains("/events"))
+            .collect()
+    }
+
+    /// The run's status as the API server has it.
+    pub fn status(&self) -> Value {
+        self.with(|s| s.run.as_ref().map(|r| r["status"].clone()))
+            .unwrap_or(Value::Null)
+    }
+}
+
+fn json_response(code: u16, body: &Value) -> Response {
+    (
+        StatusCode::from_u16(code).unwrap(),
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn status(code: u16, reason: &str) -> Response {
+    json_response(
+        code,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("fake API server: {reason}"), "reason": reason, "code": code}),
+    )
+}
+
+fn found(object: Option<&Value>) -> Response {
+    match object {
+        Some(o) => json_response(200, o),
+        None => status(404, "NotFound"),
+    }
+}
+
+async fn handle(
+    State(state): State<Arc<Mutex<ApiState>>>,
+    method: Method,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
+    let mut s = state.lock().unwrap();
+    let path = uri.path().to_owned();
+    s.requests.push(format!("{method} {path}"));
+    let runs = format!("/apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxruns/");
+    let pods = format!("/api/v1/namespaces/{NS}/pods");
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if path.ends_with("/events") && method == Method::POST {
+        s.events
+            .push(body["reason"].as_str().unwrap_or_default().to_owned());
+        return json_response(201, &body);
+    }
+    if let Some(rest) = path.strip_prefix(&runs) {
+        return match (method, rest.ends_with("/status")) {
+            (Method::GET, false) => found(s.run.as_ref()),
+            (Method::PATCH, true) => match s.run.as_mut() {
+                Some(run) => {
+                    // Server-side apply with force by the one field manager: the status is
+                    // exactly what was applied.
+                    run["status"] = body["status"].clone();
+                    json_response(200, run)
+                }
+                None => status(404, "NotFound"),
+            },
+            (Method::DELETE, false) => match s.run.take() {
+                Some(run) => json_response(200, &run),
+                None => status(404, "NotFound"),
+            },
+            _ => status(405, "MethodNotAllowed"),
+        };
+    }
+    if path == pods && method == Method::POST {
+        if let Some(code) = s.refuse_pods {
+            return status(code, "Invalid");
+        }
+        if s.pod.is_some() {
+            return status(409, "AlreadyExists");
+        }
+        let mut pod = body;
+        pod["metadata"]["creationTimestamp"] = json!(jiff::Timestamp::now().to_string());
+        pod["status"] = json!({"phase": "Pending"});
+        s.pod = Some(pod.clone());
+        return json_response(201, &pod);
+    }
+    if let Some(rest) = path.strip_prefix(&format!("{pods}/")) {
+        return match (method, rest.ends_with("/log")) {
+            (Method::GET, true) => match s.pod {
+                Some(_) => (StatusCode::OK, s.log.clone()).into_response(),
+                None => status(404, "NotFound"),
+            },
+            (Method::GET, false) => found(s.pod.as_ref()),
+            (Method::DELETE, false) => match s.pod.take() {
+                Some(pod) => json_response(200, &pod),
+                None => status(404, "NotFound"),
+            },
+            _ => status(405, "MethodNotAllowed"),
+        };
+    }
+    status(404, "NotFound")
+}

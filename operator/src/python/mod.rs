@@ -1,0 +1,185 @@
+//! `python` runs: the sandbox Pod state machine. [`pod`] builds the Pod (pure), [`phase`] says
+//! what to do next from the run's status and its Pod (pure; the end of a sandbox is classified by
+//! core), [`log`] reads a finished sandbox's log; the stage below does the I/O in between.
+
+pub mod log;
+pub mod phase;
+pub mod pod;
+
+use jiff::SignedDuration;
+use kube::api::PostParams;
+use kube::runtime::controller::Action;
+use sandboxrun_api::SandboxRunStatus;
+use sandboxrun_core::{Decision, Limits, Phase, Reason, Tool};
+use tracing::info;
+
+use self::phase::{Exited, Next, Progress};
+use crate::controller::{Error, Reconcile, is_terminal, until};
+use crate::outcome::Outcome;
+
+impl Reconcile<'_> {
+    /// The execute stage of a python run: one step of the Pod state machine. `decided` is the
+    /// decision taken in this reconciliation, if any (its limits build the Pod).
+    pub async fn python(
+        &self,
+        mut prev: SandboxRunStatus,
+        decided: Option<Decision>,
+    ) -> Result<Action, Error> {
+        let pod_name = pod::pod_name(&self.name);
+        // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod.
+        let pod = self.pods.get_opt(&pod_name).await?;
+        // The limits the Pod was built with (policy may have lowered the requested ones).
+        let limits = pod
+            .as_ref()
+            .and_then(pod::limits_of)
+            .unwrap_or_else(|| self.run.spec.limits.effective());
+        if pod.is_none() {
+            // The cached run may lag our own last status write (for example the terminal one,
+            // just before we deleted the Pod): decide on the run as it is now.
+            match self.fresh_status().await? {
+                Some(fresh) => prev = fresh,
+                None => return Ok(Action::await_change()),
+            }
+            if is_terminal(&prev) {
+                return self.finished(&prev).await;
+            }
+        }
+        let pod_name = pod_name.as_str();
+        match phase::next(&prev, pod.as_ref(), &limits, self.now) {
+            Next::CreatePod => self.create_pod(&prev, decided, pod_name).await,
+            Next::Progress(progress) => self.progress_to(&prev, &progress, pod_name).await,
+            Next::Collect(exited) => self.collect(&prev, &exited, &limits, pod_name).await,
+            Next::Finish(outcome) => {
+                self.end(&prev, Some(Tool::Python), &outcome, Some(pod_name))
+                    .await
+            }
+        }
+    }
+
+    /// Creates the sandbox Pod, with the decision's limits: the requested ones, lowered to the
+    /// policy rule's ceilings.
+    async fn create_pod(
+        &self,
+        prev: &SandboxRunStatus,
+        decided: Option<Decision>,
+        pod_name: &str,
+    ) -> Result<Action, Error> {
+        let (run, ctx, now) = (self.run, self.ctx, self.now);
+        let limits = match decided {
+            Some(d) => d.limits,
+            None => ctx.decide(run, Tool::Python).limits,
+        };
+        let desired = pod::build_with_limits(run, &ctx.sandbox, &limits)?;
+        match self.pods.create(&PostParams::default(), &desired).await {
+            Ok(_) => {
+                info!(run = %self.name, namespace = %self.ns, pod = %pod_name, "created sandbox pod");
+                // Counted here, once per Pod: a lagging cache can show "no phase" again.
+                ctx.metrics.entered(Phase::Pending);
+                ctx.events.pod_created(run, pod_name).await;
+            }
+            // Created before a restart, or by a concurrent reconcile: same Pod, same name.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            // Refused for good (admission, quota, Pod Security, unknown RuntimeClass): retrying
+            // would fail the same way.
+            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                let outcome = Outcome::of(
+                    Phase::Failed,
+                    Reason::PodCreationFailed,
+                    format!("the API server refused the sandbox Pod: {}", e.message),
+                    None,
+                    now,
+                );
+                return self.end(prev, Some(Tool::Python), &outcome, None).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let progress = Progress {
+            phase: Phase::Pending,
+            reason: Reason::PodCreated.as_str().to_owned(),
+            message: format!("created sandbox Pod {pod_name}"),
+            started_at: None,
+            deadline: created_deadline(&limits, now),
+        };
+        self.progress_to(prev, &progress, pod_name).await
+    }
+
+    /// Records a non-terminal state (only when it changed) and waits for the Pod to move.
+    async fn progress_to(
+        &self,
+        prev: &SandboxRunStatus,
+        progress: &Progress,
+        pod_name: &str,
+    ) -> Result<Action, Error> {
+        let status = phase::progress_status(prev, progress, pod_name, self.generation, self.now);
+        if &status != prev {
+            self.apply(&status).await?;
+        }
+        if prev.phase != Some(progress.phase) && progress.phase == Phase::Running {
+            let ctx = self.ctx;
+            ctx.metrics.entered(Phase::Running);
+            ctx.events.started(self.run, pod_name).await;
+            if let (Some(start), Some(created)) = (
+                progress.started_at,
+                self.run.metadata.creation_timestamp.as_ref(),
+            ) {
+                // Whole seconds: Kubernetes timestamps have no finer resolution.
+                let wait = start.duration_since(created.0).as_secs_f64();
+                ctx.metrics.queue_to_start.observe(wait.max(0.0));
+            }
+        }
+        Ok(Action::requeue(until(progress.deadline, self.now)))
+    }
+
+    /// Reads the log of an ended sandbox and ends the run with its classification; an
+    /// unreadable log is retried (as a reconcile error) until the retry window closes.
+    async fn collect(
+        &self,
+        prev: &SandboxRunStatus,
+        exited: &Exited,
+        limits: &Limits,
+        pod_name: &str,
+    ) -> Result<Action, Error> {
+        let outcome = match log::read_log(&self.pods, pod_name, limits).await {
+            Ok(log) => phase::collected(exited, &log, limits),
+            Err(source) => match phase::log_unreadable(exited, &source.to_string(), self.now) {
+                Some(outcome) => outcome,
+                None => {
+                    return Err(Error::LogUnreadable {
+                        pod: pod_name.to_owned(),
+                        source,
+                    });
+                }
+            },
+        };
+        self.end(prev, Some(Tool::Python), &outcome, Some(pod_name))
+            .await
+    }
+}
+
+/// When the operator stops waiting for a Pod it just created: its timeout, the start-up grace of
+/// `activeDeadlineSeconds` and the operator's slack, from now.
+fn created_deadline(limits: &Limits, now: jiff::Timestamp) -> jiff::Timestamp {
+    let seconds = i64::from(limits.timeout_seconds + pod::ACTIVE_DEADLINE_GRACE_SECONDS)
+        + phase::OPERATOR_DEADLINE_SLACK_SECONDS;
+    now.checked_add(SignedDuration::from_secs(seconds))
+        .unwrap_or(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_created_pod_is_waited_for_past_its_own_deadline() {
+        let now: jiff::Timestamp = "2026-11-29T08:00:00Z".parse().unwrap();
+        let limits = Limits {
+            timeout_seconds: 5,
+            ..Limits::default()
+        };
+        // 5 s timeout + 10 s start-up grace + 30 s slack.
+        assert_eq!(
+            created_deadline(&limits, now),
+            "2026-11-29T08:00:45Z".parse::<jiff::Timestamp>().unwrap()
+        );
+    }
+}
