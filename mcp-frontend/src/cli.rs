@@ -104,11 +104,11 @@ pub struct BackendArgs {
     /// own call counters; with --backend kube against the operator's Prometheus. Off by default.
     #[arg(long, env = "SANDBOXRUN_ENABLE_METRICS")]
     pub enable_metrics: bool,
-    /// Policy file judging execute_sql and fetch_metrics calls (local backend; in a cluster the
-    /// operator judges):
-    /// YAML, see config/policy/policy.yaml. Default: a built-in policy allowing column-level
-    /// queries on the demo database's ledger table in the sandbox environment only (LIMIT at
-    /// most 1000, no SELECT *).
+    /// Policy file judging every call, run_python included (local backend; in a cluster the
+    /// operator judges): YAML, see config/policy/policy.yaml. Default: a built-in policy
+    /// allowing run_python in the sandbox environment, column-level queries on the demo
+    /// database's ledger table in the sandbox environment only (LIMIT at most 1000, no
+    /// SELECT *) and fetch_metrics over this server's own calls.
     #[arg(long, env = "SANDBOXRUN_POLICY_FILE")]
     pub policy_file: Option<PathBuf>,
     /// Databases for execute_sql (local backend): a YAML map of name to
