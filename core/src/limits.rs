@@ -48,8 +48,10 @@ pub const DEFAULT_TTL_SECONDS_AFTER_FINISHED: u32 = 3_600;
 pub const MAX_TTL_SECONDS_AFTER_FINISHED: u32 = 604_800;
 
 /// Budget for stdout plus stderr in the status, measured as JSON-encoded bytes. etcd refuses
-/// objects above about 1.5 MiB, so the output of a run may use at most 1 MiB of it.
-pub const STATUS_OUTPUT_BUDGET_BYTES: usize = 1_048_576;
+/// objects above about 1.5 MiB; with the largest code in the spec ([`MAX_CODE_BYTES`]) a stored
+/// run stays near half a megabyte, so one agent's runs cannot push single objects toward the
+/// limit (and a namespace of them fills etcd four times slower than at 1 MiB).
+pub const STATUS_OUTPUT_BUDGET_BYTES: usize = 256 * 1024;
 
 /// The resource limits of one run, with every default filled in.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

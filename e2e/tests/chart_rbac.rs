@@ -236,6 +236,12 @@ async fn operator_is_confined_to_the_sandbox_namespace_and_reads_no_secrets() ->
         !can_i(&op, "create", "", "pods", "exec", RUNS_NAMESPACE).await?,
         "operator may exec into sandbox Pods"
     );
+    for verb in ["patch", "update"] {
+        ensure!(
+            !can_i(&op, verb, "sandboxrun.dev", "sandboxruns", "", RUNS_NAMESPACE).await?,
+            "operator may {verb} sandboxruns (the approval privilege is for people)"
+        );
+    }
     ensure!(
         !can_i(&op, "update", "", "pods", "", RUNS_NAMESPACE).await?,
         "operator may update sandbox Pods (they are only ever replaced)"

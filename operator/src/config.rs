@@ -10,9 +10,14 @@ use jiff::SignedDuration;
 #[derive(Parser, Debug, Clone)]
 #[command(name = "sandboxrun-operator", version, about)]
 pub struct Config {
-    /// Namespace to watch for SandboxRuns; empty watches all namespaces.
-    #[arg(long, env = "SANDBOXRUN_NAMESPACE", default_value = "")]
-    pub namespace: String,
+    /// Namespace to watch for SandboxRuns (required: an empty value is refused, so a missing
+    /// setting never widens the operator to every namespace).
+    #[arg(long, env = "SANDBOXRUN_NAMESPACE", value_parser = non_empty_namespace)]
+    pub namespace: Option<String>,
+
+    /// Watch SandboxRuns in every namespace instead of one (needs cluster-wide RBAC).
+    #[arg(long, env = "SANDBOXRUN_ALL_NAMESPACES", conflicts_with = "namespace")]
+    pub all_namespaces: bool,
 
     /// RuntimeClass of sandbox Pods (gVisor by default).
     #[arg(long, env = "SANDBOXRUN_RUNTIME_CLASS", default_value = "gvisor")]
@@ -55,9 +60,15 @@ pub struct Config {
     pub identity: Option<String>,
 
     /// Policy file (YAML, see config/policy/policy.yaml) judging every run; reloaded when it
-    /// changes. Without it every run is allowed (a warning says so at start-up).
+    /// changes. Without it every run is blocked (the operator fails closed), unless
+    /// --allow-all-without-policy is given.
     #[arg(long, env = "SANDBOXRUN_POLICY_FILE")]
     pub policy_file: Option<PathBuf>,
+
+    /// Without a policy file, allow every run instead of blocking it (test clusters only; a
+    /// warning says so at start-up).
+    #[arg(long, env = "SANDBOXRUN_ALLOW_ALL_WITHOUT_POLICY", conflicts_with = "policy_file")]
+    pub allow_all_without_policy: bool,
 
     /// Databases sql runs may query (YAML map of name to {dialect: postgres|sqlite,
     /// url|urlEnv|urlFile}; URLs from a mounted Secret). Without it sql runs end Rejected.
@@ -103,6 +114,34 @@ impl std::fmt::Debug for RedactedUrl {
     }
 }
 
+/// A namespace name: not empty (an empty `--namespace` used to mean every namespace).
+fn non_empty_namespace(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err(
+            "the namespace is empty: name the namespace of the SandboxRuns, or pass \
+             --all-namespaces to watch every namespace"
+                .to_owned(),
+        );
+    }
+    Ok(s.to_owned())
+}
+
+impl Config {
+    /// The namespace to watch, `None` for every namespace; an error when neither
+    /// `--namespace` nor `--all-namespaces` was given.
+    pub fn watched_namespace(&self) -> anyhow::Result<Option<&str>> {
+        match (&self.namespace, self.all_namespaces) {
+            (Some(ns), false) => Ok(Some(ns)),
+            (None, true) => Ok(None),
+            _ => anyhow::bail!(
+                "say which SandboxRuns to watch: --namespace NAME (chart: the sandbox \
+                 namespace), or --all-namespaces"
+            ),
+        }
+    }
+}
+
 /// A positive duration: bare seconds (`900`) or a friendly/ISO 8601 duration (`15m`, `PT1H`).
 fn parse_duration(s: &str) -> Result<SignedDuration, String> {
     let d = match s.trim().parse::<i64>() {
@@ -140,10 +179,36 @@ impl Config {
 mod tests {
     use super::*;
 
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(std::iter::once("sandboxrun-operator").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_watched_namespace_is_never_widened_by_accident() {
+        let c = parse(&["--namespace", "runs"]).unwrap();
+        assert_eq!(c.watched_namespace().unwrap(), Some("runs"));
+        let c = parse(&["--all-namespaces"]).unwrap();
+        assert_eq!(c.watched_namespace().unwrap(), None);
+        // No namespace at all, and an empty one (the old meaning: every namespace), are refused.
+        assert!(parse(&[]).unwrap().watched_namespace().is_err());
+        let e = parse(&["--namespace", ""]).unwrap_err().to_string();
+        assert!(e.contains("--all-namespaces"), "{e}");
+        assert!(parse(&["--namespace", "runs", "--all-namespaces"]).is_err());
+    }
+
+    #[test]
+    fn allowing_everything_without_a_policy_is_explicit() {
+        assert!(parse(&["--allow-all-without-policy"]).unwrap().allow_all_without_policy);
+        assert!(parse(&["--policy-file", "p", "--allow-all-without-policy"]).is_err());
+    }
+
     #[test]
     fn defaults() {
         let c = Config::try_parse_from(["sandboxrun-operator"]).unwrap();
-        assert_eq!(c.namespace, "");
+        // No namespace by default: the operator refuses to start until one is named (below).
+        assert_eq!(c.namespace, None);
+        assert!(!c.all_namespaces);
+        assert!(!c.allow_all_without_policy);
         assert_eq!(c.runtime_class, "gvisor");
         assert_eq!(c.sandbox_image, "localhost/sandboxrun/sandbox-python:dev");
         assert_eq!(c.tmp_size, "16Mi");

@@ -45,8 +45,12 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Event publisher.
     pub events: Events,
-    /// The policy judging every run; `None` allows every run (no `--policy-file`).
+    /// The policy judging every run; `None` (no `--policy-file`) blocks every run unless
+    /// [`Context::allow_without_policy`] says otherwise.
     pub policy: Option<Arc<PolicyStore>>,
+    /// Whether a missing policy allows every run (`--allow-all-without-policy`, for test
+    /// clusters): the operator fails closed otherwise.
+    pub allow_without_policy: bool,
     /// How long an escalated run waits for a person's approval.
     pub approval_timeout: SignedDuration,
     /// Databases sql runs query; `None`: sql runs end Rejected.
@@ -73,11 +77,18 @@ impl Context {
             metrics,
             events,
             policy,
+            allow_without_policy: false,
             approval_timeout,
             databases: None,
             prometheus: None,
             failures: Mutex::default(),
         }
+    }
+
+    /// The same context, allowing every run when it has no policy (`--allow-all-without-policy`).
+    pub fn allowing_all_without_policy(mut self, allow: bool) -> Self {
+        self.allow_without_policy = allow;
+        self
     }
 
     /// The same context, executing metrics runs against `prometheus`.
@@ -92,12 +103,14 @@ impl Context {
         self
     }
 
-    /// What policy says about `run` now (everything is allowed without a policy).
+    /// What policy says about `run` now. Without a policy every run is blocked, unless the
+    /// operator was explicitly told to allow them all.
     pub fn decide(&self, run: &SandboxRun, tool: Tool) -> Decision {
         let call = gate::call_context(&run.spec, tool);
         match &self.policy {
             Some(store) => store.evaluate(&call),
-            None => gate::allow_all(&call),
+            None if self.allow_without_policy => gate::allow_all(&call),
+            None => gate::block_all(&call),
         }
     }
 }
@@ -522,7 +535,12 @@ fn ttl_left(run: &SandboxRun, status: &SandboxRunStatus, now: Timestamp) -> Opti
         .as_ref()
         .or(run.metadata.creation_timestamp.as_ref())
         .map_or(now, |t| t.0);
-    ttl::time_left(completed, run.spec.ttl_seconds_after_finished, now)
+    let ttl = ttl::retention(
+        run.spec.ttl_seconds_after_finished,
+        status.phase,
+        status.decision.as_ref().map(|d| d.verdict),
+    );
+    ttl::time_left(completed, ttl, now)
 }
 
 /// Requeue for the TTL of a run that just finished.
@@ -545,19 +563,19 @@ pub fn error_policy(run: Arc<SandboxRun>, error: &Error, ctx: Arc<Context>) -> A
 }
 
 /// Runs the controller until `shutdown` completes; in-flight reconciliations finish first.
+/// `namespace` is the one namespace watched (`None`: every namespace, asked for explicitly).
 pub async fn run(
     ctx: Arc<Context>,
-    namespace: &str,
+    namespace: Option<&str>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let (runs, pods): (Api<SandboxRun>, Api<Pod>) = if namespace.is_empty() {
-        (Api::all(client.clone()), Api::all(client))
-    } else {
-        (
+    let (runs, pods): (Api<SandboxRun>, Api<Pod>) = match namespace {
+        None => (Api::all(client.clone()), Api::all(client)),
+        Some(namespace) => (
             Api::namespaced(client.clone(), namespace),
             Api::namespaced(client, namespace),
-        )
+        ),
     };
     if let Err(e) = runs.list(&ListParams::default().limit(1)).await {
         warn!(error = %e, "cannot list SandboxRuns: is the CRD installed and RBAC granted?");

@@ -50,7 +50,8 @@ fn context(api: &FakeApi, policy: Option<&str>) -> Arc<Context> {
         Events::new(api.client.clone(), "test".into()),
         policy,
         SignedDuration::from_mins(15),
-    ))
+    )
+    .allowing_all_without_policy(true))
 }
 
 /// The run as the API server has it now (an up-to-date watch cache).
@@ -241,6 +242,29 @@ async fn a_blocked_run_ends_rejected_without_a_pod() {
     );
     assert_eq!(audit.lines().len(), 1);
     assert_eq!(audit.lines()[0]["fields"]["verdict"], "Block");
+}
+
+#[tokio::test]
+async fn without_a_policy_the_operator_fails_closed() {
+    let api = FakeApi::start(run_json(python())).await;
+    let mut ctx = context(&api, None);
+    Arc::get_mut(&mut ctx)
+        .expect("not shared yet")
+        .allow_without_policy = false;
+    reconcile_as(cached(&api), &ctx).await;
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["decision"]["verdict"]),
+        (&json!("Rejected"), &json!("Block"))
+    );
+    let reason = status["decision"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("blocks every run"), "{reason}");
+    assert!(reason.contains("policy.enabled"), "{reason}");
+    assert!(status.get("podName").is_none(), "{status}");
+    assert!(
+        !api.take_requests().iter().any(|r| r.contains("pods")),
+        "no Pod may be touched"
+    );
 }
 
 #[tokio::test]

@@ -39,15 +39,33 @@ pub fn call_context(spec: &SandboxRunSpec, tool: Tool) -> CallContext {
     call
 }
 
-/// The decision when the operator has no policy file: allow, with the requested limits.
+/// The decision when the operator has no policy file and was told to allow everything
+/// (`--allow-all-without-policy`): allow, with the requested limits.
 pub fn allow_all(call: &CallContext) -> sandboxrun_core::Decision {
     sandboxrun_core::Decision {
         verdict: Verdict::Allow,
         rule: NO_POLICY_RULE.to_owned(),
-        reason: "the operator runs without a policy file (--policy-file): every run is allowed"
+        reason: "the operator runs without a policy file (--policy-file) and was told to allow \
+                 every run (--allow-all-without-policy)"
             .to_owned(),
         limits: call.limits.clamped(),
         max_rows: call.rows.unwrap_or(DEFAULT_ROWS),
+        rewritten_query: None,
+    }
+}
+
+/// The decision for every run when the operator has no policy and no explicit opt-in: the
+/// operator fails closed.
+pub fn block_all(call: &CallContext) -> sandboxrun_core::Decision {
+    sandboxrun_core::Decision {
+        verdict: Verdict::Block,
+        rule: NO_POLICY_RULE.to_owned(),
+        reason: "the operator runs without a policy file (--policy-file), so it blocks every run: \
+                 install a policy (chart value policy.enabled), or, for a test cluster only, \
+                 start the operator with --allow-all-without-policy"
+            .to_owned(),
+        limits: call.limits.clamped(),
+        max_rows: 0,
         rewritten_query: None,
     }
 }

@@ -56,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
 
     let identity = config.identity();
     info!(?config, %identity, "starting sandboxrun-operator");
+    let namespace = config.watched_namespace()?;
     let policy = match &config.policy_file {
         Some(path) => match policy::load(path) {
             Ok(store) => Some(store),
@@ -64,9 +65,17 @@ async fn main() -> anyhow::Result<()> {
                 anyhow::bail!("refusing to start: {e}");
             }
         },
+        None if config.allow_all_without_policy => {
+            tracing::warn!(
+                "no --policy-file and --allow-all-without-policy: every run is allowed; install \
+                 a policy to enforce governance"
+            );
+            None
+        }
         None => {
             tracing::warn!(
-                "no --policy-file: every run is allowed; install a policy to enforce governance"
+                "no --policy-file: every run is blocked (the operator fails closed); install a \
+                 policy, or pass --allow-all-without-policy on a test cluster"
             );
             None
         }
@@ -144,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
             policy,
             config.approval_timeout,
         )
+        .allowing_all_without_policy(config.allow_all_without_policy)
         .with_databases(databases)
         .with_prometheus(prometheus),
     );
@@ -154,15 +164,15 @@ async fn main() -> anyhow::Result<()> {
             namespace: config.lease_namespace.clone(),
             identity,
         };
-        let namespace = config.namespace.clone();
+        let namespace = namespace.map(str::to_owned);
         leader::run_while_leader(client, lease, stop_rx.clone(), |stop| {
             let ctx = ctx.clone();
             let namespace = namespace.clone();
-            async move { controller::run(ctx, &namespace, stop).await }
+            async move { controller::run(ctx, namespace.as_deref(), stop).await }
         })
         .await?;
     } else {
-        controller::run(ctx, &config.namespace, until_true(stop_rx.clone())).await;
+        controller::run(ctx, namespace, until_true(stop_rx.clone())).await;
     }
 
     // The metrics server stops with the same signal; wait so the port is released cleanly.

@@ -4,6 +4,33 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
+/// Longest retention of a run that policy blocked or that was invalid (no tool, no query): it
+/// ran nothing, its audit line has the record, and a key that floods refusals must not fill etcd
+/// for an hour.
+pub const REFUSED_TTL_SECONDS: u32 = 300;
+
+/// The retention of a finished run: its own `ttlSecondsAfterFinished`, at most
+/// [`REFUSED_TTL_SECONDS`] when it was refused before anything ran (blocked by policy, or
+/// rejected without a decision: invalid). Denied or timed-out approvals keep their own TTL: a
+/// person's decision stays visible.
+pub fn retention(
+    ttl_seconds: u32,
+    phase: Option<sandboxrun_core::Phase>,
+    verdict: Option<sandboxrun_core::Verdict>,
+) -> u32 {
+    use sandboxrun_core::{Phase, Verdict};
+    let refused = match (phase, verdict) {
+        (_, Some(Verdict::Block)) => true,
+        (Some(Phase::Rejected), None) => true,
+        _ => false,
+    };
+    if refused {
+        ttl_seconds.min(REFUSED_TTL_SECONDS)
+    } else {
+        ttl_seconds
+    }
+}
+
 /// When a run that completed at `completion` may be deleted.
 pub fn expiry(completion: Timestamp, ttl_seconds: u32) -> Timestamp {
     completion
@@ -30,6 +57,17 @@ mod tests {
 
     fn t(s: &str) -> Timestamp {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn refused_runs_are_kept_briefly_and_decided_ones_for_their_ttl() {
+        use sandboxrun_core::{Phase, Verdict};
+        let r = |phase, verdict| retention(3600, Some(phase), verdict);
+        assert_eq!(r(Phase::Rejected, Some(Verdict::Block)), 300);
+        assert_eq!(r(Phase::Rejected, None), 300);
+        assert_eq!(r(Phase::Rejected, Some(Verdict::Escalate)), 3600);
+        assert_eq!(r(Phase::Succeeded, Some(Verdict::Allow)), 3600);
+        assert_eq!(retention(60, Some(Phase::Rejected), Some(Verdict::Block)), 60);
     }
 
     #[test]
