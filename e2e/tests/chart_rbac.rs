@@ -238,7 +238,15 @@ async fn operator_is_confined_to_the_sandbox_namespace_and_reads_no_secrets() ->
     );
     for verb in ["patch", "update"] {
         ensure!(
-            !can_i(&op, verb, "sandboxrun.dev", "sandboxruns", "", RUNS_NAMESPACE).await?,
+            !can_i(
+                &op,
+                verb,
+                "sandboxrun.dev",
+                "sandboxruns",
+                "",
+                RUNS_NAMESPACE
+            )
+            .await?,
             "operator may {verb} sandboxruns (the approval privilege is for people)"
         );
     }

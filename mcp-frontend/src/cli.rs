@@ -73,6 +73,10 @@ pub struct BackendArgs {
     /// as 90s, 5m.
     #[arg(long, env = "SANDBOXRUN_APPROVAL_WAIT", default_value = "0", value_parser = parse_wait)]
     pub approval_wait: Duration,
+    /// Most calls one agent may have in flight at once, on every transport (runs, queries and
+    /// approval waits); a call beyond it is refused with a message saying so.
+    #[arg(long, env = "SANDBOXRUN_MAX_CALLS_PER_AGENT", default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub max_calls_per_agent: usize,
     /// Largest timeoutSeconds a caller may request.
     #[arg(long, default_value_t = MAX_TIMEOUT_SECONDS)]
     pub max_timeout_seconds: u32,

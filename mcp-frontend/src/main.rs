@@ -7,6 +7,7 @@ mod backend;
 mod cli;
 mod embedded;
 mod http;
+mod inflight;
 mod metrics;
 mod pipeline;
 mod policy;
@@ -114,6 +115,7 @@ async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
         sql: args.enable_sql,
         fetch_metrics: args.enable_metrics,
         calls,
+        in_flight: inflight::InFlight::new(args.max_calls_per_agent),
     }))
 }
 

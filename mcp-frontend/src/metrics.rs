@@ -24,6 +24,8 @@ pub enum Outcome {
     InvalidArguments,
     /// The caller cancelled the request.
     Cancelled,
+    /// The agent had the most calls in flight it may have; nothing ran.
+    Throttled,
     /// The backend could not run the code (API server or sandbox unavailable).
     Unavailable,
 }
@@ -48,6 +50,7 @@ impl Outcome {
             Outcome::Rejected => "rejected",
             Outcome::InvalidArguments => "invalid_arguments",
             Outcome::Cancelled => "cancelled",
+            Outcome::Throttled => "throttled",
             Outcome::Unavailable => "unavailable",
         }
     }

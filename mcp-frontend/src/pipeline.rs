@@ -26,6 +26,7 @@ use crate::server::SandboxRunServer;
 const INVALID: &str = "InvalidArguments";
 const CANCELLED: &str = "Cancelled";
 const UNAVAILABLE: &str = "Unavailable";
+const THROTTLED: &str = "Throttled";
 
 impl SandboxRunServer {
     /// Runs one call of tool `T` with the raw `args` through the whole pipeline.
@@ -62,6 +63,22 @@ impl SandboxRunServer {
             }
         };
         let environment = T::environment(&call);
+        // Held until the call ends, however it ends (the slot frees its place when dropped).
+        let Some(_slot) = shared.in_flight.acquire(&agent) else {
+            let max = shared.in_flight.max();
+            tracing::warn!(
+                max,
+                "agent has the most calls in flight it may have; refused"
+            );
+            shared
+                .metrics
+                .observe_call(tool, Outcome::Throttled, started.elapsed());
+            self.record::<T>(&agent, environment, None, THROTTLED);
+            return CallToolResult::error(vec![ContentBlock::text(format!(
+                "agent {agent} already has {max} calls in flight, the most this server allows at \
+                 a time: wait for one of them to finish, then retry this call"
+            ))]);
+        };
         tracing::info!(backend = shared.backend.name(), %environment, "tool call");
         let (progress, forwarder) = progress_forwarder(&ctx);
         // Notifications go out while the run goes on (and while it waits for an approval); the

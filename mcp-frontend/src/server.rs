@@ -53,6 +53,8 @@ pub struct Shared {
     pub fetch_metrics: bool,
     /// Every tool call of this process, for `fetch_metrics` in embedded mode.
     pub calls: CallStore,
+    /// Calls in flight per agent, and the cap on them.
+    pub in_flight: Arc<crate::inflight::InFlight>,
 }
 
 /// The MCP server. Cheap to clone: one per session.

@@ -67,7 +67,11 @@ pub struct Config {
 
     /// Without a policy file, allow every run instead of blocking it (test clusters only; a
     /// warning says so at start-up).
-    #[arg(long, env = "SANDBOXRUN_ALLOW_ALL_WITHOUT_POLICY", conflicts_with = "policy_file")]
+    #[arg(
+        long,
+        env = "SANDBOXRUN_ALLOW_ALL_WITHOUT_POLICY",
+        conflicts_with = "policy_file"
+    )]
     pub allow_all_without_policy: bool,
 
     /// Databases sql runs may query (YAML map of name to {dialect: postgres|sqlite,
@@ -198,7 +202,11 @@ mod tests {
 
     #[test]
     fn allowing_everything_without_a_policy_is_explicit() {
-        assert!(parse(&["--allow-all-without-policy"]).unwrap().allow_all_without_policy);
+        assert!(
+            parse(&["--allow-all-without-policy"])
+                .unwrap()
+                .allow_all_without_policy
+        );
         assert!(parse(&["--policy-file", "p", "--allow-all-without-policy"]).is_err());
     }
 

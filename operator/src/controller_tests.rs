@@ -39,19 +39,21 @@ fn context(api: &FakeApi, policy: Option<&str>) -> Arc<Context> {
             sandboxrun_core::Policy::from_yaml(yaml, "test").unwrap(),
         ))
     });
-    Arc::new(Context::new(
-        api.client.clone(),
-        SandboxConfig {
-            runtime_class: "gvisor".into(),
-            image: "sandbox:test".into(),
-            tmp_size: "16Mi".into(),
-        },
-        Arc::new(Metrics::default()),
-        Events::new(api.client.clone(), "test".into()),
-        policy,
-        SignedDuration::from_mins(15),
+    Arc::new(
+        Context::new(
+            api.client.clone(),
+            SandboxConfig {
+                runtime_class: "gvisor".into(),
+                image: "sandbox:test".into(),
+                tmp_size: "16Mi".into(),
+            },
+            Arc::new(Metrics::default()),
+            Events::new(api.client.clone(), "test".into()),
+            policy,
+            SignedDuration::from_mins(15),
+        )
+        .allowing_all_without_policy(true),
     )
-    .allowing_all_without_policy(true))
 }
 
 /// The run as the API server has it now (an up-to-date watch cache).

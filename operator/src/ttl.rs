@@ -67,7 +67,10 @@ mod tests {
         assert_eq!(r(Phase::Rejected, None), 300);
         assert_eq!(r(Phase::Rejected, Some(Verdict::Escalate)), 3600);
         assert_eq!(r(Phase::Succeeded, Some(Verdict::Allow)), 3600);
-        assert_eq!(retention(60, Some(Phase::Rejected), Some(Verdict::Block)), 60);
+        assert_eq!(
+            retention(60, Some(Phase::Rejected), Some(Verdict::Block)),
+            60
+        );
     }
 
     #[test]

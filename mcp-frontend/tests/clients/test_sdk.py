@@ -180,3 +180,35 @@ def test_stateless_revision_via_the_sdk_client(http_server):
                 assert r.structured_content["exitCode"] == 0
 
     anyio.run(main)
+
+
+def test_one_agent_cannot_hold_more_calls_than_its_cap(binary):
+    """--max-calls-per-agent bounds the calls one agent has in flight (a key cannot take the
+    whole Pod quota); the call beyond the cap is refused with a message saying so, and once a
+    call ends its place comes back."""
+    import time as _time
+
+    async def main():
+        params = StdioServerParameters(
+            command=binary, args=["stdio", "--backend", "local", "--max-calls-per-agent", "1"])
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            results = {}
+
+            async def slow():
+                results["slow"] = await s.call_tool("run_python", {"code": "import time\ntime.sleep(4)\nprint('slow')"})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(slow)
+                await anyio.sleep(1.5)
+                started = _time.monotonic()
+                r = await s.call_tool("run_python", {"code": "print('second')"})
+                refused_in = _time.monotonic() - started
+            assert r.is_error is True, r
+            assert "already has 1 calls in flight" in r.content[0].text, r.content
+            assert refused_in < 2, "the refusal must not wait for the slow call"
+            assert results["slow"].is_error is False and results["slow"].structured_content["stdout"] == "slow\n"
+            r = await s.call_tool("run_python", {"code": "print('third')"})
+            assert r.is_error is False and r.structured_content["stdout"] == "third\n", r.content
+
+    anyio.run(main)
