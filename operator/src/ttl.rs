@@ -19,11 +19,10 @@ pub fn retention(
     verdict: Option<sandboxrun_core::Verdict>,
 ) -> u32 {
     use sandboxrun_core::{Phase, Verdict};
-    let refused = match (phase, verdict) {
-        (_, Some(Verdict::Block)) => true,
-        (Some(Phase::Rejected), None) => true,
-        _ => false,
-    };
+    let refused = matches!(
+        (phase, verdict),
+        (_, Some(Verdict::Block)) | (Some(Phase::Rejected), None)
+    );
     if refused {
         ttl_seconds.min(REFUSED_TTL_SECONDS)
     } else {
