@@ -5,17 +5,18 @@ use std::collections::{BTreeSet, HashMap};
 use std::ops::ControlFlow;
 
 use sqlparser::ast::{
-    DataType, Distinct, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident,
-    JoinConstraint, JoinOperator, LimitClause, ObjectName, ObjectNamePart, Offset, OffsetRows,
-    OrderByKind, Query, Select, SelectFlavor, SelectItem, SelectItemQualifiedWildcardKind, SetExpr,
-    Statement, TableAlias, TableFactor, TableWithJoins, Value, Visit, Visitor,
-    WildcardAdditionalOptions,
+    AccessExpr, Distinct, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr,
+    Ident, JoinConstraint, JoinOperator, LimitClause, ObjectName, ObjectNamePart, Offset,
+    OffsetRows, OrderByKind, Query, Select, SelectFlavor, SelectItem,
+    SelectItemQualifiedWildcardKind, SetExpr, Statement, TableAlias, TableFactor, TableWithJoins,
+    Value, Visit, Visitor, WildcardAdditionalOptions,
 };
 use sqlparser::dialect::{Dialect, PostgreSqlDialect, SQLiteDialect};
 use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
 use super::deny::{denied_function, is_system_catalog};
+use super::scan::{FunctionPolicy, Scan, check_denied_name, denied, value_function};
 use super::{
     Columns, GuardViolation, GuardedQuery, MAX_QUERY_BYTES, MAX_QUERY_TOKENS, SqlDialect, SqlRules,
     ViolationKind as K,
@@ -118,7 +119,7 @@ fn analyze(query: &str, rules: &Compiled) -> R<Analysis> {
             ));
         }
     };
-    if let ControlFlow::Break(v) = statement.visit(&mut DenyScan::default()) {
+    if let ControlFlow::Break(v) = statement.visit(&mut Scan::new(&rules.functions)) {
         return Err(v);
     }
     let mut query = match statement {
@@ -143,6 +144,7 @@ fn analyze(query: &str, rules: &Compiled) -> R<Analysis> {
         tables: BTreeSet::new(),
         columns: BTreeSet::new(),
         cte_depth: 0,
+        cross_joins: 0,
     };
     checker.check_query(&query, &[])?;
     let limit = cap_limit(&mut query, rules)?;
@@ -258,118 +260,10 @@ fn precheck(query: &str, dialect: &dyn Dialect, which: SqlDialect) -> R<()> {
     Ok(())
 }
 
-fn denied(name: &str, why: &str) -> GuardViolation {
-    violation(
-        K::DeniedFunction,
-        format!("the function {} is denied: {why}", name.to_lowercase()),
-        "remove the call; execute_sql only reads allowed tables and columns",
-    )
-}
-
 fn last_name_part(name: &ObjectName) -> Option<&Ident> {
     match name.0.last() {
         Some(ObjectNamePart::Identifier(i)) => Some(i),
         _ => None,
-    }
-}
-
-fn check_function_name(name: &ObjectName) -> R<()> {
-    for part in &name.0 {
-        match part {
-            ObjectNamePart::Identifier(_) => {}
-            ObjectNamePart::Function(_) => return Err(unsupported("a computed function name")),
-        }
-    }
-    if let Some(last) = last_name_part(name)
-        && let Some(why) = denied_function(&last.value)
-    {
-        return Err(denied(&last.value, why));
-    }
-    Ok(())
-}
-
-fn check_type(data_type: &DataType) -> R<()> {
-    let name = data_type.to_string().to_lowercase();
-    if name.starts_with("reg") {
-        return Err(violation(
-            K::DeniedFunction,
-            format!("casting to {name} is denied: it looks objects up in the system catalogs"),
-            "compare names as text instead, or remove the cast",
-        ));
-    }
-    Ok(())
-}
-
-/// Scans the whole tree, subqueries included, for constructs refused wherever they appear.
-#[derive(Default)]
-struct DenyScan {
-    statement_depth: usize,
-}
-
-impl Visitor for DenyScan {
-    type Break = GuardViolation;
-
-    fn pre_visit_statement(&mut self, statement: &Statement) -> ControlFlow<GuardViolation> {
-        self.statement_depth += 1;
-        if self.statement_depth > 1 {
-            let word = statement
-                .to_string()
-                .split_whitespace()
-                .next()
-                .unwrap_or("a statement")
-                .to_uppercase();
-            return ControlFlow::Break(violation(
-                K::DataModifyingCte,
-                format!("the query contains a data-modifying {word} inside it"),
-                "CTEs and subqueries must be SELECTs; execute_sql is read-only",
-            ));
-        }
-        ControlFlow::Continue(())
-    }
-
-    fn post_visit_statement(&mut self, _: &Statement) -> ControlFlow<GuardViolation> {
-        self.statement_depth -= 1;
-        ControlFlow::Continue(())
-    }
-
-    fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<GuardViolation> {
-        if let Some(lock) = query.locks.first() {
-            return ControlFlow::Break(violation(
-                K::LockingClause,
-                format!("the locking clause `{lock}` is not allowed"),
-                "remove FOR UPDATE / FOR SHARE; execute_sql only reads and never locks rows",
-            ));
-        }
-        ControlFlow::Continue(())
-    }
-
-    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<GuardViolation> {
-        let result = match expr {
-            Expr::Function(f) => check_function_name(&f.name),
-            Expr::Cast { data_type, .. } => check_type(data_type),
-            Expr::TypedString(t) => check_type(&t.data_type),
-            _ => Ok(()),
-        };
-        match result {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(v) => ControlFlow::Break(v),
-        }
-    }
-
-    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<GuardViolation> {
-        let result = match factor {
-            TableFactor::Table {
-                name,
-                args: Some(_),
-                ..
-            }
-            | TableFactor::Function { name, .. } => check_function_name(name),
-            _ => Ok(()),
-        };
-        match result {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(v) => ControlFlow::Break(v),
-        }
     }
 }
 
@@ -382,6 +276,10 @@ struct Compiled {
     max_limit: u64,
     max_offset: u64,
     table_functions: Vec<String>,
+    functions: FunctionPolicy,
+    allow_recursive: bool,
+    max_joins: u32,
+    max_cross_joins: u32,
 }
 
 fn compile_columns(columns: &Columns) -> Option<Vec<String>> {
@@ -421,6 +319,10 @@ impl Compiled {
                 .iter()
                 .map(|f| f.to_lowercase())
                 .collect(),
+            functions: FunctionPolicy::new(dialect, &rules.functions),
+            allow_recursive: rules.allow_recursive,
+            max_joins: rules.max_joins,
+            max_cross_joins: rules.max_cross_joins,
         }
     }
 
@@ -556,6 +458,8 @@ struct Checker<'r> {
     columns: BTreeSet<String>,
     /// Greater than zero while a CTE body is checked.
     cte_depth: usize,
+    /// Joins without a join condition seen so far, in the whole query.
+    cross_joins: u32,
 }
 
 fn rename(
@@ -644,6 +548,13 @@ impl Checker<'_> {
             return Err(unsupported("the pipe syntax (|>)"));
         }
         if let Some(with) = with {
+            if with.recursive && !self.rules.allow_recursive {
+                return Err(violation(
+                    K::Recursive,
+                    "WITH RECURSIVE is not allowed by policy: a recursive query runs until its stop condition holds, and without one until the statement timeout, filling memory and temporary files on the way",
+                    "write the query without RECURSIVE (for a range of numbers or dates, GROUP BY date_trunc(...) over the table itself); if it really needs recursion, ask an operator to set sql.allowRecursive on the rule",
+                ));
+            }
             self.ctes.push(HashMap::new());
             for cte in &with.cte_tables {
                 if cte.from.is_some() {
@@ -830,8 +741,24 @@ impl Checker<'_> {
         }
         let mut scope = Scope::default();
         let mut conditions: Vec<&Expr> = Vec::new();
-        for item in from {
+        for (i, item) in from.iter().enumerate() {
+            if i > 0 {
+                // `FROM a, b`: every row of a with every row of b.
+                self.count_cross_join(&format!("FROM …, {}", item.relation))?;
+            }
             self.add_table_with_joins(item, &mut scope, outer, &mut conditions)?;
+        }
+        let joins = scope.sources.len().saturating_sub(1);
+        if joins > self.rules.max_joins as usize {
+            return Err(violation(
+                K::TooManyJoins,
+                format!(
+                    "the query joins {} relations in one FROM clause, more than the {} the policy allows",
+                    joins + 1,
+                    self.rules.max_joins + 1
+                ),
+                "split it into smaller queries, or aggregate in a subquery before joining; an operator can raise the rule's sql.maxJoins",
+            ));
         }
         let mut chain: Vec<&Scope> = outer.to_vec();
         chain.push(&scope);
@@ -949,6 +876,10 @@ impl Checker<'_> {
                 }
             };
             match constraint {
+                JoinConstraint::On(expr) if !refers_to_columns(expr) => {
+                    self.count_cross_join(&format!("JOIN {} ON {expr}", join.relation))?;
+                    conditions.push(expr);
+                }
                 JoinConstraint::On(expr) => conditions.push(expr),
                 JoinConstraint::Using(names) => {
                     let left = Scope {
@@ -973,14 +904,34 @@ impl Checker<'_> {
                         "join with JOIN … ON and name the allowed columns",
                     ));
                 }
-                JoinConstraint::None => {}
+                JoinConstraint::None => {
+                    self.count_cross_join(&format!("CROSS JOIN {}", join.relation))?;
+                }
             }
         }
         Ok(())
     }
 
+    /// Counts one join without a join condition (`what`, for the message) against the rule.
+    fn count_cross_join(&mut self, what: &str) -> R<()> {
+        self.cross_joins += 1;
+        if self.cross_joins > self.rules.max_cross_joins {
+            return Err(violation(
+                K::TooManyJoins,
+                format!(
+                    "the query has {} joins without a join condition (the last: {}), more than the {} the policy allows: each one multiplies the rows the database must produce",
+                    self.cross_joins,
+                    what.chars().take(80).collect::<String>(),
+                    self.rules.max_cross_joins
+                ),
+                "join with JOIN … ON a condition that relates the tables (e.g. JOIN accounts a ON a.id = l.account) instead of FROM a, b or CROSS JOIN; an operator can raise the rule's sql.maxCrossJoins",
+            ));
+        }
+        Ok(())
+    }
+
     fn table_function(&self, name: &ObjectName) -> R<String> {
-        check_function_name(name)?;
+        check_denied_name(name)?;
         let fname = last_name_part(name)
             .map(|i| i.value.to_lowercase())
             .unwrap_or_default();
@@ -1176,7 +1127,16 @@ impl Checker<'_> {
             return Err(v);
         }
         for reference in &collector.refs {
-            self.resolve(reference, chain)?;
+            match reference {
+                Reference::Path(path) => self.resolve(path, chain)?,
+                Reference::Field { root, field } => self.resolve_field(root, field, chain)?,
+                Reference::WildcardField { table, field } => {
+                    let parts = self.rules.name_parts(table)?;
+                    let source = self.find_source(&parts, chain)?.clone();
+                    let field = self.norm(field);
+                    self.check_column(&source, &field)?;
+                }
+            }
         }
         for wildcard in &collector.wildcards {
             self.check_wildcard(wildcard.as_ref(), chain)?;
@@ -1220,11 +1180,129 @@ impl Checker<'_> {
         })
     }
 
+    /// Whether some FROM item in scope with known columns has `column` (then PostgreSQL reads
+    /// a bare name as that column, never as a whole row).
+    fn listed_anywhere(column: &str, chain: &[&Scope]) -> bool {
+        chain.iter().any(|scope| {
+            scope.sources.iter().any(|s| {
+                s.known_columns()
+                    .is_some_and(|cols| cols.iter().any(|c| c == column))
+            })
+        })
+    }
+
+    /// A FROM item in scope named `binding`, innermost first.
+    fn binding<'s>(binding: &str, chain: &[&'s Scope]) -> Option<&'s Source> {
+        chain
+            .iter()
+            .rev()
+            .find_map(|s| s.sources.iter().find(|src| src.binding == binding))
+    }
+
+    /// A bare name that is no column in scope but the name of a FROM item: PostgreSQL reads
+    /// it as the whole row of that item, every column of it.
+    fn whole_row(&mut self, name: &str, source: &Source, chain: &[&Scope]) -> R<()> {
+        let restricted = |s: &Source| {
+            matches!(
+                s.origin,
+                Origin::Base {
+                    columns: Some(_),
+                    ..
+                }
+            )
+        };
+        if let Origin::Base {
+            table,
+            columns: Some(cols),
+        } = &source.origin
+        {
+            return Err(violation(
+                K::ColumnNotAllowed,
+                format!(
+                    "{name} names the table {table} as a whole row, which reads every column of it, including ones that are not allowed"
+                ),
+                format!(
+                    "select the allowed columns by name, e.g. {}",
+                    cols.iter()
+                        .take(4)
+                        .map(|c| format!("{name}.{c}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        // A column of a table whose columns are restricted takes precedence over the whole
+        // row, and may be any name: it must be qualified.
+        if let Some(risk) = chain
+            .iter()
+            .flat_map(|s| s.sources.iter())
+            .find(|s| restricted(s))
+        {
+            return Err(violation(
+                K::AmbiguousColumn,
+                format!(
+                    "{name} is ambiguous: it could be a column of {} or the whole row of {}",
+                    risk.label(),
+                    source.label()
+                ),
+                format!("name the columns you need, e.g. {}.column", source.binding),
+            ));
+        }
+        if let Origin::Base { table, .. } = &source.origin {
+            let table = table.clone();
+            self.record(&table, "*");
+        }
+        Ok(())
+    }
+
+    /// `(root).field`.
+    fn resolve_field(&mut self, root: &[Ident], field: &Ident, chain: &[&Scope]) -> R<()> {
+        let parts: Vec<String> = root.iter().map(|i| self.norm(i)).collect();
+        if let [name] = parts.as_slice()
+            && !Self::listed_anywhere(name, chain)
+            && let Some(source) = Self::binding(name, chain).cloned()
+        {
+            // `(t).c` is the column c of t, unless some table with restricted columns could
+            // have a column named t.
+            if let Some(risk) = chain.iter().flat_map(|s| s.sources.iter()).find(|s| {
+                matches!(
+                    s.origin,
+                    Origin::Base {
+                        columns: Some(_),
+                        ..
+                    }
+                )
+            }) {
+                return Err(violation(
+                    K::AmbiguousColumn,
+                    format!(
+                        "({name}).{} is ambiguous: {name} could be a column of {} or the whole row of {}",
+                        field.value,
+                        risk.label(),
+                        source.label()
+                    ),
+                    format!("write {name}.{} instead", field.value),
+                ));
+            }
+            let field = self.norm(field);
+            return self.check_column(&source, &field);
+        }
+        // A field of a column's (composite) value: the column decides.
+        self.resolve(root, chain)
+    }
+
     fn resolve(&mut self, reference: &[Ident], chain: &[&Scope]) -> R<()> {
         let parts: Vec<String> = reference.iter().map(|i| self.norm(i)).collect();
         match parts.as_slice() {
             [] => Ok(()),
-            [column] => self.resolve_unqualified(column, chain),
+            [column] => {
+                if !Self::listed_anywhere(column, chain)
+                    && let Some(source) = Self::binding(column, chain).cloned()
+                {
+                    return self.whole_row(column, &source, chain);
+                }
+                self.resolve_unqualified(column, chain)
+            }
             [qualifier @ .., column] => {
                 let source = self.find_source(qualifier, chain)?.clone();
                 self.check_column(&source, column)
@@ -1462,6 +1540,24 @@ impl Checker<'_> {
     }
 }
 
+/// Whether an expression refers to any column (a join condition that does not is no condition).
+fn refers_to_columns(expr: &Expr) -> bool {
+    struct Finder;
+    impl Visitor for Finder {
+        type Break = ();
+        fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+            match expr {
+                Expr::Identifier(i) if value_function(i).is_none() => ControlFlow::Break(()),
+                Expr::CompoundIdentifier(_) | Expr::CompoundFieldAccess { .. } => {
+                    ControlFlow::Break(())
+                }
+                _ => ControlFlow::Continue(()),
+            }
+        }
+    }
+    expr.visit(&mut Finder).is_break()
+}
+
 fn in_scope(chain: &[&Scope]) -> String {
     let names: Vec<String> = chain
         .iter()
@@ -1475,12 +1571,101 @@ fn in_scope(chain: &[&Scope]) -> String {
     }
 }
 
+/// One column reference, as PostgreSQL reads it.
+enum Reference {
+    /// `c`, `t.c`, `s.t.c`, also when followed by subscripts or field selections
+    /// (`t.c[1]`, `t.c[1].f`): the name resolves first, what follows works on its value.
+    Path(Vec<Ident>),
+    /// `(root).field`: a field of the value `root` names, a column or a whole row.
+    Field { root: Vec<Ident>, field: Ident },
+    /// `(t.*).field`: the column `field` of `t`.
+    WildcardField { table: ObjectName, field: Ident },
+}
+
+impl Collector {
+    /// `root` followed by `.field` and `[subscript]` accesses. The names that belong to the
+    /// reference (`u.secret` in `u.secret[1]`) are taken out of the walk, so they are never
+    /// resolved on their own as unrelated columns; subscript expressions are walked as usual.
+    fn field_access(&mut self, root: &Expr, chain: &[AccessExpr]) -> ControlFlow<GuardViolation> {
+        let mut rest = chain;
+        match root {
+            Expr::Identifier(_) | Expr::CompoundIdentifier(_) => {
+                let mut path = match root {
+                    Expr::Identifier(i) => vec![i.clone()],
+                    Expr::CompoundIdentifier(parts) => parts.clone(),
+                    _ => Vec::new(),
+                };
+                while let Some((AccessExpr::Dot(dot @ Expr::Identifier(field)), tail)) =
+                    rest.split_first()
+                {
+                    path.push(field.clone());
+                    self.skip.push(dot as *const Expr);
+                    rest = tail;
+                }
+                self.skip.push(root as *const Expr);
+                self.refs.push(Reference::Path(path));
+            }
+            Expr::Nested(inner) => {
+                if let Some((AccessExpr::Dot(dot @ Expr::Identifier(field)), tail)) =
+                    rest.split_first()
+                {
+                    match inner.as_ref() {
+                        Expr::Identifier(i) => {
+                            self.refs.push(Reference::Field {
+                                root: vec![i.clone()],
+                                field: field.clone(),
+                            });
+                        }
+                        Expr::CompoundIdentifier(parts) => {
+                            self.refs.push(Reference::Field {
+                                root: parts.clone(),
+                                field: field.clone(),
+                            });
+                        }
+                        Expr::QualifiedWildcard(table, _) => {
+                            self.refs.push(Reference::WildcardField {
+                                table: table.clone(),
+                                field: field.clone(),
+                            });
+                        }
+                        // A field of a computed value: what it is computed from is walked as
+                        // usual, the field name is not a column.
+                        _ => {}
+                    }
+                    if matches!(
+                        inner.as_ref(),
+                        Expr::Identifier(_)
+                            | Expr::CompoundIdentifier(_)
+                            | Expr::QualifiedWildcard(..)
+                    ) {
+                        self.skip.push(inner.as_ref() as *const Expr);
+                    }
+                    self.skip.push(dot as *const Expr);
+                    rest = tail;
+                }
+            }
+            _ => {}
+        }
+        // Field names further down the chain are not columns; anything else there is refused.
+        for access in rest {
+            match access {
+                AccessExpr::Dot(dot @ Expr::Identifier(_)) => self.skip.push(dot as *const Expr),
+                AccessExpr::Dot(other) => {
+                    return ControlFlow::Break(unsupported(format!("the field access .{other}")));
+                }
+                AccessExpr::Subscript(_) => {}
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
 /// Collects what an expression refers to at its own level: column references, wildcards, and
 /// the subqueries (checked separately, in their own scope).
 #[derive(Default)]
 struct Collector {
     depth: usize,
-    refs: Vec<Vec<Ident>>,
+    refs: Vec<Reference>,
     wildcards: Vec<Option<ObjectName>>,
     subqueries: Vec<Query>,
     /// Expressions that name a function argument, not a column.
@@ -1508,8 +1693,13 @@ impl Visitor for Collector {
             return ControlFlow::Continue(());
         }
         match expr {
-            Expr::Identifier(ident) => self.refs.push(vec![ident.clone()]),
-            Expr::CompoundIdentifier(parts) => self.refs.push(parts.clone()),
+            // `current_user` and friends are calls, checked by the scan.
+            Expr::Identifier(ident) if value_function(ident).is_some() => {}
+            Expr::Identifier(ident) => self.refs.push(Reference::Path(vec![ident.clone()])),
+            Expr::CompoundIdentifier(parts) => self.refs.push(Reference::Path(parts.clone())),
+            Expr::CompoundFieldAccess { root, access_chain } => {
+                self.field_access(root, access_chain)?;
+            }
             Expr::Wildcard(_) => self.wildcards.push(None),
             Expr::QualifiedWildcard(name, _) => self.wildcards.push(Some(name.clone())),
             Expr::Function(f) => {

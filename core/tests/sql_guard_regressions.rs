@@ -1,0 +1,292 @@
+//! Regression tests for the SQL guard: one per known bypass and per variant of it. Every query
+//! under `refused` was accepted by the guard before the function allowlist, the reference
+//! resolution and the cast allowlist (commit fa17490); the ones under `accepted` are the plain
+//! analytics the stricter guard must keep accepting.
+//!
+//! Only the guard's original API is used here, so the file also builds against that commit.
+
+use sandboxrun_core::sql::{Columns, SqlDialect, SqlRules, TableRule, guard};
+
+fn rules() -> SqlRules {
+    let mut rules = SqlRules {
+        databases: vec!["demo".into()],
+        max_limit: 100,
+        ..SqlRules::default()
+    };
+    for (table, columns) in [
+        ("ledger", &["id", "account", "amount", "booked_at"][..]),
+        ("users", &["id", "name"][..]),
+    ] {
+        rules.tables.insert(
+            table.into(),
+            TableRule {
+                columns: Columns::List(columns.iter().map(|c| c.to_string()).collect()),
+            },
+        );
+    }
+    rules
+}
+
+fn refused(dialect: SqlDialect, queries: &[&str]) {
+    let rules = rules();
+    let accepted: Vec<String> = queries
+        .iter()
+        .filter_map(|q| match guard(q, dialect, &rules) {
+            Ok(g) => Some(format!("{q}\n    -> {}", g.sql)),
+            Err(v) => {
+                assert!(!v.problem.is_empty() && !v.hint.is_empty(), "{q}: {v}");
+                None
+            }
+        })
+        .collect();
+    assert!(
+        accepted.is_empty(),
+        "accepted, but must be refused:\n  {}",
+        accepted.join("\n  ")
+    );
+}
+
+fn accepted(dialect: SqlDialect, queries: &[&str]) {
+    let rules = rules();
+    let refused: Vec<String> = queries
+        .iter()
+        .filter_map(|q| {
+            guard(q, dialect, &rules)
+                .err()
+                .map(|v| format!("{q}\n    -> {v}"))
+        })
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "refused, but must be accepted:\n  {}",
+        refused.join("\n  ")
+    );
+}
+
+/// Class 1: functions that evaluate SQL text, read what the table rules protect, or allocate
+/// without bound ran because only a denylist stood in their way.
+#[test]
+fn functions_outside_the_allowlist_are_refused() {
+    refused(
+        SqlDialect::Postgres,
+        &[
+            // SQL text evaluated by the server, bypassing the table rules.
+            "SELECT ts_rewrite('x'::tsquery, 'SELECT detail FROM audit_log')::text",
+            "SELECT ts_rewrite('a', 'SELECT ''a''::tsquery, ''b''::tsquery')",
+            "SELECT id FROM ledger WHERE ts_rewrite('a', 'SELECT 1') IS NOT NULL",
+            "SELECT id FROM ledger ORDER BY ts_rewrite('a', 'SELECT 1')",
+            "SELECT pg_catalog.ts_rewrite('a', 'SELECT 1')",
+            "SELECT xpath('/a', '<a/>')",
+            // Catalogs, settings, sessions.
+            "SELECT has_table_privilege('audit_log', 'select')",
+            "SELECT version()",
+            "SELECT inet_server_addr()",
+            "SELECT current_user",
+            "SELECT session_user",
+            "SELECT current_schema",
+            "SELECT current_schema()",
+            "SELECT current_database()",
+            "SELECT obj_description(1)",
+            "SELECT format_type(23, -1)",
+            "SELECT to_tsvector('english', account) FROM ledger",
+            // Unbounded memory.
+            "SELECT length(repeat(account, 50000000)) FROM ledger",
+            "SELECT lpad(account, 1000000000) FROM ledger",
+            "SELECT rpad(account, 1000000000, 'x') FROM ledger",
+            "SELECT format('%1000000000s', account) FROM ledger",
+            "SELECT replace(replace(account, 'a', account || account), 'a', account) FROM ledger",
+            "SELECT regexp_replace(account, 'a', 'aaaaaaaa', 'g') FROM ledger",
+            "SELECT encode(convert_to(account, 'UTF8'), 'hex') FROM ledger",
+            "SELECT to_json(to_json(account)::text) FROM ledger",
+            "SELECT string_agg(account, ',') FROM ledger",
+            "SELECT array_agg(account) FROM ledger",
+            "SELECT json_agg(account) FROM ledger",
+            "SELECT ARRAY(SELECT account FROM ledger)",
+            // Set-returning functions in the select list multiply rows.
+            "SELECT generate_series(1, 100000000)",
+            "SELECT unnest(ARRAY[1, 2])",
+            // Functions of other schemas, and names that are a different function when quoted.
+            "SELECT public.lower(account) FROM ledger",
+            "SELECT \"LOWER\"(account) FROM ledger",
+            // Operators are functions: only the built-in ones.
+            "SELECT account OPERATOR(public.===) 'x' FROM ledger",
+            "SELECT id FROM ledger WHERE account OPERATOR(pg_catalog.~~) 'a%'",
+            "SELECT id FROM ledger WHERE account @@ 'a'",
+            "SELECT 5 !",
+            "SELECT !! 5",
+            "SELECT CONVERT(account, 'UTF8', 'LATIN1') FROM ledger",
+        ],
+    );
+}
+
+#[test]
+fn sqlite_functions_outside_the_allowlist_are_refused() {
+    refused(
+        SqlDialect::Sqlite,
+        &[
+            "SELECT randomblob(999999999)",
+            "SELECT length(randomblob(999999999))",
+            "SELECT zeroblob(999999999)",
+            "SELECT printf('%.*c', 999999999, 'x')",
+            "SELECT format('%.*c', 999999999, 'x')",
+            "SELECT hex(hex(hex(account))) FROM ledger",
+            "SELECT quote(account) FROM ledger",
+            "SELECT group_concat(account) FROM ledger",
+            "SELECT replace(account, 'a', account) FROM ledger",
+            "SELECT json_group_array(account) FROM ledger",
+            "SELECT changes()",
+            "SELECT last_insert_rowid()",
+            "SELECT current_user",
+        ],
+    );
+}
+
+/// Syntax that is a function call in another form goes through the same allowlist.
+#[test]
+fn special_call_syntax_of_allowed_functions_is_accepted() {
+    accepted(
+        SqlDialect::Postgres,
+        &[
+            "SELECT EXTRACT(year FROM booked_at), SUBSTRING(account FROM 1 FOR 2), \
+             POSITION('a' IN account), TRIM(BOTH 'x' FROM account), \
+             OVERLAY(account PLACING 'x' FROM 1), booked_at AT TIME ZONE 'UTC', \
+             account COLLATE \"C\", CEIL(amount), FLOOR(amount) FROM ledger",
+            "SELECT account, sum(amount), count(*), avg(amount), min(amount), max(amount), \
+             round(sum(amount), 2) FROM ledger GROUP BY account ORDER BY 2 DESC",
+            "SELECT date_trunc('month', booked_at) AS month, count(id) FROM ledger \
+             GROUP BY date_trunc('month', booked_at) ORDER BY month",
+            "SELECT coalesce(lower(account), upper(account)), length(account), \
+             substr(account, 1, 3) FROM ledger WHERE booked_at > now() - interval '7 days'",
+            "SELECT pg_catalog.lower(account) FROM ledger",
+            "SELECT row_number() OVER (PARTITION BY account ORDER BY booked_at) FROM ledger",
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY amount) FROM ledger",
+            "SELECT count(*) FILTER (WHERE amount > 0) FROM ledger",
+            "SELECT account || ':' || id, CASE WHEN amount > 0 THEN 'in' ELSE 'out' END FROM ledger",
+            "SELECT ROW(id, account), ARRAY[id, id] FROM ledger",
+            "SELECT current_date, current_timestamp, localtime",
+        ],
+    );
+    accepted(
+        SqlDialect::Sqlite,
+        &[
+            "SELECT strftime('%Y-%m', booked_at) AS month, sum(amount), count(*), \
+             round(avg(amount), 2) FROM ledger GROUP BY 1 ORDER BY month",
+            "SELECT coalesce(lower(account), upper(account)), ifnull(amount, 0), \
+             substr(account, 1, 2) FROM ledger",
+            "SELECT date(booked_at), datetime(booked_at), julianday(booked_at) FROM ledger",
+        ],
+    );
+}
+
+/// Class 2: a reference through a subscript or a qualified chain was checked as unrelated
+/// bare names (`u`, `secret`) and matched the columns of another FROM item.
+#[test]
+fn references_resolve_against_the_relation_they_name() {
+    let decoy = "(SELECT id AS u, id AS secret, id AS public, id AS users, id AS x FROM users) s";
+    let queries: Vec<String> = [
+        "SELECT u.secret[1] FROM users u, {decoy}",
+        "SELECT u.secret[1:2] FROM users u, {decoy}",
+        "SELECT u.secret[1].x FROM users u, {decoy}",
+        "SELECT u.secret[1] ->> 'k' FROM users u, {decoy}",
+        "SELECT length(u.secret[1]) FROM users u, {decoy}",
+        "SELECT s.u FROM users u, {decoy} WHERE u.secret[1] = 'x'",
+        "SELECT s.u FROM users u, {decoy} ORDER BY u.secret[1]",
+        "SELECT count(s.u) FROM users u, {decoy} GROUP BY u.secret[1]",
+        "SELECT public.users.secret[1] FROM users, {decoy}",
+        "SELECT users.secret[1] FROM users, {decoy}",
+        "SELECT (SELECT u.secret[1]) FROM users u, {decoy}",
+    ]
+    .iter()
+    .map(|q| q.replace("{decoy}", decoy))
+    .collect();
+    refused(
+        SqlDialect::Postgres,
+        &queries.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    refused(
+        SqlDialect::Postgres,
+        &[
+            "SELECT (u).secret FROM users u",
+            "SELECT (u.*).secret FROM users u",
+            "SELECT (u).name FROM users u, (SELECT id AS x FROM ledger) l2 WHERE (u).secret = 1",
+            "SELECT u FROM users u",
+            "SELECT count(u) FROM users u",
+            "SELECT u FROM users u, (SELECT id AS x FROM users) s",
+            "SELECT secret FROM users u, (SELECT 1 AS x) secret",
+        ],
+    );
+    accepted(
+        SqlDialect::Postgres,
+        &[
+            "SELECT u.name, s.u FROM users u, (SELECT id AS u FROM users) s",
+            "SELECT u.name FROM users u WHERE u.id = 1",
+            "SELECT s FROM (SELECT id, name FROM users) s",
+            "SELECT (s).name FROM (SELECT id, name FROM users) s",
+        ],
+    );
+}
+
+/// Class 3: cast targets were compared as rendered text, so a qualified or quoted spelling
+/// of a catalog lookup type passed.
+#[test]
+fn cast_types_are_compared_by_name_and_allowlisted() {
+    refused(
+        SqlDialect::Postgres,
+        &[
+            "SELECT 'pg_authid'::pg_catalog.regclass",
+            "SELECT 'pg_authid'::\"regclass\"",
+            "SELECT 'pg_authid'::pg_catalog.\"regclass\"",
+            "SELECT '{pg_authid}'::pg_catalog.regclass[]",
+            "SELECT '{pg_authid}'::\"regclass\"[]",
+            "SELECT CAST('pg_authid' AS pg_catalog.regclass)",
+            "SELECT CAST('pg_authid' AS \"regclass\")",
+            "SELECT 'pg_sleep'::pg_catalog.regproc",
+            "SELECT 'postgres'::pg_catalog.regrole",
+            "SELECT 'x'::xml",
+            "SELECT '<a/>'::pg_catalog.xml",
+            "SELECT 'a & b'::tsquery",
+            "SELECT '$.a'::jsonpath",
+            "SELECT '(1,x)'::public.users",
+            "SELECT '(1,x)'::users",
+            "SELECT 'x'::information_schema.sql_identifier",
+            "SELECT id::money FROM ledger",
+        ],
+    );
+    accepted(
+        SqlDialect::Postgres,
+        &[
+            "SELECT amount::numeric(10, 2), booked_at::date, id::text, account::varchar(10), \
+             amount::double precision, id::bigint, '1 day'::interval, ARRAY[1]::int[], \
+             CAST(amount AS integer), 1::\"int4\", 1::pg_catalog.int8, date '2026-01-01', \
+             timestamptz '2026-01-01 00:00:00+00', '{}'::jsonb, 'true'::boolean FROM ledger",
+        ],
+    );
+    accepted(
+        SqlDialect::Sqlite,
+        &["SELECT CAST(amount AS INTEGER), CAST(id AS TEXT), CAST(amount AS REAL) FROM ledger"],
+    );
+}
+
+/// Class 4 (the guard's part): recursion and row multiplication.
+#[test]
+fn recursion_and_cross_joins_are_refused() {
+    for dialect in [SqlDialect::Postgres, SqlDialect::Sqlite] {
+        refused(
+            dialect,
+            &[
+                "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(n) FROM r",
+                "SELECT count(DISTINCT a.account || b.account || c.account) FROM ledger a, ledger b, ledger c",
+                "SELECT count(*) FROM ledger a CROSS JOIN ledger b CROSS JOIN ledger c",
+                "SELECT count(*) FROM ledger a JOIN ledger b ON true JOIN ledger c ON 1 = 1",
+                "SELECT count(*) FROM ledger a, (SELECT b.id FROM ledger b, ledger c) x",
+            ],
+        );
+        accepted(
+            dialect,
+            &[
+                "SELECT count(*) FROM ledger a JOIN ledger b ON a.id = b.id JOIN ledger c ON c.id = b.id",
+                "SELECT a.id, b.id FROM ledger a, ledger b WHERE a.id = b.id",
+            ],
+        );
+    }
+}
