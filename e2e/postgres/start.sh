@@ -17,7 +17,8 @@
 #
 # `sandboxrun_reader` is the shape of the role deployments should give sandboxrun: LOGIN, no
 # superuser/createdb/createrole, CONNECT on the database, USAGE on the schema, SELECT on the
-# tables agents may read and nothing else, plus `default_transaction_read_only = on`. sandboxrun
+# tables agents may read and nothing else, plus `default_transaction_read_only = on` and the
+# right to set `temp_file_limit` (GRANT SET ON PARAMETER, PostgreSQL 15+). sandboxrun
 # additionally runs every query in a READ ONLY transaction with a statement timeout.
 #
 # It also creates database `sandboxrun_state` owned by role `sandboxrun_state` (writable), for the
@@ -141,6 +142,12 @@ SQL
   printf '%s\n' "$PASSWORD" >"$BASE/reader-password"
   touch "$BASE/ready"
 fi
+
+# sandboxrun lowers temp_file_limit (a superuser-only setting) for each query it runs; PostgreSQL
+# 15 lets a superuser grant a role the right to set it. Without the grant sandboxrun keeps the
+# role's own temp_file_limit (ALTER ROLE ... SET temp_file_limit). Checked on every start, so an
+# instance started before this existed gets it too.
+psql_su -d postgres -c "GRANT SET ON PARAMETER temp_file_limit TO $ROLE" >/dev/null
 
 # A writable database for state kept by sandboxrun itself (the agent's threads), owned by its own
 # role: the reader above must stay read-only. Checked on every start, so an instance started
