@@ -215,6 +215,21 @@ fn references_resolve_against_the_relation_they_name() {
             "SELECT secret FROM users u, (SELECT 1 AS x) secret",
         ],
     );
+    // An ON condition sees only the two sides of its join: `secret` there is users.secret,
+    // not the decoy joined later or listed earlier (found by sql_explain_differential.rs).
+    refused(
+        SqlDialect::Postgres,
+        &[
+            "SELECT u.id FROM users u JOIN ledger l ON l.account = secret \
+             JOIN (SELECT id AS secret FROM users) z ON z.secret = u.id",
+            "SELECT u.id FROM users u LEFT JOIN ledger l ON u.id = l.id AND secret = 1 \
+             LEFT JOIN (SELECT id AS secret FROM users) z ON true",
+            "SELECT u.id FROM (SELECT id AS secret FROM users) z, users u \
+             JOIN ledger l ON l.id = secret",
+            "SELECT u.id FROM (SELECT id AS secret FROM users) z, \
+             (users u JOIN ledger l ON l.id = secret)",
+        ],
+    );
     accepted(
         SqlDialect::Postgres,
         &[

@@ -2,7 +2,7 @@
 //! constructs, scope-aware table/column resolution, and the LIMIT rewrite.
 
 use std::collections::{BTreeSet, HashMap};
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 
 use sqlparser::ast::{
     AccessExpr, Distinct, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr,
@@ -740,7 +740,7 @@ impl Checker<'_> {
             ));
         }
         let mut scope = Scope::default();
-        let mut conditions: Vec<&Expr> = Vec::new();
+        let mut conditions: Vec<(&Expr, Range<usize>)> = Vec::new();
         for (i, item) in from.iter().enumerate() {
             if i > 0 {
                 // `FROM a, b`: every row of a with every row of b.
@@ -760,11 +760,16 @@ impl Checker<'_> {
                 "split it into smaller queries, or aggregate in a subquery before joining; an operator can raise the rule's sql.maxJoins",
             ));
         }
-        let mut chain: Vec<&Scope> = outer.to_vec();
-        chain.push(&scope);
-        for condition in conditions {
+        for (condition, visible) in conditions {
+            let sides = Scope {
+                sources: scope.sources[visible].to_vec(),
+            };
+            let mut chain: Vec<&Scope> = outer.to_vec();
+            chain.push(&sides);
             self.check_expr(condition, &chain)?;
         }
+        let mut chain: Vec<&Scope> = outer.to_vec();
+        chain.push(&scope);
         let mut out = Some(Vec::new());
         for item in projection {
             match item {
@@ -853,7 +858,7 @@ impl Checker<'_> {
         item: &'a TableWithJoins,
         scope: &mut Scope,
         outer: &[&Scope],
-        conditions: &mut Vec<&'a Expr>,
+        conditions: &mut Vec<(&'a Expr, Range<usize>)>,
     ) -> R<()> {
         let start = scope.sources.len();
         self.add_factor(&item.relation, scope, outer, conditions)?;
@@ -876,11 +881,13 @@ impl Checker<'_> {
                 }
             };
             match constraint {
+                // An ON condition sees only the two sides of its join (and enclosing queries),
+                // not the FROM items joined after it or listed before it with a comma.
                 JoinConstraint::On(expr) if !refers_to_columns(expr) => {
                     self.count_cross_join(&format!("JOIN {} ON {expr}", join.relation))?;
-                    conditions.push(expr);
+                    conditions.push((expr, start..scope.sources.len()));
                 }
-                JoinConstraint::On(expr) => conditions.push(expr),
+                JoinConstraint::On(expr) => conditions.push((expr, start..scope.sources.len())),
                 JoinConstraint::Using(names) => {
                     let left = Scope {
                         sources: scope.sources[start..left_end].to_vec(),
@@ -970,7 +977,7 @@ impl Checker<'_> {
         factor: &'a TableFactor,
         scope: &mut Scope,
         outer: &[&Scope],
-        conditions: &mut Vec<&'a Expr>,
+        conditions: &mut Vec<(&'a Expr, Range<usize>)>,
     ) -> R<()> {
         // Functions in FROM and LATERAL subqueries see the FROM items before them.
         let snapshot = scope.clone();
