@@ -342,7 +342,7 @@ impl Gen {
 
     /// A FROM item: a table (sometimes one the policy does not allow), a derived table, or a
     /// CTE in scope.
-    fn from_item(&mut self, depth: usize, ctes: &[Rel]) -> (String, Rel) {
+    fn relation(&mut self, depth: usize, ctes: &[Rel]) -> (String, Rel) {
         let choice = self.rng.below(10);
         if choice < 2 && depth > 0 {
             let (sql, cols) = self.select(depth - 1, ctes, &[]);
@@ -414,12 +414,12 @@ impl Gen {
 
     /// A SELECT over the CTEs `ctes` in the enclosing scope `outer`; returns its output columns.
     fn select(&mut self, depth: usize, ctes: &[Rel], outer: &[Rel]) -> (String, Vec<Col>) {
-        let (first_sql, first) = self.from_item(depth, ctes);
+        let (first_sql, first) = self.relation(depth, ctes);
         let mut from = first_sql;
         let mut scope = vec![first];
         let joins = self.rng.below(3);
         for _ in 0..joins {
-            let (sql, rel) = self.from_item(depth, ctes);
+            let (sql, rel) = self.relation(depth, ctes);
             let left = scope[self.rng.below(scope.len())].clone();
             let ty = *self.rng.pick(&[Ty::Int, Ty::Text]);
             let on = match (
@@ -500,8 +500,8 @@ impl Gen {
                 format!("SELECT count(*) AS n FROM ({a}) AS q")
             }
             _ => {
-                let (left, _) = self.from_item(0, &[]);
-                let (right, _) = self.from_item(0, &[]);
+                let (left, _) = self.relation(0, &[]);
+                let (right, _) = self.relation(0, &[]);
                 let l = left.split_whitespace().last().unwrap_or("x").to_owned();
                 let r = right.split_whitespace().last().unwrap_or("x").to_owned();
                 format!("SELECT {l}.id FROM {left} UNION ALL SELECT {r}.id FROM {right}")
@@ -573,10 +573,10 @@ fn strip(text: &str) -> String {
                 .find(|(_, c)| !(c.is_alphanumeric() || *c == '_' || *c == '"' || *c == '.'))
                 .map_or(rest.len(), |(i, _)| i)
         });
-        if rest[n..].starts_with('(') {
-            if let Some(close) = rest[n..].find(')') {
-                n += close + 1;
-            }
+        if rest[n..].starts_with('(')
+            && let Some(close) = rest[n..].find(')')
+        {
+            n += close + 1;
         }
         while rest[n..].starts_with("[]") {
             n += 2;
@@ -779,10 +779,8 @@ fn collect_strings<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
     match v {
         Value::String(s) => out.push(s),
         Value::Array(items) => items.iter().for_each(|i| collect_strings(i, out)),
-        Value::Object(map) => {
-            if !map.contains_key("Node Type") {
-                map.values().for_each(|i| collect_strings(i, out));
-            }
+        Value::Object(map) if !map.contains_key("Node Type") => {
+            map.values().for_each(|i| collect_strings(i, out));
         }
         _ => {}
     }
