@@ -56,6 +56,8 @@ enum Ty {
     Num,
     Text,
     Ts,
+    Json,
+    Array,
 }
 
 /// Every real column of the demo tables, in physical order (`config/demo/demo.sql`).
@@ -83,14 +85,25 @@ const TABLES: &[(&str, &[(&str, Ty)])] = &[
         "big",
         &[("id", Ty::Int), ("payload", Ty::Text), ("amount", Ty::Num)],
     ),
+    // Created by e2e/postgres/start.sh for this test.
+    (
+        "profiles",
+        &[
+            ("id", Ty::Int),
+            ("name", Ty::Text),
+            ("secret", Ty::Json),
+            ("tags", Ty::Array),
+        ],
+    ),
 ];
 
 /// What the policy allows: `ledger` without `booked_at`, `audit_log` without `at` and `detail`,
-/// no `big`.
+/// `profiles` without the jsonb `secret` and the array `tags`, no `big`.
 fn allowed_columns() -> BTreeMap<&'static str, Vec<&'static str>> {
     BTreeMap::from([
         ("ledger", vec!["id", "account", "amount"]),
         ("audit_log", vec!["id", "actor", "action"]),
+        ("profiles", vec!["id", "name"]),
     ])
 }
 
@@ -174,6 +187,8 @@ impl Gen {
                     "CAST('2026-01-01' AS timestamptz)",
                 ])
                 .to_string(),
+            Ty::Json => "'{\"k\": 1}'::jsonb".to_owned(),
+            Ty::Array => "ARRAY['a', 'b']".to_owned(),
         }
     }
 
@@ -245,6 +260,16 @@ impl Gen {
                     self.predicate(scope, d),
                     self.expr(scope, Ty::Num, d)
                 ),
+            },
+            Ty::Text if self.rng.chance(15) => match self.rng.below(4) {
+                0 => format!("({} ->> 'k')", self.expr(scope, Ty::Json, d)),
+                1 => format!("({})['k']::text", self.expr(scope, Ty::Json, d)),
+                2 => format!("({})[1]", self.expr(scope, Ty::Array, d)),
+                _ => format!("({} #>> '{{k}}')", self.expr(scope, Ty::Json, d)),
+            },
+            Ty::Json | Ty::Array => match self.column(scope, ty) {
+                Some(c) => c,
+                None => self.literal(ty),
             },
             Ty::Text => match self.rng.below(11) {
                 0 => format!("lower({})", self.expr(scope, Ty::Text, d)),
@@ -324,10 +349,31 @@ impl Gen {
     /// must read them as harmless).
     fn attack(&mut self, scope: &[Rel]) -> String {
         let r = self.rng.pick(scope).clone();
-        let hidden = *self
-            .rng
-            .pick(&["booked_at", "detail", "at", "secret", "payload"]);
-        match self.rng.below(9) {
+        // Mostly a column the policy hides on that very relation.
+        let allowed = allowed_columns();
+        let own: Vec<String> = r
+            .cols
+            .iter()
+            .filter(|c| {
+                allowed
+                    .values()
+                    .all(|cols| !cols.contains(&c.name.as_str()))
+            })
+            .map(|c| c.name.clone())
+            .collect();
+        let hidden = if !own.is_empty() && self.rng.chance(70) {
+            self.rng.pick(&own).clone()
+        } else {
+            self.rng
+                .pick(&["booked_at", "detail", "at", "secret", "payload", "tags"])
+                .to_string()
+        };
+        match self.rng.below(14) {
+            9 => format!("{}.{hidden}['k']", r.alias),
+            10 => format!("{}.{hidden} ->> 'k'", r.alias),
+            11 => format!("({}).{hidden}[1]", r.alias),
+            12 => format!("{hidden}[1]"),
+            13 => format!("{}.{hidden}[1:2]", r.alias),
             0 => format!("{}.{hidden}", r.alias),
             1 => hidden.to_owned(),
             2 => r.alias.clone(),
@@ -349,7 +395,7 @@ impl Gen {
             let alias = self.alias("d");
             return (format!("({sql}) AS {alias}"), Rel { alias, cols });
         }
-        if choice == 4 && self.rng.chance(50) {
+        if choice == 4 || choice == 5 {
             // A decoy: columns named like the hidden columns and like the table aliases, so a
             // reference checked as unrelated bare names (`l1.booked_at[1]` as `l1`, `booked_at`)
             // would find them here.
@@ -359,10 +405,14 @@ impl Gen {
                 "at",
                 "secret",
                 "payload",
+                "tags",
                 "l1",
                 "l2",
                 "a1",
                 "a2",
+                "p1",
+                "p2",
+                "p3",
                 "public",
             ];
             let alias = self.alias("z");
@@ -395,7 +445,9 @@ impl Gen {
         let table = if self.rng.chance(4) {
             "big"
         } else {
-            *self.rng.pick(&["ledger", "ledger", "audit_log"])
+            *self
+                .rng
+                .pick(&["ledger", "ledger", "audit_log", "profiles"])
         };
         let alias = self.alias(&table[..1]);
         let sql = if self.rng.chance(10) {
@@ -445,7 +497,7 @@ impl Gen {
         for i in 0..1 + self.rng.below(3) {
             let ty = *self.rng.pick(&[Ty::Int, Ty::Num, Ty::Text, Ty::Ts]);
             let name = format!("o{i}");
-            let expr = if self.rng.chance(8) {
+            let expr = if self.rng.chance(15) {
                 self.attack(&scope)
             } else {
                 self.expr(&chain, ty, 2)
@@ -863,9 +915,17 @@ async fn every_accepted_query_plans_only_allowed_relations_columns_and_functions
             continue;
         };
         accepted += 1;
-        if ["booked_at", "detail", ".at", "secret", "payload", "big"]
-            .iter()
-            .any(|w| query.contains(w))
+        if [
+            "booked_at",
+            "detail",
+            ".at",
+            "secret",
+            "payload",
+            "tags",
+            "big",
+        ]
+        .iter()
+        .any(|w| query.contains(w))
         {
             attack_accepted += 1;
         }
