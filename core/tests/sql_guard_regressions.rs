@@ -305,3 +305,72 @@ fn recursion_and_cross_joins_are_refused() {
         );
     }
 }
+
+/// Class 4, a variant: values combined again at every level of a CTE chain double each time,
+/// so a short query asks the server for a value of 2^n times a stored one, and an expression
+/// of 2^n terms once the CTEs are substituted.
+#[test]
+fn values_combined_across_nested_queries_are_bounded() {
+    let chain = |levels: usize, combine: &str| {
+        let mut ctes = vec!["c0 AS (SELECT account AS s FROM ledger)".to_owned()];
+        for i in 1..=levels {
+            ctes.push(format!(
+                "c{i} AS (SELECT {} AS s FROM c{})",
+                combine.replace('x', "s"),
+                i - 1
+            ));
+        }
+        format!("WITH {} SELECT length(s) FROM c{levels}", ctes.join(", "))
+    };
+    let doubling: Vec<String> = ["x || x", "concat(x, x)", "concat_ws(',', x, x)", "x || '-' || x"]
+        .iter()
+        .map(|c| chain(12, c))
+        .chain([
+            "SELECT length(d.s || d.s || d.s || d.s || d.s) FROM (SELECT c.s || c.s || c.s || c.s AS s FROM \
+             (SELECT b.s || b.s || b.s || b.s AS s FROM (SELECT a.account || a.account || \
+             a.account || a.account AS s FROM ledger a) b) c) d"
+                .to_owned(),
+            "SELECT length(x.s) FROM ledger l, LATERAL (SELECT l.account || l.account AS s) y, \
+             LATERAL (SELECT y.s || y.s || y.s || y.s || y.s || y.s || y.s || y.s || y.s || y.s AS s) z, \
+             LATERAL (SELECT z.s || z.s || z.s || z.s || z.s || z.s || z.s || z.s || z.s || z.s \
+             || z.s || z.s || z.s || z.s AS s) x"
+                .to_owned(),
+        ])
+        .collect();
+    // Referring to a column twice at every level does not grow the value, but PostgreSQL
+    // substitutes the CTEs into one expression of 2^n terms; planning it ignores the statement
+    // timeout (a 24-level `s || s` chain held a backend at 18 GB after 70 s until it was
+    // killed; 27 levels got the server OOM-killed and restarted).
+    let doubling: Vec<String> = doubling
+        .into_iter()
+        .chain(
+            [
+                "greatest(x, x)",
+                "coalesce(x, x)",
+                "CASE WHEN x > 'a' THEN x END",
+                "nullif(x, x)",
+            ]
+            .iter()
+            .map(|c| chain(20, c)),
+        )
+        .chain([chain(24, "x || x"), chain(27, "x || x")])
+        .collect();
+    for dialect in [SqlDialect::Postgres, SqlDialect::Sqlite] {
+        refused(
+            dialect,
+            &doubling.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+        accepted(
+            dialect,
+            &[
+                chain(3, "x || x").as_str(),
+                chain(12, "lower(x)").as_str(),
+                chain(12, "substr(x, 1, 3)").as_str(),
+                "WITH a AS (SELECT account || ':' || id AS k FROM ledger) \
+                 SELECT k || '/' || k FROM a",
+                "SELECT CASE WHEN amount > 100 THEN 'a' WHEN amount > 50 THEN 'b' \
+                 WHEN amount > 10 THEN 'c' ELSE 'd' END || account FROM ledger",
+            ],
+        );
+    }
+}

@@ -5,9 +5,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::ops::{ControlFlow, Range};
 
 use sqlparser::ast::{
-    AccessExpr, Distinct, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr,
-    Ident, JoinConstraint, JoinOperator, LimitClause, ObjectName, ObjectNamePart, Offset,
-    OffsetRows, OrderByKind, Query, Select, SelectFlavor, SelectItem,
+    AccessExpr, BinaryOperator, Distinct, Expr, FunctionArg, FunctionArgExpr, FunctionArguments,
+    GroupByExpr, Ident, JoinConstraint, JoinOperator, LimitClause, ObjectName, ObjectNamePart,
+    Offset, OffsetRows, OrderByKind, Query, Select, SelectFlavor, SelectItem,
     SelectItemQualifiedWildcardKind, SetExpr, Statement, TableAlias, TableFactor, TableWithJoins,
     Value, Visit, Visitor, WildcardAdditionalOptions,
 };
@@ -15,11 +15,12 @@ use sqlparser::dialect::{Dialect, PostgreSqlDialect, SQLiteDialect};
 use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
+use super::allow::default_functions;
 use super::deny::{denied_function, is_system_catalog};
 use super::scan::{FunctionPolicy, Scan, check_denied_name, denied, value_function};
 use super::{
-    Columns, GuardViolation, GuardedQuery, MAX_QUERY_BYTES, MAX_QUERY_TOKENS, SqlDialect, SqlRules,
-    ViolationKind as K,
+    Columns, GuardViolation, GuardedQuery, MAX_QUERY_BYTES, MAX_QUERY_TOKENS, MAX_VALUE_GROWTH,
+    SqlDialect, SqlRules, ViolationKind as K,
 };
 
 type R<T> = Result<T, GuardViolation>;
@@ -145,6 +146,9 @@ fn analyze(query: &str, rules: &Compiled) -> R<Analysis> {
         columns: BTreeSet::new(),
         cte_depth: 0,
         cross_joins: 0,
+        leaf_growth: Vec::new(),
+        expanded_terms: 0,
+        last_growth: Size::ONE,
     };
     checker.check_query(&query, &[])?;
     let limit = cap_limit(&mut query, rules)?;
@@ -424,6 +428,9 @@ struct Source {
     /// The canonical table name when it is an unaliased base table (so `schema.table.col` works).
     full: Option<String>,
     origin: Origin,
+    /// How large its values and their expressions can be (one for a table; more for a subquery
+    /// or CTE that combines values).
+    growth: Size,
 }
 
 impl Source {
@@ -452,14 +459,21 @@ struct Scope {
 
 struct Checker<'r> {
     rules: &'r Compiled,
-    /// CTE names visible at each WITH level, innermost last, with their output columns.
-    ctes: Vec<HashMap<String, Option<Vec<String>>>>,
+    /// CTE names visible at each WITH level, innermost last, with their output columns and
+    /// value growth.
+    ctes: Vec<HashMap<String, (Option<Vec<String>>, Size)>>,
     tables: BTreeSet<String>,
     columns: BTreeSet<String>,
     /// Greater than zero while a CTE body is checked.
     cte_depth: usize,
     /// Joins without a join condition seen so far, in the whole query.
     cross_joins: u32,
+    /// The size of each column reference resolved by the current `check_expr`.
+    leaf_growth: Vec<Size>,
+    /// The size of the outputs of the query checked last.
+    last_growth: Size,
+    /// Expression terms of the whole query once PostgreSQL has inlined its CTEs and subqueries.
+    expanded_terms: u64,
 }
 
 fn rename(
@@ -505,7 +519,7 @@ impl Checker<'_> {
         self.rules.norm(ident)
     }
 
-    fn lookup_cte(&self, name: &str) -> Option<Option<Vec<String>>> {
+    fn lookup_cte(&self, name: &str) -> Option<(Option<Vec<String>>, Size)> {
         self.ctes
             .iter()
             .rev()
@@ -570,19 +584,21 @@ impl Checker<'_> {
                             .collect()
                     });
                     if let Some(frame) = self.ctes.last_mut() {
-                        frame.insert(name.clone(), declared);
+                        frame.insert(name.clone(), (declared, Size::ONE));
                     }
                 }
                 self.cte_depth += 1;
                 let out = self.check_query(&cte.query, outer);
                 self.cte_depth -= 1;
                 let out = rename(out?, Some(&cte.alias), |i| self.norm(i));
+                let growth = self.last_growth;
                 if let Some(frame) = self.ctes.last_mut() {
-                    frame.insert(name, out);
+                    frame.insert(name, (out, growth));
                 }
             }
         }
         let (out, body_scope) = self.check_set_expr(body, outer)?;
+        let growth = self.last_growth;
         if let Some(order_by) = order_by {
             if order_by.interpolate.is_some() {
                 return Err(unsupported("ORDER BY ... INTERPOLATE"));
@@ -619,6 +635,7 @@ impl Checker<'_> {
         if with.is_some() {
             self.ctes.pop();
         }
+        self.last_growth = growth;
         Ok(out)
     }
 
@@ -635,17 +652,21 @@ impl Checker<'_> {
             SetExpr::Query(query) => Ok((self.check_query(query, outer)?, None)),
             SetExpr::SetOperation { left, right, .. } => {
                 let (out, _) = self.check_set_expr(left, outer)?;
+                let growth = self.last_growth;
                 self.check_set_expr(right, outer)?;
+                self.last_growth = self.last_growth.max(growth);
                 Ok((out, None))
             }
             SetExpr::Values(values) => {
                 let mut width = 0;
+                let mut growth = Size::ONE;
                 for row in &values.rows {
                     width = width.max(row.len());
                     for expr in row {
-                        self.check_expr(expr, outer)?;
+                        growth = growth.max(self.check_expr(expr, outer)?);
                     }
                 }
+                self.last_growth = growth;
                 Ok((
                     Some((1..=width).map(|i| format!("column{i}")).collect()),
                     None,
@@ -771,16 +792,17 @@ impl Checker<'_> {
         let mut chain: Vec<&Scope> = outer.to_vec();
         chain.push(&scope);
         let mut out = Some(Vec::new());
+        let mut growth = Size::ONE;
         for item in projection {
             match item {
                 SelectItem::UnnamedExpr(expr) => {
-                    self.check_expr(expr, &chain)?;
+                    growth = growth.max(self.check_expr(expr, &chain)?);
                     if let Some(cols) = out.as_mut() {
                         cols.push(self.output_name(expr));
                     }
                 }
                 SelectItem::ExprWithAlias { expr, alias } => {
-                    self.check_expr(expr, &chain)?;
+                    growth = growth.max(self.check_expr(expr, &chain)?);
                     if let Some(cols) = out.as_mut() {
                         cols.push(self.norm(alias));
                     }
@@ -789,7 +811,11 @@ impl Checker<'_> {
                     if !wildcard_options_are_plain(options) {
                         return Err(unsupported("* EXCLUDE / EXCEPT / REPLACE / RENAME"));
                     }
-                    let expanded = self.check_wildcard(None, &chain)?;
+                    let saved = std::mem::take(&mut self.leaf_growth);
+                    let expanded = self.check_wildcard(None, &chain);
+                    let leaves = std::mem::replace(&mut self.leaf_growth, saved);
+                    let expanded = expanded?;
+                    growth = leaves.into_iter().fold(growth, Size::max);
                     out = out.zip(expanded).map(|(mut a, b)| {
                         a.extend(b);
                         a
@@ -802,7 +828,11 @@ impl Checker<'_> {
                     let SelectItemQualifiedWildcardKind::ObjectName(name) = kind else {
                         return Err(unsupported("expression.*"));
                     };
-                    let expanded = self.check_wildcard(Some(name), &chain)?;
+                    let saved = std::mem::take(&mut self.leaf_growth);
+                    let expanded = self.check_wildcard(Some(name), &chain);
+                    let leaves = std::mem::replace(&mut self.leaf_growth, saved);
+                    let expanded = expanded?;
+                    growth = leaves.into_iter().fold(growth, Size::max);
                     out = out.zip(expanded).map(|(mut a, b)| {
                         a.extend(b);
                         a
@@ -836,6 +866,7 @@ impl Checker<'_> {
             self.check_expr(window, &chain)?;
         }
         drop(chain);
+        self.last_growth = growth;
         Ok((out, scope))
     }
 
@@ -962,6 +993,7 @@ impl Checker<'_> {
         binding: String,
         alias: Option<&TableAlias>,
         columns: Option<Vec<String>>,
+        growth: Size,
     ) {
         let binding = alias.map_or(binding, |a| self.norm(&a.name));
         let columns = rename(columns, alias, |i| self.norm(i));
@@ -969,6 +1001,7 @@ impl Checker<'_> {
             binding,
             full: None,
             origin: Origin::Virtual { columns },
+            growth,
         });
     }
 
@@ -1008,7 +1041,7 @@ impl Checker<'_> {
                 if let Some(args) = args {
                     let fname = self.table_function(name)?;
                     self.check_expr(args, &lateral)?;
-                    self.add_virtual(scope, fname, alias.as_ref(), None);
+                    self.add_virtual(scope, fname, alias.as_ref(), None, Size::ONE);
                     return Ok(());
                 }
                 if *with_ordinality {
@@ -1016,9 +1049,9 @@ impl Checker<'_> {
                 }
                 let parts = self.rules.name_parts(name)?;
                 if let [single] = parts.as_slice()
-                    && let Some(columns) = self.lookup_cte(single)
+                    && let Some((columns, growth)) = self.lookup_cte(single)
                 {
-                    self.add_virtual(scope, single.clone(), alias.as_ref(), columns);
+                    self.add_virtual(scope, single.clone(), alias.as_ref(), columns, growth);
                     return Ok(());
                 }
                 let canonical = self.rules.canonical(&parts)?;
@@ -1047,6 +1080,7 @@ impl Checker<'_> {
                         table: canonical,
                         columns,
                     },
+                    growth: Size::ONE,
                 });
             }
             TableFactor::Derived {
@@ -1063,7 +1097,8 @@ impl Checker<'_> {
                 } else {
                     self.check_query(subquery, outer)?
                 };
-                self.add_virtual(scope, String::new(), alias.as_ref(), out);
+                let growth = self.last_growth;
+                self.add_virtual(scope, String::new(), alias.as_ref(), out, growth);
             }
             TableFactor::TableFunction { expr, alias } => {
                 let Expr::Function(f) = expr else {
@@ -1071,7 +1106,7 @@ impl Checker<'_> {
                 };
                 let fname = self.table_function(&f.name)?;
                 self.check_expr(expr, &lateral)?;
-                self.add_virtual(scope, fname, alias.as_ref(), None);
+                self.add_virtual(scope, fname, alias.as_ref(), None, Size::ONE);
             }
             TableFactor::Function {
                 lateral: _,
@@ -1081,7 +1116,7 @@ impl Checker<'_> {
             } => {
                 let fname = self.table_function(name)?;
                 self.check_expr(args, &lateral)?;
-                self.add_virtual(scope, fname, alias.as_ref(), None);
+                self.add_virtual(scope, fname, alias.as_ref(), None, Size::ONE);
             }
             TableFactor::UNNEST {
                 alias,
@@ -1104,7 +1139,7 @@ impl Checker<'_> {
                     ));
                 }
                 self.check_expr(array_exprs, &lateral)?;
-                self.add_virtual(scope, "unnest".to_owned(), alias.as_ref(), None);
+                self.add_virtual(scope, "unnest".to_owned(), alias.as_ref(), None, Size::ONE);
             }
             TableFactor::NestedJoin {
                 table_with_joins,
@@ -1127,8 +1162,49 @@ impl Checker<'_> {
     }
 
     /// Checks every column reference, wildcard and subquery in `node` against the scopes in
-    /// `chain` (innermost last).
-    fn check_expr<N: Visit>(&mut self, node: &N, chain: &[&Scope]) -> R<()> {
+    /// `chain` (innermost last), and returns how many times larger than the largest value it
+    /// reads its value can be ([`MAX_VALUE_GROWTH`] at most).
+    fn check_expr<N: Visit>(&mut self, node: &N, chain: &[&Scope]) -> R<Size> {
+        let saved = std::mem::take(&mut self.leaf_growth);
+        let checked = self.check_expr_refs(node, chain);
+        let leaves = std::mem::replace(&mut self.leaf_growth, saved);
+        let collector = checked?;
+        let growth = if collector.combines {
+            leaves
+                .iter()
+                .fold(collector.literals, |a, b| a.saturating_add(b.growth))
+        } else {
+            leaves.iter().map(|l| l.growth).max().unwrap_or(1)
+        }
+        .max(1);
+        let terms = leaves
+            .iter()
+            .fold(collector.literals.saturating_add(1), |a, b| {
+                a.saturating_add(b.terms)
+            });
+        self.expanded_terms = self.expanded_terms.saturating_add(terms);
+        if self.expanded_terms > MAX_EXPANDED_TERMS {
+            return Err(violation(
+                K::ValueGrowth,
+                format!(
+                    "the query refers to the results of its subqueries or CTEs so often that, once the database substitutes them, it has more than {MAX_EXPANDED_TERMS} terms"
+                ),
+                "refer to each column of a subquery or CTE once or twice, not in every level again (e.g. not SELECT greatest(x, x) FROM a level that already did the same)",
+            ));
+        }
+        if growth > MAX_VALUE_GROWTH {
+            return Err(violation(
+                K::ValueGrowth,
+                format!(
+                    "the query can build values up to {growth} times larger than the largest value it reads, more than the {MAX_VALUE_GROWTH} allowed: it combines (||, concat, ROW, ARRAY) values that subqueries or CTEs already combined"
+                ),
+                "combine columns once, over the tables themselves, instead of concatenating the results of subqueries or CTEs again",
+            ));
+        }
+        Ok(Size { growth, terms })
+    }
+
+    fn check_expr_refs<N: Visit>(&mut self, node: &N, chain: &[&Scope]) -> R<Collector> {
         let mut collector = Collector::default();
         if let ControlFlow::Break(v) = node.visit(&mut collector) {
             return Err(v);
@@ -1150,8 +1226,9 @@ impl Checker<'_> {
         }
         for query in &collector.subqueries {
             self.check_query(query, chain)?;
+            self.leaf_growth.push(self.last_growth);
         }
-        Ok(())
+        Ok(collector)
     }
 
     fn find_source<'s>(&self, qualifier: &[String], chain: &[&'s Scope]) -> R<&'s Source> {
@@ -1259,6 +1336,8 @@ impl Checker<'_> {
             let table = table.clone();
             self.record(&table, "*");
         }
+        let width = source.known_columns().map_or(1, |c| c.len().max(1)) as u64;
+        self.leaf_growth.push(source.growth.scaled(width));
         Ok(())
     }
 
@@ -1318,6 +1397,7 @@ impl Checker<'_> {
     }
 
     fn check_column(&mut self, source: &Source, column: &str) -> R<()> {
+        self.leaf_growth.push(source.growth);
         match &source.origin {
             Origin::Base {
                 table,
@@ -1460,6 +1540,8 @@ impl Checker<'_> {
                         ));
                     }
                 }
+                let growth = open.iter().map(|s| s.growth).fold(Size::ONE, Size::max);
+                self.leaf_growth.push(growth);
                 if open.len() == 1
                     && let Origin::Base { table, .. } = &candidate.origin
                 {
@@ -1516,6 +1598,8 @@ impl Checker<'_> {
         }
         let mut expanded = Some(Vec::new());
         for target in &targets {
+            let width = target.known_columns().map_or(1, |c| c.len().max(1)) as u64;
+            self.leaf_growth.push(target.growth.scaled(width));
             match &target.origin {
                 Origin::Base {
                     table,
@@ -1577,6 +1661,46 @@ fn in_scope(chain: &[&Scope]) -> String {
         names.join(", ")
     }
 }
+
+/// How large the values of an expression or a FROM item can be, and how large the expression
+/// becomes once the database substitutes the subqueries and CTEs it refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Size {
+    /// How many times larger than the largest value read (see [`MAX_VALUE_GROWTH`]).
+    growth: u64,
+    /// Terms (column references and literals) after substitution.
+    terms: u64,
+}
+
+impl Size {
+    const ONE: Size = Size {
+        growth: 1,
+        terms: 1,
+    };
+
+    fn max(self, other: Size) -> Size {
+        Size {
+            growth: self.growth.max(other.growth),
+            terms: self.terms.max(other.terms),
+        }
+    }
+
+    fn scaled(self, n: u64) -> Size {
+        Size {
+            growth: self.growth.saturating_mul(n),
+            terms: self.terms.saturating_mul(n),
+        }
+    }
+}
+
+/// Most terms a query may have once the database has substituted its subqueries and CTEs:
+/// referring to a column of a CTE twice at every level doubles the planner's work with every
+/// level, and PostgreSQL does not interrupt planning for the statement timeout.
+const MAX_EXPANDED_TERMS: u64 = 50_000;
+
+/// Default-allowlisted functions whose result holds all their arguments (the others return at
+/// most about as much as their largest argument).
+const COMBINING_FUNCTIONS: &[&str] = &["concat", "concat_ws", "overlay", "row", "char"];
 
 /// One column reference, as PostgreSQL reads it.
 enum Reference {
@@ -1677,6 +1801,11 @@ struct Collector {
     subqueries: Vec<Query>,
     /// Expressions that name a function argument, not a column.
     skip: Vec<*const Expr>,
+    /// Whether the expression puts several values into one (`||`, `concat`, `ROW`, `ARRAY`,
+    /// a function the default allowlist does not know): its size is then the sum of theirs.
+    combines: bool,
+    /// Literals at this level (each as large as the query allows).
+    literals: u64,
 }
 
 impl Visitor for Collector {
@@ -1709,9 +1838,26 @@ impl Visitor for Collector {
             }
             Expr::Wildcard(_) => self.wildcards.push(None),
             Expr::QualifiedWildcard(name, _) => self.wildcards.push(Some(name.clone())),
+            Expr::Value(_) => self.literals += 1,
+            Expr::BinaryOp {
+                op: BinaryOperator::StringConcat,
+                ..
+            }
+            | Expr::Array(_)
+            | Expr::Tuple(_)
+            | Expr::Overlay { .. } => self.combines = true,
             Expr::Function(f) => {
-                let is_count =
-                    last_name_part(&f.name).is_some_and(|n| n.value.eq_ignore_ascii_case("count"));
+                let name = last_name_part(&f.name)
+                    .map(|n| n.value.to_lowercase())
+                    .unwrap_or_default();
+                if COMBINING_FUNCTIONS.contains(&name.as_str())
+                    || ![SqlDialect::Postgres, SqlDialect::Sqlite]
+                        .iter()
+                        .any(|d| default_functions(*d).contains(&name.as_str()))
+                {
+                    self.combines = true;
+                }
+                let is_count = name == "count";
                 if let FunctionArguments::List(list) = &f.args {
                     for arg in &list.args {
                         let value = match arg {

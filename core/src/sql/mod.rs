@@ -55,6 +55,12 @@ pub const MAX_LIMIT: u64 = 1_000_000;
 pub const DEFAULT_MAX_OFFSET: u64 = 100_000;
 /// Longest query text the guard looks at, in bytes; longer queries are refused unread.
 pub const MAX_QUERY_BYTES: usize = 16 * 1024;
+/// How many times larger than the largest value it reads a value of a query may become by
+/// combining values (`||`, `concat`, `ROW`, `ARRAY`) that subqueries or CTEs already combined.
+/// Within one expression, growth is bounded by the token count; across nested queries it
+/// multiplies, so `WITH a AS (SELECT x || x AS x …), b AS (SELECT x || x AS x FROM a) …` doubles
+/// with every level.
+pub const MAX_VALUE_GROWTH: u64 = 256;
 /// Most tokens (words, literals, operators; not whitespace) a query may have. Bounds the depth
 /// of the syntax tree, so checking and rendering never exhaust the stack.
 pub const MAX_QUERY_TOKENS: usize = 2_000;
@@ -349,6 +355,9 @@ pub enum ViolationKind {
     Recursive,
     /// More joined relations, or joins without a condition, than the rule allows.
     TooManyJoins,
+    /// Values combined again and again across subqueries or CTEs (`WITH a AS (SELECT x || x …),
+    /// b AS (SELECT a.x || a.x …)`): their size could grow exponentially.
+    ValueGrowth,
     /// A table-valued function in `FROM` the rules do not list.
     TableFunction,
     /// A system catalog not listed by the rules.
