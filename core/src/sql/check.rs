@@ -461,7 +461,7 @@ struct Checker<'r> {
     rules: &'r Compiled,
     /// CTE names visible at each WITH level, innermost last, with their output columns and
     /// value growth.
-    ctes: Vec<HashMap<String, (Option<Vec<String>>, Size)>>,
+    ctes: Vec<HashMap<String, CteShape>>,
     tables: BTreeSet<String>,
     columns: BTreeSet<String>,
     /// Greater than zero while a CTE body is checked.
@@ -519,7 +519,7 @@ impl Checker<'_> {
         self.rules.norm(ident)
     }
 
-    fn lookup_cte(&self, name: &str) -> Option<(Option<Vec<String>>, Size)> {
+    fn lookup_cte(&self, name: &str) -> Option<CteShape> {
         self.ctes
             .iter()
             .rev()
@@ -1692,6 +1692,9 @@ impl Size {
         }
     }
 }
+
+/// A CTE's output columns (when known) and the size of its values.
+type CteShape = (Option<Vec<String>>, Size);
 
 /// Most terms a query may have once the database has substituted its subqueries and CTEs:
 /// referring to a column of a CTE twice at every level doubles the planner's work with every
