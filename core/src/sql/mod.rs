@@ -21,6 +21,11 @@
 //!   be resolved unambiguously is refused;
 //! - has no `WITH RECURSIVE` unless `allowRecursive`, at most `maxJoins` joins per `SELECT` and
 //!   at most `maxCrossJoins` joins without a join condition in the whole query;
+//! - cannot build values more than [`MAX_VALUE_GROWTH`] times larger than the values it reads by
+//!   combining (`||`, `concat`, `ROW`, `ARRAY`) values that its subqueries or CTEs already
+//!   combined, and stays below 50,000 terms once PostgreSQL substitutes its CTEs and subqueries
+//!   (a CTE chain that refers to the previous level twice doubles with every level, and
+//!   PostgreSQL does not interrupt planning for the statement timeout);
 //! - uses `*` / `t.*` only when `allowWildcard` is set and every table it expands over allows all
 //!   columns.
 //!
@@ -76,8 +81,24 @@ pub enum SqlDialect {
     Sqlite,
 }
 
-/// The SQL part of a policy rule: which databases, tables and columns a query may touch and how
-/// many rows it may ask for.
+/// The SQL part of a policy rule: which databases, tables, columns and functions a query may
+/// touch, how it may join, and how many rows it may ask for. In the policy file (see
+/// `config/policy/policy.yaml`):
+///
+/// ```yaml
+/// sql:
+///   databases: [demo]
+///   tables:
+///     ledger: {columns: [id, account, amount, booked_at]}
+///   allowWildcard: false
+///   maxLimit: 1000
+///   maxOffset: 100000
+///   tableFunctions: []      # in FROM
+///   functions: []           # in expressions, on top of the dialect's default allowlist
+///   allowRecursive: false   # WITH RECURSIVE
+///   maxJoins: 8             # per SELECT
+///   maxCrossJoins: 1        # joins without a condition, whole query
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SqlRules {
