@@ -141,7 +141,7 @@ async fn postgres_queries_run_with_memory_and_temp_file_bounds() {
         )
         .await
         .expect("settings");
-    assert_eq!(r.rows[0][0], json!("16MB"), "{:?}", r.rows);
+    assert_eq!(r.rows[0][0], json!("4MB"), "{:?}", r.rows);
     assert_eq!(r.rows[0][1], json!("1"), "{:?}", r.rows);
     assert_eq!(r.rows[0][2], json!("0"), "{:?}", r.rows);
     // start.sh grants the reader SET ON PARAMETER temp_file_limit (PostgreSQL 15+).

@@ -11,7 +11,7 @@
 //!   and rows are fetched in batches until the row or byte cap is reached, so a million-row result
 //!   is never transferred. Deployments connect as a role with only `CONNECT`, `USAGE` and `SELECT`
 //!   grants (see `e2e/postgres/start.sh`, role `sandboxrun_reader`).
-//!   Memory and disk: `SET LOCAL work_mem` (default 16 MiB), `hash_mem_multiplier = 1` and
+//!   Memory and disk: `SET LOCAL work_mem` (default 4 MiB), `hash_mem_multiplier = 1` and
 //!   `max_parallel_workers_per_gather = 0` bound what one sort or hash may hold before it spills,
 //!   and `temp_file_limit` (default 256 MiB) what it may spill. `temp_file_limit` is a superuser
 //!   setting: a non-superuser role may set it only after `GRANT SET ON PARAMETER temp_file_limit
@@ -82,8 +82,8 @@ pub struct DatabaseConfig {
     pub sqlite_heap_limit: Option<u64>,
 }
 
-/// Default `work_mem` of a PostgreSQL query, in kB (16 MiB).
-pub const DEFAULT_WORK_MEM_KB: u64 = 16 * 1024;
+/// Default `work_mem` of a PostgreSQL query, in kB (4 MiB, PostgreSQL's own default).
+pub const DEFAULT_WORK_MEM_KB: u64 = 4 * 1024;
 /// Default `temp_file_limit` of a PostgreSQL query, in kB (256 MiB).
 pub const DEFAULT_TEMP_FILE_LIMIT_KB: u64 = 256 * 1024;
 /// Default SQLite heap limit of the process, in bytes (256 MiB).
