@@ -368,7 +368,12 @@ impl Gen {
                 .pick(&["booked_at", "detail", "at", "secret", "payload", "tags"])
                 .to_string()
         };
-        match self.rng.below(14) {
+        let call = *self.rng.pick(&["upper", "current_setting", "md5", "sqrt"]);
+        match self.rng.below(17) {
+            // Attribute notation: PostgreSQL reads (x).f as f(x).
+            14 => format!("({}.{}).{call}", r.alias, self.rng.pick(&r.cols).name),
+            15 => format!("({}).{call}", r.alias),
+            16 => format!("('statement_timeout'::text).{call}"),
             9 => format!("{}.{hidden}['k']", r.alias),
             10 => format!("{}.{hidden} ->> 'k'", r.alias),
             11 => format!("({}).{hidden}[1]", r.alias),

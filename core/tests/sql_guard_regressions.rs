@@ -374,3 +374,55 @@ fn values_combined_across_nested_queries_are_bounded() {
         );
     }
 }
+
+/// Names PostgreSQL reads as something else than a column of the FROM item they seem to name.
+#[test]
+fn names_that_are_calls_in_disguise() {
+    let mut open = rules();
+    open.tables.insert(
+        "events".into(),
+        TableRule {
+            columns: Columns::Any,
+        },
+    );
+    // Attribute notation: `e.f` calls f(e) when e has no column f.
+    for q in [
+        "SELECT e.pg_sleep FROM events e",
+        "SELECT e.pg_read_file FROM events e",
+        "SELECT e.set_config FROM events e",
+        "SELECT e.current_setting FROM events e",
+    ] {
+        assert!(guard(q, SqlDialect::Postgres, &open).is_err(), "{q}");
+    }
+    assert!(
+        guard(
+            "SELECT e.anything FROM events e",
+            SqlDialect::Postgres,
+            &open
+        )
+        .is_ok()
+    );
+    // Field selection on a value is a call: (x).f is f(x) unless x is a row. Measured on
+    // PostgreSQL 15: ('SELECT to_tsvector(detail) FROM audit_log'::text).ts_stat returns the
+    // words of audit_log.detail; (0.1).pg_sleep sleeps; ('x'::text).current_setting reads it.
+    for q in [
+        "SELECT ('SELECT to_tsvector(detail) FROM audit_log'::text).ts_stat FROM events",
+        "SELECT ('statement_timeout'::text).current_setting FROM events",
+        "SELECT (0.1).pg_sleep FROM events",
+        "SELECT (e.x).pg_sleep FROM events e",
+        "SELECT (e.payload).ts_stat FROM events e",
+        "SELECT (lower(e.x)).current_setting FROM events e",
+        "SELECT (SELECT e.x FROM events e LIMIT 1).current_setting FROM events",
+        "SELECT (l.account).upper FROM ledger l",
+        "SELECT (e).x FROM events e",
+        "SELECT (e.*).x FROM events e",
+        "SELECT e.tags[1].current_setting FROM events e",
+        "SELECT g.ts_stat FROM events e, (SELECT e2.x AS y FROM events e2) g",
+    ] {
+        assert!(guard(q, SqlDialect::Postgres, &open).is_err(), "{q}");
+    }
+    // Keywords that are functions in PostgreSQL are plain names in SQLite.
+    assert!(guard("SELECT user FROM events", SqlDialect::Sqlite, &open).is_ok());
+    assert!(guard("SELECT user FROM events", SqlDialect::Postgres, &open).is_err());
+    assert!(guard("SELECT \"user\" FROM events", SqlDialect::Postgres, &open).is_ok());
+}

@@ -914,7 +914,7 @@ impl Checker<'_> {
             match constraint {
                 // An ON condition sees only the two sides of its join (and enclosing queries),
                 // not the FROM items joined after it or listed before it with a comma.
-                JoinConstraint::On(expr) if !refers_to_columns(expr) => {
+                JoinConstraint::On(expr) if !refers_to_columns(expr, self.rules.dialect) => {
                     self.count_cross_join(&format!("JOIN {} ON {expr}", join.relation))?;
                     conditions.push((expr, start..scope.sources.len()));
                 }
@@ -1205,7 +1205,10 @@ impl Checker<'_> {
     }
 
     fn check_expr_refs<N: Visit>(&mut self, node: &N, chain: &[&Scope]) -> R<Collector> {
-        let mut collector = Collector::default();
+        let mut collector = Collector {
+            dialect: self.rules.dialect,
+            ..Collector::default()
+        };
         if let ControlFlow::Break(v) = node.visit(&mut collector) {
             return Err(v);
         }
@@ -1216,8 +1219,7 @@ impl Checker<'_> {
                 Reference::WildcardField { table, field } => {
                     let parts = self.rules.name_parts(table)?;
                     let source = self.find_source(&parts, chain)?.clone();
-                    let field = self.norm(field);
-                    self.check_column(&source, &field)?;
+                    self.known_field(&source, field)?;
                 }
             }
         }
@@ -1342,39 +1344,55 @@ impl Checker<'_> {
     }
 
     /// `(root).field`.
+    /// `(t).c`: the column c of the FROM item t, when t is no column in scope and its columns
+    /// are known and include c. Anything else is refused: a field selection on a value is a
+    /// function call in PostgreSQL unless the value is a row.
     fn resolve_field(&mut self, root: &[Ident], field: &Ident, chain: &[&Scope]) -> R<()> {
         let parts: Vec<String> = root.iter().map(|i| self.norm(i)).collect();
-        if let [name] = parts.as_slice()
-            && !Self::listed_anywhere(name, chain)
-            && let Some(source) = Self::binding(name, chain).cloned()
-        {
-            // `(t).c` is the column c of t, unless some table with restricted columns could
-            // have a column named t.
-            if let Some(risk) = chain.iter().flat_map(|s| s.sources.iter()).find(|s| {
-                matches!(
-                    s.origin,
-                    Origin::Base {
-                        columns: Some(_),
-                        ..
-                    }
-                )
-            }) {
-                return Err(violation(
-                    K::AmbiguousColumn,
-                    format!(
-                        "({name}).{} is ambiguous: {name} could be a column of {} or the whole row of {}",
-                        field.value,
-                        risk.label(),
-                        source.label()
-                    ),
-                    format!("write {name}.{} instead", field.value),
-                ));
-            }
-            let field = self.norm(field);
-            return self.check_column(&source, &field);
+        let [name] = parts.as_slice() else {
+            return Err(field_call(field));
+        };
+        if Self::listed_anywhere(name, chain) {
+            return Err(field_call(field));
         }
-        // A field of a column's (composite) value: the column decides.
-        self.resolve(root, chain)
+        let Some(source) = Self::binding(name, chain).cloned() else {
+            return Err(field_call(field));
+        };
+        // Some table with restricted columns could have a column named t.
+        if let Some(risk) = chain.iter().flat_map(|s| s.sources.iter()).find(|s| {
+            matches!(
+                s.origin,
+                Origin::Base {
+                    columns: Some(_),
+                    ..
+                }
+            )
+        }) {
+            return Err(violation(
+                K::AmbiguousColumn,
+                format!(
+                    "({name}).{} is ambiguous: {name} could be a column of {} or the whole row of {}",
+                    field.value,
+                    risk.label(),
+                    source.label()
+                ),
+                format!("write {name}.{} instead", field.value),
+            ));
+        }
+        self.known_field(&source, field)
+    }
+
+    /// The column `field` of `source`, which must be one of its known columns.
+    fn known_field(&mut self, source: &Source, field: &Ident) -> R<()> {
+        let column = self.norm(field);
+        match source.known_columns() {
+            Some(cols) if cols.contains(&column) => self.check_column(source, &column),
+            // A restricted table: the usual message about its allowed columns.
+            Some(_) if matches!(source.origin, Origin::Base { .. }) => {
+                self.check_column(source, &column)
+            }
+            _ => Err(field_call(field)),
+        }
     }
 
     fn resolve(&mut self, reference: &[Ident], chain: &[&Scope]) -> R<()> {
@@ -1403,6 +1421,11 @@ impl Checker<'_> {
                 table,
                 columns: None,
             } => {
+                // `t.f` where t has no column f calls f(t) in PostgreSQL (attribute notation):
+                // never a hard-denied function.
+                if let Some(why) = denied_function(column) {
+                    return Err(denied(column, why));
+                }
                 self.record(table, column);
                 Ok(())
             }
@@ -1437,7 +1460,13 @@ impl Checker<'_> {
                     ))
                 }
             }
-            Origin::Virtual { columns: None } => Ok(()),
+            Origin::Virtual { columns: None } => {
+                // As for tables: `f.x` may be the call x(f) (attribute notation).
+                if let Some(why) = denied_function(column) {
+                    return Err(denied(column, why));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -1632,13 +1661,15 @@ impl Checker<'_> {
 }
 
 /// Whether an expression refers to any column (a join condition that does not is no condition).
-fn refers_to_columns(expr: &Expr) -> bool {
-    struct Finder;
+fn refers_to_columns(expr: &Expr, dialect: SqlDialect) -> bool {
+    struct Finder(SqlDialect);
     impl Visitor for Finder {
         type Break = ();
         fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
             match expr {
-                Expr::Identifier(i) if value_function(i).is_none() => ControlFlow::Break(()),
+                Expr::Identifier(i) if value_function(i, self.0).is_none() => {
+                    ControlFlow::Break(())
+                }
                 Expr::CompoundIdentifier(_) | Expr::CompoundFieldAccess { .. } => {
                     ControlFlow::Break(())
                 }
@@ -1646,7 +1677,7 @@ fn refers_to_columns(expr: &Expr) -> bool {
             }
         }
     }
-    expr.visit(&mut Finder).is_break()
+    expr.visit(&mut Finder(dialect)).is_break()
 }
 
 fn in_scope(chain: &[&Scope]) -> String {
@@ -1750,54 +1781,60 @@ impl Collector {
                                 field: field.clone(),
                             });
                         }
-                        Expr::CompoundIdentifier(parts) => {
-                            self.refs.push(Reference::Field {
-                                root: parts.clone(),
-                                field: field.clone(),
-                            });
-                        }
                         Expr::QualifiedWildcard(table, _) => {
                             self.refs.push(Reference::WildcardField {
                                 table: table.clone(),
                                 field: field.clone(),
                             });
                         }
-                        // A field of a computed value: what it is computed from is walked as
-                        // usual, the field name is not a column.
-                        _ => {}
+                        _ => return ControlFlow::Break(field_call(field)),
                     }
-                    if matches!(
-                        inner.as_ref(),
-                        Expr::Identifier(_)
-                            | Expr::CompoundIdentifier(_)
-                            | Expr::QualifiedWildcard(..)
-                    ) {
-                        self.skip.push(inner.as_ref() as *const Expr);
-                    }
+                    self.skip.push(inner.as_ref() as *const Expr);
                     self.skip.push(dot as *const Expr);
                     rest = tail;
                 }
             }
             _ => {}
         }
-        // Field names further down the chain are not columns; anything else there is refused.
+        // After the column: subscripts only. A field selection `.f` on a value is a call of
+        // f(value) in PostgreSQL whenever the value is not of a composite type (attribute
+        // notation: `(x).current_setting`, `('SELECT …'::text).ts_stat`).
         for access in rest {
             match access {
-                AccessExpr::Dot(dot @ Expr::Identifier(_)) => self.skip.push(dot as *const Expr),
+                AccessExpr::Subscript(_) => {}
+                AccessExpr::Dot(Expr::Identifier(field)) => {
+                    return ControlFlow::Break(field_call(field));
+                }
                 AccessExpr::Dot(other) => {
                     return ControlFlow::Break(unsupported(format!("the field access .{other}")));
                 }
-                AccessExpr::Subscript(_) => {}
             }
         }
         ControlFlow::Continue(())
     }
 }
 
+/// A field selection the guard cannot tell from a function call.
+fn field_call(field: &Ident) -> GuardViolation {
+    violation(
+        K::Unsupported,
+        format!(
+            "the field selection .{0} is not allowed: PostgreSQL reads (value).{0} as the call {0}(value) unless the value is a row",
+            field.value
+        ),
+        format!(
+            "select columns as table.column (e.g. t.{}), and call functions as name(argument)",
+            field.value
+        ),
+    )
+}
+
 /// Collects what an expression refers to at its own level: column references, wildcards, and
 /// the subqueries (checked separately, in their own scope).
 #[derive(Default)]
 struct Collector {
+    /// How names are read (`user` is a function in PostgreSQL, a name in SQLite).
+    dialect: SqlDialect,
     depth: usize,
     refs: Vec<Reference>,
     wildcards: Vec<Option<ObjectName>>,
@@ -1833,7 +1870,7 @@ impl Visitor for Collector {
         }
         match expr {
             // `current_user` and friends are calls, checked by the scan.
-            Expr::Identifier(ident) if value_function(ident).is_some() => {}
+            Expr::Identifier(ident) if value_function(ident, self.dialect).is_some() => {}
             Expr::Identifier(ident) => self.refs.push(Reference::Path(vec![ident.clone()])),
             Expr::CompoundIdentifier(parts) => self.refs.push(Reference::Path(parts.clone())),
             Expr::CompoundFieldAccess { root, access_chain } => {

@@ -35,10 +35,15 @@ const VALUE_FUNCTIONS: &[&str] = &[
     "user",
 ];
 
-/// Whether an identifier is a function in disguise (an unquoted SQL value-function keyword).
-pub(super) fn value_function(ident: &Ident) -> Option<String> {
+/// Whether an identifier is a function in disguise (an unquoted SQL value-function keyword;
+/// SQLite knows only the first three).
+pub(super) fn value_function(ident: &Ident, dialect: SqlDialect) -> Option<String> {
     let lower = ident.value.to_lowercase();
-    (ident.quote_style.is_none() && VALUE_FUNCTIONS.contains(&lower.as_str())).then_some(lower)
+    let known = match dialect {
+        SqlDialect::Postgres => VALUE_FUNCTIONS,
+        SqlDialect::Sqlite => &VALUE_FUNCTIONS[..3],
+    };
+    (ident.quote_style.is_none() && known.contains(&lower.as_str())).then_some(lower)
 }
 
 /// Which functions the rule allows: the dialect's defaults and the rule's `functions`.
@@ -325,7 +330,7 @@ impl<'a> Scan<'a> {
         use Expr as E;
         let builtin = |name: &str, display: &str| self.functions.check_named(name, display);
         match expr {
-            E::Identifier(ident) => match value_function(ident) {
+            E::Identifier(ident) => match value_function(ident, self.dialect()) {
                 Some(name) => builtin(&name, &name),
                 None => Ok(()),
             },
