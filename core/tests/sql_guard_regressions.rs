@@ -142,7 +142,9 @@ fn sqlite_functions_outside_the_allowlist_are_refused() {
 }
 
 /// Syntax the guard does not know as an allowed call is refused, whether the parser reads it as
-/// a call, a special form, or not at all (these were refused before too, some only because the
+/// a call or a special form (the old guard accepted json_object, typed tsquery literals,
+/// IS NORMALIZED, CONVERT … USING, TRY_CAST, ARRAY(subquery), IN UNNEST, string_agg and
+/// IGNORE NULLS), or not at all (XML functions, IS JSON, json_table: refused only because the
 /// parser rejects them; the allowlist keeps them refused when a parser upgrade reads them).
 #[test]
 fn special_forms_outside_the_allowlist_are_refused() {
