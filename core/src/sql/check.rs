@@ -1,5 +1,6 @@
-//! The guard's passes: token pre-checks, parsing, a scan of the whole tree for denied
-//! constructs, scope-aware table/column resolution, and the LIMIT rewrite.
+//! The guard's passes: token pre-checks, parsing, a scan of the whole tree that decides every
+//! kind of expression (`scan.rs`: functions, operators, casts), scope-aware table/column
+//! resolution with the bounds on joins and value growth, and the LIMIT rewrite.
 
 use std::collections::{BTreeSet, HashMap};
 use std::ops::{ControlFlow, Range};
