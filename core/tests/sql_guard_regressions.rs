@@ -458,3 +458,32 @@ fn names_that_are_calls_in_disguise() {
     assert!(guard("SELECT user FROM events", SqlDialect::Postgres, &open).is_err());
     assert!(guard("SELECT \"user\" FROM events", SqlDialect::Postgres, &open).is_ok());
 }
+
+/// A listed table function is the built-in one: `public.generate_series` is another function.
+#[test]
+fn table_functions_of_other_schemas_are_not_the_listed_ones() {
+    let mut r = rules();
+    r.table_functions = vec!["generate_series".into()];
+    assert!(
+        guard(
+            "SELECT g FROM generate_series(1, 3) AS g",
+            SqlDialect::Postgres,
+            &r
+        )
+        .is_ok()
+    );
+    assert!(
+        guard(
+            "SELECT g FROM pg_catalog.generate_series(1, 3) AS g",
+            SqlDialect::Postgres,
+            &r
+        )
+        .is_ok()
+    );
+    for q in [
+        "SELECT g FROM public.generate_series(1, 3) AS g",
+        "SELECT g FROM reporting.generate_series(1, 3) AS g",
+    ] {
+        assert!(guard(q, SqlDialect::Postgres, &r).is_err(), "{q}");
+    }
+}

@@ -974,7 +974,20 @@ impl Checker<'_> {
         let fname = last_name_part(name)
             .map(|i| i.value.to_lowercase())
             .unwrap_or_default();
-        if self.rules.table_functions.contains(&fname) {
+        let parts = self.rules.name_parts(name)?;
+        // Unqualified (or pg_catalog.) names match a listed name; a function of another schema
+        // only when listed as schema.name.
+        let listed = match parts.as_slice() {
+            [_] => self.rules.table_functions.contains(&fname),
+            [schema, _] if schema == "pg_catalog" && self.rules.dialect == SqlDialect::Postgres => {
+                self.rules.table_functions.contains(&fname)
+            }
+            _ => self
+                .rules
+                .table_functions
+                .contains(&parts.join(".").to_lowercase()),
+        };
+        if listed {
             Ok(fname)
         } else {
             Err(violation(

@@ -119,7 +119,9 @@ pub struct SqlRules {
     #[serde(default = "default_max_offset")]
     pub max_offset: u64,
     /// Table-valued functions allowed in `FROM` (e.g. `generate_series`, `unnest`); none by
-    /// default. Denied functions stay denied whatever is listed here.
+    /// default. A plain name allows the built-in function (unqualified or `pg_catalog.`);
+    /// `schema.name` allows a function of another schema. Denied functions stay denied whatever
+    /// is listed here (the policy does not load).
     #[serde(default)]
     pub table_functions: Vec<String>,
     /// Functions a query may call in expressions on top of the dialect's default allowlist
