@@ -487,3 +487,24 @@ fn table_functions_of_other_schemas_are_not_the_listed_ones() {
         assert!(guard(q, SqlDialect::Postgres, &r).is_err(), "{q}");
     }
 }
+
+/// lpad/rpad return exactly `width` characters: allowed with a small literal width only.
+#[test]
+fn padding_is_allowed_with_a_small_literal_width() {
+    accepted(
+        SqlDialect::Postgres,
+        &[
+            "SELECT lpad(id::text, 6, '0'), rpad(account, 12) FROM ledger",
+            "SELECT lpad(lpad(account, 1000, 'x'), 1000, 'y') FROM ledger",
+        ],
+    );
+    refused(
+        SqlDialect::Postgres,
+        &[
+            "SELECT lpad(account, 1001) FROM ledger",
+            "SELECT lpad(account, id) FROM ledger",
+            "SELECT rpad(account, 10 * 100000000) FROM ledger",
+            "SELECT public.lpad(account, 10) FROM ledger",
+        ],
+    );
+}

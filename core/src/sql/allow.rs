@@ -10,7 +10,9 @@
 //!   `version`, `has_*_privilege`, `to_regclass`, `format_type`, `obj_description`, …), has side
 //!   effects (`nextval`, `set_config`, `setseed`, `lo_*`, …) or waits (`pg_sleep`);
 //! - functions whose result can be far larger than their arguments, which one query could use to
-//!   exhaust the server's memory: `repeat`, `lpad`/`rpad` (a width), `format`/`printf` (a width),
+//!   exhaust the server's memory: `repeat`, `lpad`/`rpad` with a computed or large width (with a
+//!   number literal up to 1,000 they are allowed: their result is exactly that wide),
+//!   `format`/`printf` (a width),
 //!   `replace`/`regexp_replace` (each match becomes a literal of any length), escaping and
 //!   encoding functions that can double their input at every nesting level (`to_json`, `quote`,
 //!   `quote_literal`, `encode`, `hex`, …), `randomblob`/`zeroblob`, and the aggregates that build

@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use std::ops::ControlFlow;
 
 use sqlparser::ast::{
-    BinaryOperator, CastKind, CeilFloorKind, DataType, DateTimeField, Expr, Function,
-    FunctionArgumentClause, FunctionArguments, Ident, ObjectName, ObjectNamePart, Query, Statement,
-    TableFactor, UnaryOperator, Visitor,
+    BinaryOperator, CastKind, CeilFloorKind, DataType, DateTimeField, Expr, Function, FunctionArg,
+    FunctionArgExpr, FunctionArgumentClause, FunctionArguments, Ident, ObjectName, ObjectNamePart,
+    Query, Statement, TableFactor, UnaryOperator, Value, Visitor,
 };
 
 use super::allow::{cast_types_for_message, check_cast_type, default_functions};
@@ -178,6 +178,23 @@ pub(super) fn check_cast(data_type: &DataType, dialect: SqlDialect) -> R<()> {
     }
 }
 
+/// The widest `lpad`/`rpad` result a query may ask for without the rule listing them.
+pub(super) const MAX_PAD_WIDTH: u64 = 1_000;
+
+/// The width (second argument) of an `lpad`/`rpad` call when it is a whole-number literal.
+fn padding_width(args: &FunctionArguments) -> Option<u64> {
+    let FunctionArguments::List(list) = args else {
+        return None;
+    };
+    match list.args.get(1)? {
+        FunctionArg::Unnamed(FunctionArgExpr::Expr(Expr::Value(v))) => match &v.value {
+            Value::Number(n, _) => n.parse().ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 fn binary_operator_allowed(op: &BinaryOperator) -> bool {
     use BinaryOperator as B;
     matches!(
@@ -319,10 +336,29 @@ impl<'a> Scan<'a> {
             }
         }
         if self.functions.allows(&parts) {
-            Ok(())
-        } else {
-            Err(self.functions.not_allowed(&display, None))
+            return Ok(());
         }
+        // lpad/rpad return exactly `width` characters: safe with a small literal width.
+        let builtin = match parts.as_slice() {
+            [name] => Some(name.as_str()),
+            [schema, name] if schema == "pg_catalog" => Some(name.as_str()),
+            _ => None,
+        };
+        if self.dialect() == SqlDialect::Postgres
+            && let Some(name @ ("lpad" | "rpad")) = builtin
+        {
+            return if padding_width(args).is_some_and(|w| w <= MAX_PAD_WIDTH) {
+                Ok(())
+            } else {
+                Err(self.functions.not_allowed(
+                    name,
+                    Some(&format!(
+                        "it is allowed with a number literal as the width, at most {MAX_PAD_WIDTH}, e.g. {name}(x, 10, '0')"
+                    )),
+                ))
+            };
+        }
+        Err(self.functions.not_allowed(&display, None))
     }
 
     /// Every kind of expression, decided.
