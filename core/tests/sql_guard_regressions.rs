@@ -196,6 +196,15 @@ fn special_call_syntax_of_allowed_functions_is_accepted() {
             "SELECT account || ':' || id, CASE WHEN amount > 0 THEN 'in' ELSE 'out' END FROM ledger",
             "SELECT ROW(id, account), ARRAY[id, id] FROM ledger",
             "SELECT current_date, current_timestamp, localtime",
+            "WITH monthly AS (SELECT date_trunc('month', booked_at) AS m, account, \
+             sum(amount) AS total FROM ledger GROUP BY 1, 2), \
+             ranked AS (SELECT m, account, total, \
+             rank() OVER (PARTITION BY m ORDER BY total DESC) AS r FROM monthly) \
+             SELECT m, account || ' (' || to_char(m, 'YYYY-MM') || ')' AS label, total \
+             FROM ranked WHERE r <= 3 ORDER BY m, r",
+            "SELECT l.account, count(*) FILTER (WHERE l.amount < 0) AS debits, \
+             sum(l.amount) / nullif(count(*), 0) AS mean FROM ledger l \
+             JOIN users u ON u.name = l.account GROUP BY l.account HAVING count(*) > 1",
         ],
     );
     accepted(
