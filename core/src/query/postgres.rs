@@ -264,6 +264,11 @@ fn classify(error: sqlx::Error, timeout: Duration, resources: ResourceLimits) ->
                     ),
                     message,
                 },
+                // disk_full: temporary files filled the server's disk first.
+                Some("53100") => QueryError::ResourceLimit {
+                    resource: "temporary disk space".to_owned(),
+                    message,
+                },
                 // out_of_memory, and program_limit_exceeded (a value larger than 1 GB, too
                 // many columns, …)
                 Some("53200") | Some("54000") => QueryError::ResourceLimit {
