@@ -224,6 +224,19 @@ impl Gen {
             };
         }
         let d = depth - 1;
+        if self.rng.chance(6) {
+            // Any function of the default allowlist, with arguments of guessed types (PostgreSQL
+            // refuses the ill-typed ones; the plans of the others must call allowed functions
+            // only).
+            let f = *self.rng.pick(default_functions(SqlDialect::Postgres));
+            let args: Vec<String> = (0..self.rng.below(3))
+                .map(|_| {
+                    let t = *self.rng.pick(&[Ty::Int, Ty::Num, Ty::Text, Ty::Ts]);
+                    self.expr(scope, t, d)
+                })
+                .collect();
+            return format!("{f}({})", args.join(", "));
+        }
         match ty {
             Ty::Int => match self.rng.below(9) {
                 0 => format!("length({})", self.expr(scope, Ty::Text, d)),
