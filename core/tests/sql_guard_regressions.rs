@@ -517,3 +517,23 @@ fn padding_is_allowed_with_a_small_literal_width() {
         ],
     );
 }
+
+/// `FROM ONLY t` reads t; the parser reads a table `only` with the alias t.
+#[test]
+fn from_only_is_not_a_table_named_only() {
+    let mut r = rules();
+    r.tables.insert(
+        "*".into(),
+        TableRule {
+            columns: Columns::Any,
+        },
+    );
+    for q in [
+        "SELECT secret FROM ONLY ledger",
+        "SELECT ledger.secret FROM ONLY ledger",
+        "SELECT id FROM ONLY ledger",
+    ] {
+        assert!(guard(q, SqlDialect::Postgres, &r).is_err(), "{q}");
+    }
+    assert!(guard("SELECT x FROM \"only\"", SqlDialect::Postgres, &r).is_ok());
+}

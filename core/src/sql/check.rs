@@ -1061,6 +1061,14 @@ impl Checker<'_> {
                 if *with_ordinality {
                     return Err(unsupported("WITH ORDINALITY on a table"));
                 }
+                // `FROM ONLY ledger` reads ledger (without inheritance children), but parses as
+                // a table named `only` aliased `ledger`.
+                if let [ObjectNamePart::Identifier(first)] = name.0.as_slice()
+                    && first.quote_style.is_none()
+                    && first.value.eq_ignore_ascii_case("only")
+                {
+                    return Err(unsupported("FROM ONLY"));
+                }
                 let parts = self.rules.name_parts(name)?;
                 if let [single] = parts.as_slice()
                     && let Some((columns, growth)) = self.lookup_cte(single)
