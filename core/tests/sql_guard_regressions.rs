@@ -537,3 +537,22 @@ fn from_only_is_not_a_table_named_only() {
     }
     assert!(guard("SELECT x FROM \"only\"", SqlDialect::Postgres, &r).is_ok());
 }
+
+/// PostgreSQL reads `U&"\0073ecret"` as the name `secret`; the tokenizer saw `U & "\0073ecret"`,
+/// two names a decoy subquery could provide. (What runs is the guard's rendering, `U & "…"` with
+/// spaces, which PostgreSQL reads as the guard did; refused anyway, because the query as the
+/// agent wrote it means something else than what the guard judged.)
+#[test]
+fn unicode_escaped_names_are_refused() {
+    refused(
+        SqlDialect::Postgres,
+        &[
+            "SELECT U&\"\\0073ecret\" FROM users u, (SELECT 1 AS u, 2 AS \"\\0073ecret\") d",
+            "SELECT u&\"\\0073ecret\" FROM users, (SELECT 1 AS u, 2 AS \"\\0073ecret\") d",
+        ],
+    );
+    accepted(
+        SqlDialect::Postgres,
+        &["SELECT name FROM users WHERE name = U&'\\0041'"],
+    );
+}

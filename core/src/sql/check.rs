@@ -188,6 +188,20 @@ fn precheck(query: &str, dialect: &dyn Dialect, which: SqlDialect) -> R<()> {
             "fix the syntax (check quotes and comments) and send exactly one SELECT statement",
         )
     })?;
+    // PostgreSQL reads U&"\0073ecret" as the name secret; the tokenizer sees `U & "\0073ecret"`.
+    for triple in tokens.windows(3) {
+        if let [Token::Word(u), Token::Ampersand, Token::Word(quoted)] = triple
+            && u.quote_style.is_none()
+            && u.value.eq_ignore_ascii_case("u")
+            && quoted.quote_style == Some('"')
+        {
+            return Err(violation(
+                K::Unsupported,
+                "Unicode-escaped names (U&\"…\") are not supported by the SQL guard",
+                "write the table or column name plainly, e.g. \"name\"",
+            ));
+        }
+    }
     let tokens: Vec<&Token> = tokens
         .iter()
         .filter(|t| !matches!(t, Token::Whitespace(_)))
