@@ -44,6 +44,12 @@ fn open_rules() -> SqlRules {
     r
 }
 
+fn with_functions(functions: &[&str]) -> SqlRules {
+    let mut r = rules();
+    r.functions = functions.iter().map(|f| f.to_string()).collect();
+    r
+}
+
 fn ok(sql: &str) -> GuardedQuery {
     ok_with(sql, &rules())
 }
@@ -134,8 +140,15 @@ fn select_star_is_blocked_with_an_actionable_reason() {
         "list the columns you need, e.g. SELECT id, account, amount FROM ledger"
     );
     blocked("SELECT l.* FROM ledger l", ViolationKind::Wildcard);
+    // row_to_json is not on the default allowlist; where a rule lists it, a wildcard argument
+    // is still a wildcard.
     blocked(
         "SELECT row_to_json(l.*) FROM ledger l",
+        ViolationKind::FunctionNotAllowed,
+    );
+    blocked_with(
+        "SELECT row_to_json(l.*) FROM ledger l",
+        &with_functions(&["row_to_json"]),
         ViolationKind::Wildcard,
     );
     // `TABLE t` means `SELECT * FROM t` (refused, whether or not the dialect parses it).
@@ -318,8 +331,9 @@ fn columns_outside_the_allow_list_are_blocked_everywhere() {
     );
     // A whole-row reference exposes every column.
     blocked("SELECT l FROM ledger l", ViolationKind::ColumnNotAllowed);
-    blocked(
+    blocked_with(
         "SELECT row_to_json(ledger) FROM ledger",
+        &with_functions(&["row_to_json"]),
         ViolationKind::ColumnNotAllowed,
     );
     blocked(
@@ -375,9 +389,12 @@ fn aliases_ctes_and_subqueries_resolve() {
     ok("SELECT name, amount FROM ledger JOIN accounts ON accounts.id = ledger.account");
     // A CTE name shadows a table of the same name.
     ok("WITH ledger AS (SELECT id AS n FROM accounts) SELECT n FROM ledger");
-    ok(
-        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 5) SELECT n FROM r",
-    );
+    // Recursion only where the rule allows it.
+    let recursive = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 5) SELECT n FROM r";
+    blocked(recursive, ViolationKind::Recursive);
+    let mut r = rules();
+    r.allow_recursive = true;
+    ok_with(recursive, &r);
     ok("SELECT id, amount FROM ledger WHERE booked_at > now() - interval '7 days'");
     ok("SELECT account, sum(amount) AS total FROM ledger GROUP BY account ORDER BY total DESC");
     ok("VALUES (1, 'a'), (2, 'b')");

@@ -12,12 +12,13 @@
 # refuses every other client.
 #
 # It creates database `sandboxrun_test` with the demo schema (config/demo/demo.sql), a
-# 1,000,000-row table `big`, write probes (`probe_log`, `probe_seq`, `sandboxrun_write_probe()`)
+# 1,000,000-row table `big`, a table `profiles` with jsonb and array columns, write probes (`probe_log`, `probe_seq`, `sandboxrun_write_probe()`)
 # and the role `sandboxrun_reader`.
 #
 # `sandboxrun_reader` is the shape of the role deployments should give sandboxrun: LOGIN, no
 # superuser/createdb/createrole, CONNECT on the database, USAGE on the schema, SELECT on the
-# tables agents may read and nothing else, plus `default_transaction_read_only = on`. sandboxrun
+# tables agents may read and nothing else, plus `default_transaction_read_only = on` and the
+# right to set `temp_file_limit` (GRANT SET ON PARAMETER, PostgreSQL 15+). sandboxrun
 # additionally runs every query in a READ ONLY transaction with a statement timeout.
 #
 # It also creates database `sandboxrun_state` owned by role `sandboxrun_state` (writable), for the
@@ -141,6 +142,25 @@ SQL
   printf '%s\n' "$PASSWORD" >"$BASE/reader-password"
   touch "$BASE/ready"
 fi
+
+# A table with composite-ish columns (jsonb, an array) for the guard's differential test
+# (core/tests/sql_explain_differential.rs): subscripts and JSON operators on them. Checked on every
+# start, like the grant below.
+psql_su -d "$DB" >/dev/null <<SQL
+CREATE TABLE IF NOT EXISTS profiles (
+  id integer PRIMARY KEY, name text NOT NULL, secret jsonb NOT NULL, tags text[] NOT NULL);
+INSERT INTO profiles
+  SELECT g, 'user' || g, jsonb_build_object('k', md5(g::text)), ARRAY['t' || g, 'u' || g]
+  FROM generate_series(1, 50) AS g
+  ON CONFLICT DO NOTHING;
+GRANT SELECT ON profiles TO $ROLE;
+SQL
+
+# sandboxrun lowers temp_file_limit (a superuser-only setting) for each query it runs; PostgreSQL
+# 15 lets a superuser grant a role the right to set it. Without the grant sandboxrun keeps the
+# role's own temp_file_limit (ALTER ROLE ... SET temp_file_limit). Checked on every start, so an
+# instance started before this existed gets it too.
+psql_su -d postgres -c "GRANT SET ON PARAMETER temp_file_limit TO $ROLE" >/dev/null
 
 # A writable database for state kept by sandboxrun itself (the agent's threads), owned by its own
 # role: the reader above must stay read-only. Checked on every start, so an instance started

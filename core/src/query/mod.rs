@@ -11,9 +11,21 @@
 //!   and rows are fetched in batches until the row or byte cap is reached, so a million-row result
 //!   is never transferred. Deployments connect as a role with only `CONNECT`, `USAGE` and `SELECT`
 //!   grants (see `e2e/postgres/start.sh`, role `sandboxrun_reader`).
+//!   Memory and disk: `SET LOCAL work_mem` (default 4 MiB), `hash_mem_multiplier = 1` and
+//!   `max_parallel_workers_per_gather = 0` bound what one sort or hash may hold before it spills,
+//!   and `temp_file_limit` (default 256 MiB) what it may spill. `temp_file_limit` is a superuser
+//!   setting: a non-superuser role may set it only after `GRANT SET ON PARAMETER temp_file_limit
+//!   TO <role>` (PostgreSQL 15+); without the grant the attempt is undone and the role's own
+//!   setting applies (`ALTER ROLE <role> SET temp_file_limit = '256MB'`, by an administrator).
+//!   A query over a limit fails with [`QueryError::ResourceLimit`]. PostgreSQL has no per-query
+//!   memory cap for single values (`repeat('x', 10^9)`), which is why the guard allows only
+//!   functions whose results are bounded by their arguments.
 //! * SQLite: the file is opened read-only (`mode=ro`) with `PRAGMA query_only = ON`; the timeout is
 //!   a progress handler that interrupts the statement at the deadline, and rows are streamed and
-//!   the statement abandoned at the cap.
+//!   the statement abandoned at the cap. SQLite runs in this process: `PRAGMA hard_heap_limit`
+//!   (process-wide, default 256 MiB) makes an allocation above it fail the statement
+//!   (`randomblob(999999999)`), and `temp_store = MEMORY` keeps sorts and temporary tables under
+//!   that limit instead of in the temporary directory.
 //!
 //! Database URLs carry credentials: they are never logged, and every error and `Debug` output has
 //! the password replaced by `***`.
@@ -54,6 +66,50 @@ pub struct DatabaseConfig {
     /// PostgreSQL only: the most connections kept open to this database (default 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
+    /// PostgreSQL: `work_mem` of every query, in kB (default [`DEFAULT_WORK_MEM_KB`]): the
+    /// memory one sort or hash may use before it spills to temporary files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_mem_kb: Option<u64>,
+    /// PostgreSQL: `temp_file_limit` of every query, in kB (default
+    /// [`DEFAULT_TEMP_FILE_LIMIT_KB`]): the temporary disk space one query may use. Setting it
+    /// needs `GRANT SET ON PARAMETER temp_file_limit TO <role>` (PostgreSQL 15+) or a superuser;
+    /// without either, the role's own setting applies (`ALTER ROLE <role> SET temp_file_limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temp_file_limit_kb: Option<u64>,
+    /// SQLite: the most heap memory SQLite may allocate in this process, in bytes (default
+    /// [`DEFAULT_SQLITE_HEAP_LIMIT`]; `PRAGMA hard_heap_limit`, which is process-wide).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqlite_heap_limit: Option<u64>,
+}
+
+/// Default `work_mem` of a PostgreSQL query, in kB (4 MiB, PostgreSQL's own default).
+pub const DEFAULT_WORK_MEM_KB: u64 = 4 * 1024;
+/// Default `temp_file_limit` of a PostgreSQL query, in kB (256 MiB).
+pub const DEFAULT_TEMP_FILE_LIMIT_KB: u64 = 256 * 1024;
+/// Default SQLite heap limit of the process, in bytes (256 MiB).
+pub const DEFAULT_SQLITE_HEAP_LIMIT: u64 = 256 * 1024 * 1024;
+
+/// The memory and disk bounds the executors apply to every query of one database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ResourceLimits {
+    pub(crate) work_mem_kb: u64,
+    pub(crate) temp_file_limit_kb: u64,
+    pub(crate) sqlite_heap_limit: u64,
+}
+
+impl ResourceLimits {
+    fn of(config: &DatabaseConfig) -> Self {
+        Self {
+            work_mem_kb: config.work_mem_kb.unwrap_or(DEFAULT_WORK_MEM_KB).max(64),
+            temp_file_limit_kb: config
+                .temp_file_limit_kb
+                .unwrap_or(DEFAULT_TEMP_FILE_LIMIT_KB),
+            sqlite_heap_limit: config
+                .sqlite_heap_limit
+                .unwrap_or(DEFAULT_SQLITE_HEAP_LIMIT)
+                .max(1024 * 1024),
+        }
+    }
 }
 
 /// A databases file that could not be read or is not a valid map of database configurations.
@@ -89,6 +145,9 @@ impl fmt::Debug for DatabaseConfig {
             .field("url_env", &self.url_env)
             .field("url_file", &self.url_file)
             .field("max_connections", &self.max_connections)
+            .field("work_mem_kb", &self.work_mem_kb)
+            .field("temp_file_limit_kb", &self.temp_file_limit_kb)
+            .field("sqlite_heap_limit", &self.sqlite_heap_limit)
             .finish()
     }
 }
@@ -209,6 +268,16 @@ pub enum QueryError {
         /// The database's words.
         message: String,
     },
+    /// The query needed more memory or temporary disk space than the executor allows.
+    #[error(
+        "the query was stopped because it needed more {resource} than execute_sql allows ({message}); narrow it: fewer rows (WHERE), fewer or smaller joins, aggregate before joining, no huge strings"
+    )]
+    ResourceLimit {
+        /// What ran out: memory or temporary disk space.
+        resource: String,
+        /// The database's words.
+        message: String,
+    },
     /// The connecting role lacks a privilege.
     #[error(
         "the database refused access: {message}; the sandboxrun database role may only read the tables it was granted"
@@ -309,6 +378,10 @@ impl Scrubber {
             PermissionDenied { message } => PermissionDenied {
                 message: self.scrub(message),
             },
+            ResourceLimit { resource, message } => ResourceLimit {
+                resource,
+                message: self.scrub(message),
+            },
             Database { code, message } => Database {
                 code,
                 message: self.scrub(message),
@@ -380,12 +453,16 @@ impl Databases {
             let url = db.resolve_url(name)?;
             let scrubber = Scrubber::for_url(&url);
             let engine = match db.dialect {
-                SqlDialect::Postgres => {
-                    postgres::PgDatabase::new(name, &url, db.max_connections.unwrap_or(4))
-                        .map(Engine::Postgres)
-                }
+                SqlDialect::Postgres => postgres::PgDatabase::new(
+                    name,
+                    &url,
+                    db.max_connections.unwrap_or(4),
+                    ResourceLimits::of(db),
+                )
+                .map(Engine::Postgres),
                 SqlDialect::Sqlite => {
-                    sqlite::SqliteDatabase::new(name, &url).map(|d| Engine::Sqlite(Box::new(d)))
+                    sqlite::SqliteDatabase::new(name, &url, ResourceLimits::of(db))
+                        .map(|d| Engine::Sqlite(Box::new(d)))
                 }
             }
             .map_err(|e| scrubber.scrub_error(e))?;

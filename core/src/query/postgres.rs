@@ -9,7 +9,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
 
 use super::value::{oid, pg_binary_to_json};
-use super::{Collector, QueryError, QueryLimits, QueryResult};
+use super::{Collector, QueryError, QueryLimits, QueryResult, ResourceLimits};
 
 /// Rows per `FETCH`.
 const BATCH: u64 = 500;
@@ -20,10 +20,16 @@ const GRACE: Duration = Duration::from_secs(5);
 pub(crate) struct PgDatabase {
     name: String,
     pool: PgPool,
+    resources: ResourceLimits,
 }
 
 impl PgDatabase {
-    pub(crate) fn new(name: &str, url: &str, max_connections: u32) -> Result<Self, QueryError> {
+    pub(crate) fn new(
+        name: &str,
+        url: &str,
+        max_connections: u32,
+        resources: ResourceLimits,
+    ) -> Result<Self, QueryError> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| QueryError::Config {
                 database: name.to_owned(),
@@ -41,6 +47,7 @@ impl PgDatabase {
         Ok(Self {
             name: name.to_owned(),
             pool,
+            resources,
         })
     }
 
@@ -54,7 +61,8 @@ impl PgDatabase {
             message: e.to_string(),
         })?;
         let wall = limits.statement_timeout + GRACE;
-        match tokio::time::timeout(wall, run(&mut conn, sql, limits)).await {
+        let resources = self.resources;
+        match tokio::time::timeout(wall, run(&mut conn, sql, limits, resources)).await {
             Ok(Ok(result)) => {
                 if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
                     conn.close_on_drop();
@@ -65,7 +73,7 @@ impl PgDatabase {
                 if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
                     conn.close_on_drop();
                 }
-                Err(classify(e, limits.statement_timeout))
+                Err(classify(e, limits.statement_timeout, resources))
             }
             Err(_elapsed) => {
                 // Mid-protocol: the connection cannot be reused. Closing it also ends the
@@ -83,19 +91,27 @@ async fn run(
     conn: &mut sqlx::PgConnection,
     sql: &str,
     limits: QueryLimits,
+    resources: ResourceLimits,
 ) -> Result<QueryResult, sqlx::Error> {
     sqlx::raw_sql("BEGIN TRANSACTION READ ONLY")
         .execute(&mut *conn)
         .await?;
     let timeout_ms = limits.statement_timeout.as_millis().max(1).to_string();
-    // set_config(..., true) is SET LOCAL with a bound parameter.
+    // set_config(..., true) is SET LOCAL with a bound parameter. Memory: one sort or hash gets
+    // work_mem (hashes no more: hash_mem_multiplier 1) before spilling to temporary files, and
+    // no parallel workers, each of which would get as much again.
     sqlx::query(
         "SELECT set_config('statement_timeout', $1, true), \
-                set_config('idle_in_transaction_session_timeout', $1, true)",
+                set_config('idle_in_transaction_session_timeout', $1, true), \
+                set_config('work_mem', $2, true), \
+                set_config('hash_mem_multiplier', '1', true), \
+                set_config('max_parallel_workers_per_gather', '0', true)",
     )
     .bind(&timeout_ms)
+    .bind(format!("{}kB", resources.work_mem_kb))
     .execute(&mut *conn)
     .await?;
+    limit_temp_files(conn, resources.temp_file_limit_kb).await?;
 
     // Parse and describe (not execute) the query: its column names and types, also when it
     // returns no rows. A multi-statement string fails here.
@@ -166,6 +182,33 @@ async fn run(
     Ok(collector.finish(columns))
 }
 
+/// Sets `temp_file_limit` for the transaction. Only superusers and roles granted
+/// `SET ON PARAMETER temp_file_limit` (PostgreSQL 15+) may; for any other role the attempt is
+/// undone (savepoint) and the role's own setting applies, which an administrator sets with
+/// `ALTER ROLE … SET temp_file_limit`.
+async fn limit_temp_files(conn: &mut sqlx::PgConnection, kb: u64) -> Result<(), sqlx::Error> {
+    // One round trip: the value is a number rendered here, never text from elsewhere.
+    let set = sqlx::raw_sql(AssertSqlSafe(format!(
+        "SAVEPOINT sandboxrun_limits; \
+         SELECT set_config('temp_file_limit', '{kb}kB', true); \
+         RELEASE SAVEPOINT sandboxrun_limits"
+    )))
+    .execute(&mut *conn)
+    .await;
+    match set {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42501") => {
+            sqlx::raw_sql(
+                "ROLLBACK TO SAVEPOINT sandboxrun_limits; RELEASE SAVEPOINT sandboxrun_limits",
+            )
+            .execute(&mut *conn)
+            .await?;
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn row_to_json(row: &PgRow, types: &[u32]) -> Result<Vec<serde_json::Value>, sqlx::Error> {
     let mut out = Vec::with_capacity(types.len());
     for (i, type_oid) in types.iter().enumerate() {
@@ -193,7 +236,7 @@ fn row_to_json(row: &PgRow, types: &[u32]) -> Result<Vec<serde_json::Value>, sql
 }
 
 /// Map a driver error to an actionable [`QueryError`] by SQLSTATE.
-fn classify(error: sqlx::Error, timeout: Duration) -> QueryError {
+fn classify(error: sqlx::Error, timeout: Duration, resources: ResourceLimits) -> QueryError {
     match &error {
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.into_owned());
@@ -213,6 +256,25 @@ fn classify(error: sqlx::Error, timeout: Duration) -> QueryError {
                 }
                 // insufficient_privilege
                 Some("42501") => QueryError::PermissionDenied { message },
+                // configuration_limit_exceeded: temp_file_limit.
+                Some("53400") => QueryError::ResourceLimit {
+                    resource: format!(
+                        "temporary disk space (at most {} kB)",
+                        resources.temp_file_limit_kb
+                    ),
+                    message,
+                },
+                // disk_full: temporary files filled the server's disk first.
+                Some("53100") => QueryError::ResourceLimit {
+                    resource: "temporary disk space".to_owned(),
+                    message,
+                },
+                // out_of_memory, and program_limit_exceeded (a value larger than 1 GB, too
+                // many columns, …)
+                Some("53200") | Some("54000") => QueryError::ResourceLimit {
+                    resource: "memory".to_owned(),
+                    message,
+                },
                 _ => QueryError::Database { code, message },
             }
         }

@@ -12,7 +12,7 @@ use sqlx::{
 };
 
 use super::value::{bytes_to_json, float_to_json};
-use super::{Collector, QueryError, QueryLimits, QueryResult};
+use super::{Collector, QueryError, QueryLimits, QueryResult, ResourceLimits};
 
 /// SQLite virtual-machine instructions between two deadline checks.
 const PROGRESS_OPS: i32 = 1000;
@@ -23,7 +23,11 @@ pub(crate) struct SqliteDatabase {
 }
 
 impl SqliteDatabase {
-    pub(crate) fn new(name: &str, url: &str) -> Result<Self, QueryError> {
+    pub(crate) fn new(
+        name: &str,
+        url: &str,
+        resources: ResourceLimits,
+    ) -> Result<Self, QueryError> {
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| QueryError::Config {
                 database: name.to_owned(),
@@ -32,6 +36,13 @@ impl SqliteDatabase {
             .read_only(true)
             .create_if_missing(false)
             .pragma("query_only", "ON")
+            // Memory: SQLite runs inside this process, so one query must not be able to take
+            // all of it (`randomblob(999999999)`, a huge sort or DISTINCT). The heap limit is
+            // process-wide; an allocation above it fails the statement with SQLITE_NOMEM.
+            // Temporary tables and sorts stay in memory under that limit instead of filling
+            // the temporary directory.
+            .pragma("hard_heap_limit", resources.sqlite_heap_limit.to_string())
+            .pragma("temp_store", "MEMORY")
             .statement_cache_capacity(0);
         Ok(Self {
             name: name.to_owned(),
@@ -138,6 +149,16 @@ fn classify(error: sqlx::Error, timeout: Duration, deadline: Instant) -> QueryEr
                 Some(9) => QueryError::Timeout { timeout },
                 // SQLITE_READONLY (read-only file, query_only)
                 Some(8) => QueryError::ReadOnly { message },
+                // SQLITE_NOMEM: the heap limit.
+                Some(7) => QueryError::ResourceLimit {
+                    resource: "memory".to_owned(),
+                    message,
+                },
+                // SQLITE_TOOBIG: a string or blob above SQLite's length limit.
+                Some(18) => QueryError::ResourceLimit {
+                    resource: "memory for one value".to_owned(),
+                    message,
+                },
                 // SQLITE_AUTH, SQLITE_PERM
                 Some(23) | Some(3) => QueryError::PermissionDenied { message },
                 _ if message.contains("readonly") || message.contains("read-only") => {

@@ -1,24 +1,27 @@
-//! The guard's passes: token pre-checks, parsing, a scan of the whole tree for denied
-//! constructs, scope-aware table/column resolution, and the LIMIT rewrite.
+//! The guard's passes: token pre-checks, parsing, a scan of the whole tree that decides every
+//! kind of expression (`scan.rs`: functions, operators, casts), scope-aware table/column
+//! resolution with the bounds on joins and value growth, and the LIMIT rewrite.
 
 use std::collections::{BTreeSet, HashMap};
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 
 use sqlparser::ast::{
-    DataType, Distinct, Expr, FunctionArg, FunctionArgExpr, FunctionArguments, GroupByExpr, Ident,
-    JoinConstraint, JoinOperator, LimitClause, ObjectName, ObjectNamePart, Offset, OffsetRows,
-    OrderByKind, Query, Select, SelectFlavor, SelectItem, SelectItemQualifiedWildcardKind, SetExpr,
-    Statement, TableAlias, TableFactor, TableWithJoins, Value, Visit, Visitor,
-    WildcardAdditionalOptions,
+    AccessExpr, BinaryOperator, Distinct, Expr, FunctionArg, FunctionArgExpr, FunctionArguments,
+    GroupByExpr, Ident, JoinConstraint, JoinOperator, LimitClause, ObjectName, ObjectNamePart,
+    Offset, OffsetRows, OrderByKind, Query, Select, SelectFlavor, SelectItem,
+    SelectItemQualifiedWildcardKind, SetExpr, Statement, TableAlias, TableFactor, TableWithJoins,
+    Value, Visit, Visitor, WildcardAdditionalOptions,
 };
 use sqlparser::dialect::{Dialect, PostgreSqlDialect, SQLiteDialect};
 use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
+use super::allow::default_functions;
 use super::deny::{denied_function, is_system_catalog};
+use super::scan::{FunctionPolicy, Scan, check_denied_name, denied, value_function};
 use super::{
-    Columns, GuardViolation, GuardedQuery, MAX_QUERY_BYTES, MAX_QUERY_TOKENS, SqlDialect, SqlRules,
-    ViolationKind as K,
+    Columns, GuardViolation, GuardedQuery, MAX_QUERY_BYTES, MAX_QUERY_TOKENS, MAX_VALUE_GROWTH,
+    SqlDialect, SqlRules, ViolationKind as K,
 };
 
 type R<T> = Result<T, GuardViolation>;
@@ -118,7 +121,7 @@ fn analyze(query: &str, rules: &Compiled) -> R<Analysis> {
             ));
         }
     };
-    if let ControlFlow::Break(v) = statement.visit(&mut DenyScan::default()) {
+    if let ControlFlow::Break(v) = statement.visit(&mut Scan::new(&rules.functions)) {
         return Err(v);
     }
     let mut query = match statement {
@@ -143,6 +146,10 @@ fn analyze(query: &str, rules: &Compiled) -> R<Analysis> {
         tables: BTreeSet::new(),
         columns: BTreeSet::new(),
         cte_depth: 0,
+        cross_joins: 0,
+        leaf_growth: Vec::new(),
+        expanded_terms: 0,
+        last_growth: Size::ONE,
     };
     checker.check_query(&query, &[])?;
     let limit = cap_limit(&mut query, rules)?;
@@ -181,6 +188,20 @@ fn precheck(query: &str, dialect: &dyn Dialect, which: SqlDialect) -> R<()> {
             "fix the syntax (check quotes and comments) and send exactly one SELECT statement",
         )
     })?;
+    // PostgreSQL reads U&"\0073ecret" as the name secret; the tokenizer sees `U & "\0073ecret"`.
+    for triple in tokens.windows(3) {
+        if let [Token::Word(u), Token::Ampersand, Token::Word(quoted)] = triple
+            && u.quote_style.is_none()
+            && u.value.eq_ignore_ascii_case("u")
+            && quoted.quote_style == Some('"')
+        {
+            return Err(violation(
+                K::Unsupported,
+                "Unicode-escaped names (U&\"…\") are not supported by the SQL guard",
+                "write the table or column name plainly, e.g. \"name\"",
+            ));
+        }
+    }
     let tokens: Vec<&Token> = tokens
         .iter()
         .filter(|t| !matches!(t, Token::Whitespace(_)))
@@ -258,118 +279,10 @@ fn precheck(query: &str, dialect: &dyn Dialect, which: SqlDialect) -> R<()> {
     Ok(())
 }
 
-fn denied(name: &str, why: &str) -> GuardViolation {
-    violation(
-        K::DeniedFunction,
-        format!("the function {} is denied: {why}", name.to_lowercase()),
-        "remove the call; execute_sql only reads allowed tables and columns",
-    )
-}
-
 fn last_name_part(name: &ObjectName) -> Option<&Ident> {
     match name.0.last() {
         Some(ObjectNamePart::Identifier(i)) => Some(i),
         _ => None,
-    }
-}
-
-fn check_function_name(name: &ObjectName) -> R<()> {
-    for part in &name.0 {
-        match part {
-            ObjectNamePart::Identifier(_) => {}
-            ObjectNamePart::Function(_) => return Err(unsupported("a computed function name")),
-        }
-    }
-    if let Some(last) = last_name_part(name)
-        && let Some(why) = denied_function(&last.value)
-    {
-        return Err(denied(&last.value, why));
-    }
-    Ok(())
-}
-
-fn check_type(data_type: &DataType) -> R<()> {
-    let name = data_type.to_string().to_lowercase();
-    if name.starts_with("reg") {
-        return Err(violation(
-            K::DeniedFunction,
-            format!("casting to {name} is denied: it looks objects up in the system catalogs"),
-            "compare names as text instead, or remove the cast",
-        ));
-    }
-    Ok(())
-}
-
-/// Scans the whole tree, subqueries included, for constructs refused wherever they appear.
-#[derive(Default)]
-struct DenyScan {
-    statement_depth: usize,
-}
-
-impl Visitor for DenyScan {
-    type Break = GuardViolation;
-
-    fn pre_visit_statement(&mut self, statement: &Statement) -> ControlFlow<GuardViolation> {
-        self.statement_depth += 1;
-        if self.statement_depth > 1 {
-            let word = statement
-                .to_string()
-                .split_whitespace()
-                .next()
-                .unwrap_or("a statement")
-                .to_uppercase();
-            return ControlFlow::Break(violation(
-                K::DataModifyingCte,
-                format!("the query contains a data-modifying {word} inside it"),
-                "CTEs and subqueries must be SELECTs; execute_sql is read-only",
-            ));
-        }
-        ControlFlow::Continue(())
-    }
-
-    fn post_visit_statement(&mut self, _: &Statement) -> ControlFlow<GuardViolation> {
-        self.statement_depth -= 1;
-        ControlFlow::Continue(())
-    }
-
-    fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<GuardViolation> {
-        if let Some(lock) = query.locks.first() {
-            return ControlFlow::Break(violation(
-                K::LockingClause,
-                format!("the locking clause `{lock}` is not allowed"),
-                "remove FOR UPDATE / FOR SHARE; execute_sql only reads and never locks rows",
-            ));
-        }
-        ControlFlow::Continue(())
-    }
-
-    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<GuardViolation> {
-        let result = match expr {
-            Expr::Function(f) => check_function_name(&f.name),
-            Expr::Cast { data_type, .. } => check_type(data_type),
-            Expr::TypedString(t) => check_type(&t.data_type),
-            _ => Ok(()),
-        };
-        match result {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(v) => ControlFlow::Break(v),
-        }
-    }
-
-    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<GuardViolation> {
-        let result = match factor {
-            TableFactor::Table {
-                name,
-                args: Some(_),
-                ..
-            }
-            | TableFactor::Function { name, .. } => check_function_name(name),
-            _ => Ok(()),
-        };
-        match result {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(v) => ControlFlow::Break(v),
-        }
     }
 }
 
@@ -382,6 +295,10 @@ struct Compiled {
     max_limit: u64,
     max_offset: u64,
     table_functions: Vec<String>,
+    functions: FunctionPolicy,
+    allow_recursive: bool,
+    max_joins: u32,
+    max_cross_joins: u32,
 }
 
 fn compile_columns(columns: &Columns) -> Option<Vec<String>> {
@@ -421,6 +338,10 @@ impl Compiled {
                 .iter()
                 .map(|f| f.to_lowercase())
                 .collect(),
+            functions: FunctionPolicy::new(dialect, &rules.functions),
+            allow_recursive: rules.allow_recursive,
+            max_joins: rules.max_joins,
+            max_cross_joins: rules.max_cross_joins,
         }
     }
 
@@ -522,6 +443,9 @@ struct Source {
     /// The canonical table name when it is an unaliased base table (so `schema.table.col` works).
     full: Option<String>,
     origin: Origin,
+    /// How large its values and their expressions can be (one for a table; more for a subquery
+    /// or CTE that combines values).
+    growth: Size,
 }
 
 impl Source {
@@ -550,12 +474,21 @@ struct Scope {
 
 struct Checker<'r> {
     rules: &'r Compiled,
-    /// CTE names visible at each WITH level, innermost last, with their output columns.
-    ctes: Vec<HashMap<String, Option<Vec<String>>>>,
+    /// CTE names visible at each WITH level, innermost last, with their output columns and
+    /// value growth.
+    ctes: Vec<HashMap<String, CteShape>>,
     tables: BTreeSet<String>,
     columns: BTreeSet<String>,
     /// Greater than zero while a CTE body is checked.
     cte_depth: usize,
+    /// Joins without a join condition seen so far, in the whole query.
+    cross_joins: u32,
+    /// The size of each column reference resolved by the current `check_expr`.
+    leaf_growth: Vec<Size>,
+    /// The size of the outputs of the query checked last.
+    last_growth: Size,
+    /// Expression terms of the whole query once PostgreSQL has inlined its CTEs and subqueries.
+    expanded_terms: u64,
 }
 
 fn rename(
@@ -601,7 +534,7 @@ impl Checker<'_> {
         self.rules.norm(ident)
     }
 
-    fn lookup_cte(&self, name: &str) -> Option<Option<Vec<String>>> {
+    fn lookup_cte(&self, name: &str) -> Option<CteShape> {
         self.ctes
             .iter()
             .rev()
@@ -644,6 +577,13 @@ impl Checker<'_> {
             return Err(unsupported("the pipe syntax (|>)"));
         }
         if let Some(with) = with {
+            if with.recursive && !self.rules.allow_recursive {
+                return Err(violation(
+                    K::Recursive,
+                    "WITH RECURSIVE is not allowed by policy: a recursive query runs until its stop condition holds, and without one until the statement timeout, filling memory and temporary files on the way",
+                    "write the query without RECURSIVE (for a range of numbers or dates, GROUP BY date_trunc(...) over the table itself); if it really needs recursion, ask an operator to set sql.allowRecursive on the rule",
+                ));
+            }
             self.ctes.push(HashMap::new());
             for cte in &with.cte_tables {
                 if cte.from.is_some() {
@@ -659,19 +599,21 @@ impl Checker<'_> {
                             .collect()
                     });
                     if let Some(frame) = self.ctes.last_mut() {
-                        frame.insert(name.clone(), declared);
+                        frame.insert(name.clone(), (declared, Size::ONE));
                     }
                 }
                 self.cte_depth += 1;
                 let out = self.check_query(&cte.query, outer);
                 self.cte_depth -= 1;
                 let out = rename(out?, Some(&cte.alias), |i| self.norm(i));
+                let growth = self.last_growth;
                 if let Some(frame) = self.ctes.last_mut() {
-                    frame.insert(name, out);
+                    frame.insert(name, (out, growth));
                 }
             }
         }
         let (out, body_scope) = self.check_set_expr(body, outer)?;
+        let growth = self.last_growth;
         if let Some(order_by) = order_by {
             if order_by.interpolate.is_some() {
                 return Err(unsupported("ORDER BY ... INTERPOLATE"));
@@ -708,6 +650,7 @@ impl Checker<'_> {
         if with.is_some() {
             self.ctes.pop();
         }
+        self.last_growth = growth;
         Ok(out)
     }
 
@@ -724,17 +667,21 @@ impl Checker<'_> {
             SetExpr::Query(query) => Ok((self.check_query(query, outer)?, None)),
             SetExpr::SetOperation { left, right, .. } => {
                 let (out, _) = self.check_set_expr(left, outer)?;
+                let growth = self.last_growth;
                 self.check_set_expr(right, outer)?;
+                self.last_growth = self.last_growth.max(growth);
                 Ok((out, None))
             }
             SetExpr::Values(values) => {
                 let mut width = 0;
+                let mut growth = Size::ONE;
                 for row in &values.rows {
                     width = width.max(row.len());
                     for expr in row {
-                        self.check_expr(expr, outer)?;
+                        growth = growth.max(self.check_expr(expr, outer)?);
                     }
                 }
+                self.last_growth = growth;
                 Ok((
                     Some((1..=width).map(|i| format!("column{i}")).collect()),
                     None,
@@ -829,26 +776,48 @@ impl Checker<'_> {
             ));
         }
         let mut scope = Scope::default();
-        let mut conditions: Vec<&Expr> = Vec::new();
-        for item in from {
+        let mut conditions: Vec<(&Expr, Range<usize>)> = Vec::new();
+        for (i, item) in from.iter().enumerate() {
+            if i > 0 {
+                // `FROM a, b`: every row of a with every row of b.
+                self.count_cross_join(&format!("FROM …, {}", item.relation))?;
+            }
             self.add_table_with_joins(item, &mut scope, outer, &mut conditions)?;
+        }
+        let joins = scope.sources.len().saturating_sub(1);
+        if joins > self.rules.max_joins as usize {
+            return Err(violation(
+                K::TooManyJoins,
+                format!(
+                    "the query joins {} relations in one FROM clause, more than the {} the policy allows",
+                    joins + 1,
+                    self.rules.max_joins + 1
+                ),
+                "split it into smaller queries, or aggregate in a subquery before joining; an operator can raise the rule's sql.maxJoins",
+            ));
+        }
+        for (condition, visible) in conditions {
+            let sides = Scope {
+                sources: scope.sources[visible].to_vec(),
+            };
+            let mut chain: Vec<&Scope> = outer.to_vec();
+            chain.push(&sides);
+            self.check_expr(condition, &chain)?;
         }
         let mut chain: Vec<&Scope> = outer.to_vec();
         chain.push(&scope);
-        for condition in conditions {
-            self.check_expr(condition, &chain)?;
-        }
         let mut out = Some(Vec::new());
+        let mut growth = Size::ONE;
         for item in projection {
             match item {
                 SelectItem::UnnamedExpr(expr) => {
-                    self.check_expr(expr, &chain)?;
+                    growth = growth.max(self.check_expr(expr, &chain)?);
                     if let Some(cols) = out.as_mut() {
                         cols.push(self.output_name(expr));
                     }
                 }
                 SelectItem::ExprWithAlias { expr, alias } => {
-                    self.check_expr(expr, &chain)?;
+                    growth = growth.max(self.check_expr(expr, &chain)?);
                     if let Some(cols) = out.as_mut() {
                         cols.push(self.norm(alias));
                     }
@@ -857,7 +826,11 @@ impl Checker<'_> {
                     if !wildcard_options_are_plain(options) {
                         return Err(unsupported("* EXCLUDE / EXCEPT / REPLACE / RENAME"));
                     }
-                    let expanded = self.check_wildcard(None, &chain)?;
+                    let saved = std::mem::take(&mut self.leaf_growth);
+                    let expanded = self.check_wildcard(None, &chain);
+                    let leaves = std::mem::replace(&mut self.leaf_growth, saved);
+                    let expanded = expanded?;
+                    growth = leaves.into_iter().fold(growth, Size::max);
                     out = out.zip(expanded).map(|(mut a, b)| {
                         a.extend(b);
                         a
@@ -870,7 +843,11 @@ impl Checker<'_> {
                     let SelectItemQualifiedWildcardKind::ObjectName(name) = kind else {
                         return Err(unsupported("expression.*"));
                     };
-                    let expanded = self.check_wildcard(Some(name), &chain)?;
+                    let saved = std::mem::take(&mut self.leaf_growth);
+                    let expanded = self.check_wildcard(Some(name), &chain);
+                    let leaves = std::mem::replace(&mut self.leaf_growth, saved);
+                    let expanded = expanded?;
+                    growth = leaves.into_iter().fold(growth, Size::max);
                     out = out.zip(expanded).map(|(mut a, b)| {
                         a.extend(b);
                         a
@@ -904,6 +881,7 @@ impl Checker<'_> {
             self.check_expr(window, &chain)?;
         }
         drop(chain);
+        self.last_growth = growth;
         Ok((out, scope))
     }
 
@@ -926,7 +904,7 @@ impl Checker<'_> {
         item: &'a TableWithJoins,
         scope: &mut Scope,
         outer: &[&Scope],
-        conditions: &mut Vec<&'a Expr>,
+        conditions: &mut Vec<(&'a Expr, Range<usize>)>,
     ) -> R<()> {
         let start = scope.sources.len();
         self.add_factor(&item.relation, scope, outer, conditions)?;
@@ -949,7 +927,13 @@ impl Checker<'_> {
                 }
             };
             match constraint {
-                JoinConstraint::On(expr) => conditions.push(expr),
+                // An ON condition sees only the two sides of its join (and enclosing queries),
+                // not the FROM items joined after it or listed before it with a comma.
+                JoinConstraint::On(expr) if !refers_to_columns(expr, self.rules.dialect) => {
+                    self.count_cross_join(&format!("JOIN {} ON {expr}", join.relation))?;
+                    conditions.push((expr, start..scope.sources.len()));
+                }
+                JoinConstraint::On(expr) => conditions.push((expr, start..scope.sources.len())),
                 JoinConstraint::Using(names) => {
                     let left = Scope {
                         sources: scope.sources[start..left_end].to_vec(),
@@ -973,18 +957,51 @@ impl Checker<'_> {
                         "join with JOIN … ON and name the allowed columns",
                     ));
                 }
-                JoinConstraint::None => {}
+                JoinConstraint::None => {
+                    self.count_cross_join(&format!("CROSS JOIN {}", join.relation))?;
+                }
             }
         }
         Ok(())
     }
 
+    /// Counts one join without a join condition (`what`, for the message) against the rule.
+    fn count_cross_join(&mut self, what: &str) -> R<()> {
+        self.cross_joins += 1;
+        if self.cross_joins > self.rules.max_cross_joins {
+            return Err(violation(
+                K::TooManyJoins,
+                format!(
+                    "the query has {} joins without a join condition (the last: {}), more than the {} the policy allows: each one multiplies the rows the database must produce",
+                    self.cross_joins,
+                    what.chars().take(80).collect::<String>(),
+                    self.rules.max_cross_joins
+                ),
+                "join with JOIN … ON a condition that relates the tables (e.g. JOIN accounts a ON a.id = l.account) instead of FROM a, b or CROSS JOIN; an operator can raise the rule's sql.maxCrossJoins",
+            ));
+        }
+        Ok(())
+    }
+
     fn table_function(&self, name: &ObjectName) -> R<String> {
-        check_function_name(name)?;
+        check_denied_name(name)?;
         let fname = last_name_part(name)
             .map(|i| i.value.to_lowercase())
             .unwrap_or_default();
-        if self.rules.table_functions.contains(&fname) {
+        let parts = self.rules.name_parts(name)?;
+        // Unqualified (or pg_catalog.) names match a listed name; a function of another schema
+        // only when listed as schema.name.
+        let listed = match parts.as_slice() {
+            [_] => self.rules.table_functions.contains(&fname),
+            [schema, _] if schema == "pg_catalog" && self.rules.dialect == SqlDialect::Postgres => {
+                self.rules.table_functions.contains(&fname)
+            }
+            _ => self
+                .rules
+                .table_functions
+                .contains(&parts.join(".").to_lowercase()),
+        };
+        if listed {
             Ok(fname)
         } else {
             Err(violation(
@@ -1004,6 +1021,7 @@ impl Checker<'_> {
         binding: String,
         alias: Option<&TableAlias>,
         columns: Option<Vec<String>>,
+        growth: Size,
     ) {
         let binding = alias.map_or(binding, |a| self.norm(&a.name));
         let columns = rename(columns, alias, |i| self.norm(i));
@@ -1011,6 +1029,7 @@ impl Checker<'_> {
             binding,
             full: None,
             origin: Origin::Virtual { columns },
+            growth,
         });
     }
 
@@ -1019,7 +1038,7 @@ impl Checker<'_> {
         factor: &'a TableFactor,
         scope: &mut Scope,
         outer: &[&Scope],
-        conditions: &mut Vec<&'a Expr>,
+        conditions: &mut Vec<(&'a Expr, Range<usize>)>,
     ) -> R<()> {
         // Functions in FROM and LATERAL subqueries see the FROM items before them.
         let snapshot = scope.clone();
@@ -1050,17 +1069,25 @@ impl Checker<'_> {
                 if let Some(args) = args {
                     let fname = self.table_function(name)?;
                     self.check_expr(args, &lateral)?;
-                    self.add_virtual(scope, fname, alias.as_ref(), None);
+                    self.add_virtual(scope, fname, alias.as_ref(), None, Size::ONE);
                     return Ok(());
                 }
                 if *with_ordinality {
                     return Err(unsupported("WITH ORDINALITY on a table"));
                 }
+                // `FROM ONLY ledger` reads ledger (without inheritance children), but parses as
+                // a table named `only` aliased `ledger`.
+                if let [ObjectNamePart::Identifier(first)] = name.0.as_slice()
+                    && first.quote_style.is_none()
+                    && first.value.eq_ignore_ascii_case("only")
+                {
+                    return Err(unsupported("FROM ONLY"));
+                }
                 let parts = self.rules.name_parts(name)?;
                 if let [single] = parts.as_slice()
-                    && let Some(columns) = self.lookup_cte(single)
+                    && let Some((columns, growth)) = self.lookup_cte(single)
                 {
-                    self.add_virtual(scope, single.clone(), alias.as_ref(), columns);
+                    self.add_virtual(scope, single.clone(), alias.as_ref(), columns, growth);
                     return Ok(());
                 }
                 let canonical = self.rules.canonical(&parts)?;
@@ -1089,6 +1116,7 @@ impl Checker<'_> {
                         table: canonical,
                         columns,
                     },
+                    growth: Size::ONE,
                 });
             }
             TableFactor::Derived {
@@ -1105,7 +1133,8 @@ impl Checker<'_> {
                 } else {
                     self.check_query(subquery, outer)?
                 };
-                self.add_virtual(scope, String::new(), alias.as_ref(), out);
+                let growth = self.last_growth;
+                self.add_virtual(scope, String::new(), alias.as_ref(), out, growth);
             }
             TableFactor::TableFunction { expr, alias } => {
                 let Expr::Function(f) = expr else {
@@ -1113,7 +1142,7 @@ impl Checker<'_> {
                 };
                 let fname = self.table_function(&f.name)?;
                 self.check_expr(expr, &lateral)?;
-                self.add_virtual(scope, fname, alias.as_ref(), None);
+                self.add_virtual(scope, fname, alias.as_ref(), None, Size::ONE);
             }
             TableFactor::Function {
                 lateral: _,
@@ -1123,7 +1152,7 @@ impl Checker<'_> {
             } => {
                 let fname = self.table_function(name)?;
                 self.check_expr(args, &lateral)?;
-                self.add_virtual(scope, fname, alias.as_ref(), None);
+                self.add_virtual(scope, fname, alias.as_ref(), None, Size::ONE);
             }
             TableFactor::UNNEST {
                 alias,
@@ -1146,7 +1175,7 @@ impl Checker<'_> {
                     ));
                 }
                 self.check_expr(array_exprs, &lateral)?;
-                self.add_virtual(scope, "unnest".to_owned(), alias.as_ref(), None);
+                self.add_virtual(scope, "unnest".to_owned(), alias.as_ref(), None, Size::ONE);
             }
             TableFactor::NestedJoin {
                 table_with_joins,
@@ -1169,22 +1198,75 @@ impl Checker<'_> {
     }
 
     /// Checks every column reference, wildcard and subquery in `node` against the scopes in
-    /// `chain` (innermost last).
-    fn check_expr<N: Visit>(&mut self, node: &N, chain: &[&Scope]) -> R<()> {
-        let mut collector = Collector::default();
+    /// `chain` (innermost last), and returns how many times larger than the largest value it
+    /// reads its value can be ([`MAX_VALUE_GROWTH`] at most).
+    fn check_expr<N: Visit>(&mut self, node: &N, chain: &[&Scope]) -> R<Size> {
+        let saved = std::mem::take(&mut self.leaf_growth);
+        let checked = self.check_expr_refs(node, chain);
+        let leaves = std::mem::replace(&mut self.leaf_growth, saved);
+        let collector = checked?;
+        let growth = if collector.combines {
+            leaves
+                .iter()
+                .fold(collector.literals, |a, b| a.saturating_add(b.growth))
+        } else {
+            leaves.iter().map(|l| l.growth).max().unwrap_or(1)
+        }
+        .max(1);
+        let terms = leaves
+            .iter()
+            .fold(collector.literals.saturating_add(1), |a, b| {
+                a.saturating_add(b.terms)
+            });
+        self.expanded_terms = self.expanded_terms.saturating_add(terms);
+        if self.expanded_terms > MAX_EXPANDED_TERMS {
+            return Err(violation(
+                K::ValueGrowth,
+                format!(
+                    "the query refers to the results of its subqueries or CTEs so often that, once the database substitutes them, it has more than {MAX_EXPANDED_TERMS} terms"
+                ),
+                "refer to each column of a subquery or CTE once or twice, not in every level again (e.g. not SELECT greatest(x, x) FROM a level that already did the same)",
+            ));
+        }
+        if growth > MAX_VALUE_GROWTH {
+            return Err(violation(
+                K::ValueGrowth,
+                format!(
+                    "the query can build values up to {growth} times larger than the largest value it reads, more than the {MAX_VALUE_GROWTH} allowed: it combines (||, concat, ROW, ARRAY) values that subqueries or CTEs already combined"
+                ),
+                "combine columns once, over the tables themselves, instead of concatenating the results of subqueries or CTEs again",
+            ));
+        }
+        Ok(Size { growth, terms })
+    }
+
+    fn check_expr_refs<N: Visit>(&mut self, node: &N, chain: &[&Scope]) -> R<Collector> {
+        let mut collector = Collector {
+            dialect: self.rules.dialect,
+            ..Collector::default()
+        };
         if let ControlFlow::Break(v) = node.visit(&mut collector) {
             return Err(v);
         }
         for reference in &collector.refs {
-            self.resolve(reference, chain)?;
+            match reference {
+                Reference::Path(path) => self.resolve(path, chain)?,
+                Reference::Field { root, field } => self.resolve_field(root, field, chain)?,
+                Reference::WildcardField { table, field } => {
+                    let parts = self.rules.name_parts(table)?;
+                    let source = self.find_source(&parts, chain)?.clone();
+                    self.known_field(&source, field)?;
+                }
+            }
         }
         for wildcard in &collector.wildcards {
             self.check_wildcard(wildcard.as_ref(), chain)?;
         }
         for query in &collector.subqueries {
             self.check_query(query, chain)?;
+            self.leaf_growth.push(self.last_growth);
         }
-        Ok(())
+        Ok(collector)
     }
 
     fn find_source<'s>(&self, qualifier: &[String], chain: &[&'s Scope]) -> R<&'s Source> {
@@ -1220,11 +1302,147 @@ impl Checker<'_> {
         })
     }
 
+    /// Whether some FROM item in scope with known columns has `column` (then PostgreSQL reads
+    /// a bare name as that column, never as a whole row).
+    fn listed_anywhere(column: &str, chain: &[&Scope]) -> bool {
+        chain.iter().any(|scope| {
+            scope.sources.iter().any(|s| {
+                s.known_columns()
+                    .is_some_and(|cols| cols.iter().any(|c| c == column))
+            })
+        })
+    }
+
+    /// A FROM item in scope named `binding`, innermost first.
+    fn binding<'s>(binding: &str, chain: &[&'s Scope]) -> Option<&'s Source> {
+        chain
+            .iter()
+            .rev()
+            .find_map(|s| s.sources.iter().find(|src| src.binding == binding))
+    }
+
+    /// A bare name that is no column in scope but the name of a FROM item: PostgreSQL reads
+    /// it as the whole row of that item, every column of it.
+    fn whole_row(&mut self, name: &str, source: &Source, chain: &[&Scope]) -> R<()> {
+        let restricted = |s: &Source| {
+            matches!(
+                s.origin,
+                Origin::Base {
+                    columns: Some(_),
+                    ..
+                }
+            )
+        };
+        if let Origin::Base {
+            table,
+            columns: Some(cols),
+        } = &source.origin
+        {
+            return Err(violation(
+                K::ColumnNotAllowed,
+                format!(
+                    "{name} names the table {table} as a whole row, which reads every column of it, including ones that are not allowed"
+                ),
+                format!(
+                    "select the allowed columns by name, e.g. {}",
+                    cols.iter()
+                        .take(4)
+                        .map(|c| format!("{name}.{c}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        // A column of a table whose columns are restricted takes precedence over the whole
+        // row, and may be any name: it must be qualified.
+        if let Some(risk) = chain
+            .iter()
+            .flat_map(|s| s.sources.iter())
+            .find(|s| restricted(s))
+        {
+            return Err(violation(
+                K::AmbiguousColumn,
+                format!(
+                    "{name} is ambiguous: it could be a column of {} or the whole row of {}",
+                    risk.label(),
+                    source.label()
+                ),
+                format!("name the columns you need, e.g. {}.column", source.binding),
+            ));
+        }
+        if let Origin::Base { table, .. } = &source.origin {
+            let table = table.clone();
+            self.record(&table, "*");
+        }
+        let width = source.known_columns().map_or(1, |c| c.len().max(1)) as u64;
+        self.leaf_growth.push(source.growth.scaled(width));
+        Ok(())
+    }
+
+    /// `(root).field`.
+    /// `(t).c`: the column c of the FROM item t, when t is no column in scope and its columns
+    /// are known and include c. Anything else is refused: a field selection on a value is a
+    /// function call in PostgreSQL unless the value is a row.
+    fn resolve_field(&mut self, root: &[Ident], field: &Ident, chain: &[&Scope]) -> R<()> {
+        let parts: Vec<String> = root.iter().map(|i| self.norm(i)).collect();
+        let [name] = parts.as_slice() else {
+            return Err(field_call(field));
+        };
+        if Self::listed_anywhere(name, chain) {
+            return Err(field_call(field));
+        }
+        let Some(source) = Self::binding(name, chain).cloned() else {
+            return Err(field_call(field));
+        };
+        // Some table with restricted columns could have a column named t.
+        if let Some(risk) = chain.iter().flat_map(|s| s.sources.iter()).find(|s| {
+            matches!(
+                s.origin,
+                Origin::Base {
+                    columns: Some(_),
+                    ..
+                }
+            )
+        }) {
+            return Err(violation(
+                K::AmbiguousColumn,
+                format!(
+                    "({name}).{} is ambiguous: {name} could be a column of {} or the whole row of {}",
+                    field.value,
+                    risk.label(),
+                    source.label()
+                ),
+                format!("write {name}.{} instead", field.value),
+            ));
+        }
+        self.known_field(&source, field)
+    }
+
+    /// The column `field` of `source`, which must be one of its known columns.
+    fn known_field(&mut self, source: &Source, field: &Ident) -> R<()> {
+        let column = self.norm(field);
+        match source.known_columns() {
+            Some(cols) if cols.contains(&column) => self.check_column(source, &column),
+            // A restricted table: the usual message about its allowed columns.
+            Some(_) if matches!(source.origin, Origin::Base { .. }) => {
+                self.check_column(source, &column)
+            }
+            _ => Err(field_call(field)),
+        }
+    }
+
     fn resolve(&mut self, reference: &[Ident], chain: &[&Scope]) -> R<()> {
         let parts: Vec<String> = reference.iter().map(|i| self.norm(i)).collect();
         match parts.as_slice() {
             [] => Ok(()),
-            [column] => self.resolve_unqualified(column, chain),
+            [column] => {
+                if !Self::listed_anywhere(column, chain)
+                    && let Some(source) = Self::binding(column, chain).cloned()
+                {
+                    return self.whole_row(column, &source, chain);
+                }
+                self.resolve_unqualified(column, chain)
+            }
             [qualifier @ .., column] => {
                 let source = self.find_source(qualifier, chain)?.clone();
                 self.check_column(&source, column)
@@ -1233,11 +1451,17 @@ impl Checker<'_> {
     }
 
     fn check_column(&mut self, source: &Source, column: &str) -> R<()> {
+        self.leaf_growth.push(source.growth);
         match &source.origin {
             Origin::Base {
                 table,
                 columns: None,
             } => {
+                // `t.f` where t has no column f calls f(t) in PostgreSQL (attribute notation):
+                // never a hard-denied function.
+                if let Some(why) = denied_function(column) {
+                    return Err(denied(column, why));
+                }
                 self.record(table, column);
                 Ok(())
             }
@@ -1272,7 +1496,13 @@ impl Checker<'_> {
                     ))
                 }
             }
-            Origin::Virtual { columns: None } => Ok(()),
+            Origin::Virtual { columns: None } => {
+                // As for tables: `f.x` may be the call x(f) (attribute notation).
+                if let Some(why) = denied_function(column) {
+                    return Err(denied(column, why));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -1375,6 +1605,8 @@ impl Checker<'_> {
                         ));
                     }
                 }
+                let growth = open.iter().map(|s| s.growth).fold(Size::ONE, Size::max);
+                self.leaf_growth.push(growth);
                 if open.len() == 1
                     && let Origin::Base { table, .. } = &candidate.origin
                 {
@@ -1431,6 +1663,8 @@ impl Checker<'_> {
         }
         let mut expanded = Some(Vec::new());
         for target in &targets {
+            let width = target.known_columns().map_or(1, |c| c.len().max(1)) as u64;
+            self.leaf_growth.push(target.growth.scaled(width));
             match &target.origin {
                 Origin::Base {
                     table,
@@ -1462,6 +1696,26 @@ impl Checker<'_> {
     }
 }
 
+/// Whether an expression refers to any column (a join condition that does not is no condition).
+fn refers_to_columns(expr: &Expr, dialect: SqlDialect) -> bool {
+    struct Finder(SqlDialect);
+    impl Visitor for Finder {
+        type Break = ();
+        fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<()> {
+            match expr {
+                Expr::Identifier(i) if value_function(i, self.0).is_none() => {
+                    ControlFlow::Break(())
+                }
+                Expr::CompoundIdentifier(_) | Expr::CompoundFieldAccess { .. } => {
+                    ControlFlow::Break(())
+                }
+                _ => ControlFlow::Continue(()),
+            }
+        }
+    }
+    expr.visit(&mut Finder(dialect)).is_break()
+}
+
 fn in_scope(chain: &[&Scope]) -> String {
     let names: Vec<String> = chain
         .iter()
@@ -1475,16 +1729,159 @@ fn in_scope(chain: &[&Scope]) -> String {
     }
 }
 
+/// How large the values of an expression or a FROM item can be, and how large the expression
+/// becomes once the database substitutes the subqueries and CTEs it refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Size {
+    /// How many times larger than the largest value read (see [`MAX_VALUE_GROWTH`]).
+    growth: u64,
+    /// Terms (column references and literals) after substitution.
+    terms: u64,
+}
+
+impl Size {
+    const ONE: Size = Size {
+        growth: 1,
+        terms: 1,
+    };
+
+    fn max(self, other: Size) -> Size {
+        Size {
+            growth: self.growth.max(other.growth),
+            terms: self.terms.max(other.terms),
+        }
+    }
+
+    fn scaled(self, n: u64) -> Size {
+        Size {
+            growth: self.growth.saturating_mul(n),
+            terms: self.terms.saturating_mul(n),
+        }
+    }
+}
+
+/// A CTE's output columns (when known) and the size of its values.
+type CteShape = (Option<Vec<String>>, Size);
+
+/// Most terms a query may have once the database has substituted its subqueries and CTEs:
+/// referring to a column of a CTE twice at every level doubles the planner's work with every
+/// level, and PostgreSQL does not interrupt planning for the statement timeout.
+const MAX_EXPANDED_TERMS: u64 = 50_000;
+
+/// Default-allowlisted functions whose result holds all their arguments (the others return at
+/// most about as much as their largest argument).
+const COMBINING_FUNCTIONS: &[&str] = &["concat", "concat_ws", "overlay", "row", "char"];
+
+/// One column reference, as PostgreSQL reads it.
+enum Reference {
+    /// `c`, `t.c`, `s.t.c`, also when followed by subscripts or field selections
+    /// (`t.c[1]`, `t.c[1].f`): the name resolves first, what follows works on its value.
+    Path(Vec<Ident>),
+    /// `(root).field`: a field of the value `root` names, a column or a whole row.
+    Field { root: Vec<Ident>, field: Ident },
+    /// `(t.*).field`: the column `field` of `t`.
+    WildcardField { table: ObjectName, field: Ident },
+}
+
+impl Collector {
+    /// `root` followed by `.field` and `[subscript]` accesses. The names that belong to the
+    /// reference (`u.secret` in `u.secret[1]`) are taken out of the walk, so they are never
+    /// resolved on their own as unrelated columns; subscript expressions are walked as usual.
+    fn field_access(&mut self, root: &Expr, chain: &[AccessExpr]) -> ControlFlow<GuardViolation> {
+        let mut rest = chain;
+        match root {
+            Expr::Identifier(_) | Expr::CompoundIdentifier(_) => {
+                let mut path = match root {
+                    Expr::Identifier(i) => vec![i.clone()],
+                    Expr::CompoundIdentifier(parts) => parts.clone(),
+                    _ => Vec::new(),
+                };
+                while let Some((AccessExpr::Dot(dot @ Expr::Identifier(field)), tail)) =
+                    rest.split_first()
+                {
+                    path.push(field.clone());
+                    self.skip.push(dot as *const Expr);
+                    rest = tail;
+                }
+                self.skip.push(root as *const Expr);
+                self.refs.push(Reference::Path(path));
+            }
+            Expr::Nested(inner) => {
+                if let Some((AccessExpr::Dot(dot @ Expr::Identifier(field)), tail)) =
+                    rest.split_first()
+                {
+                    match inner.as_ref() {
+                        Expr::Identifier(i) => {
+                            self.refs.push(Reference::Field {
+                                root: vec![i.clone()],
+                                field: field.clone(),
+                            });
+                        }
+                        Expr::QualifiedWildcard(table, _) => {
+                            self.refs.push(Reference::WildcardField {
+                                table: table.clone(),
+                                field: field.clone(),
+                            });
+                        }
+                        _ => return ControlFlow::Break(field_call(field)),
+                    }
+                    self.skip.push(inner.as_ref() as *const Expr);
+                    self.skip.push(dot as *const Expr);
+                    rest = tail;
+                }
+            }
+            _ => {}
+        }
+        // After the column: subscripts only. A field selection `.f` on a value is a call of
+        // f(value) in PostgreSQL whenever the value is not of a composite type (attribute
+        // notation: `(x).current_setting`, `('SELECT …'::text).ts_stat`).
+        for access in rest {
+            match access {
+                AccessExpr::Subscript(_) => {}
+                AccessExpr::Dot(Expr::Identifier(field)) => {
+                    return ControlFlow::Break(field_call(field));
+                }
+                AccessExpr::Dot(other) => {
+                    return ControlFlow::Break(unsupported(format!("the field access .{other}")));
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// A field selection the guard cannot tell from a function call.
+fn field_call(field: &Ident) -> GuardViolation {
+    violation(
+        K::Unsupported,
+        format!(
+            "the field selection .{0} is not allowed: PostgreSQL reads (value).{0} as the call {0}(value) unless the value is a row",
+            field.value
+        ),
+        format!(
+            "select columns as table.column (e.g. t.{}), and call functions as name(argument)",
+            field.value
+        ),
+    )
+}
+
 /// Collects what an expression refers to at its own level: column references, wildcards, and
 /// the subqueries (checked separately, in their own scope).
 #[derive(Default)]
 struct Collector {
+    /// How names are read (`user` is a function in PostgreSQL, a name in SQLite).
+    dialect: SqlDialect,
     depth: usize,
-    refs: Vec<Vec<Ident>>,
+    refs: Vec<Reference>,
     wildcards: Vec<Option<ObjectName>>,
     subqueries: Vec<Query>,
     /// Expressions that name a function argument, not a column.
     skip: Vec<*const Expr>,
+    /// Whether the expression puts several values into one (`||`, `concat`, `ROW`, `ARRAY`,
+    /// a function the default allowlist does not know): its size is then the sum of theirs.
+    combines: bool,
+    /// Literals at this level (each as large as the query allows).
+    literals: u64,
 }
 
 impl Visitor for Collector {
@@ -1508,13 +1905,35 @@ impl Visitor for Collector {
             return ControlFlow::Continue(());
         }
         match expr {
-            Expr::Identifier(ident) => self.refs.push(vec![ident.clone()]),
-            Expr::CompoundIdentifier(parts) => self.refs.push(parts.clone()),
+            // `current_user` and friends are calls, checked by the scan.
+            Expr::Identifier(ident) if value_function(ident, self.dialect).is_some() => {}
+            Expr::Identifier(ident) => self.refs.push(Reference::Path(vec![ident.clone()])),
+            Expr::CompoundIdentifier(parts) => self.refs.push(Reference::Path(parts.clone())),
+            Expr::CompoundFieldAccess { root, access_chain } => {
+                self.field_access(root, access_chain)?;
+            }
             Expr::Wildcard(_) => self.wildcards.push(None),
             Expr::QualifiedWildcard(name, _) => self.wildcards.push(Some(name.clone())),
+            Expr::Value(_) => self.literals += 1,
+            Expr::BinaryOp {
+                op: BinaryOperator::StringConcat,
+                ..
+            }
+            | Expr::Array(_)
+            | Expr::Tuple(_)
+            | Expr::Overlay { .. } => self.combines = true,
             Expr::Function(f) => {
-                let is_count =
-                    last_name_part(&f.name).is_some_and(|n| n.value.eq_ignore_ascii_case("count"));
+                let name = last_name_part(&f.name)
+                    .map(|n| n.value.to_lowercase())
+                    .unwrap_or_default();
+                if COMBINING_FUNCTIONS.contains(&name.as_str())
+                    || ![SqlDialect::Postgres, SqlDialect::Sqlite]
+                        .iter()
+                        .any(|d| default_functions(*d).contains(&name.as_str()))
+                {
+                    self.combines = true;
+                }
+                let is_count = name == "count";
                 if let FunctionArguments::List(list) = &f.args {
                     for arg in &list.args {
                         let value = match arg {

@@ -50,6 +50,10 @@ const DENIED_FUNCTIONS: &[Denied] = &[
         "it reads the whole database, bypassing the table rules",
     ),
     d("ts_stat", "it executes SQL text, bypassing the guard"),
+    d(
+        "ts_rewrite",
+        "it executes SQL text (its query form), bypassing the guard",
+    ),
     d("crosstab*", "it executes SQL text, bypassing the guard"),
     d("connectby", "it executes SQL text, bypassing the guard"),
     d(
@@ -162,6 +166,7 @@ mod tests {
             "load_extension",
             "readfile",
             "txid_current",
+            "ts_rewrite",
         ] {
             assert!(denied_function(name).is_some(), "{name} should be denied");
         }

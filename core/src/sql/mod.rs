@@ -5,11 +5,27 @@
 //! `WITH … SELECT`, set operations of those, `VALUES`) that
 //!
 //! - has no `SELECT … INTO`, no data-modifying CTE and no locking clause (`FOR UPDATE/SHARE`);
-//! - calls no denied function anywhere (see [`denied_function_patterns`]) and no table-valued
-//!   function in `FROM` unless the rules list it in `tableFunctions`;
+//! - calls only allowed functions: the dialect's default allowlist ([`default_functions`]) and
+//!   the rule's `functions`, never a hard-denied one (see [`denied_function_patterns`]), and no
+//!   table-valued function in `FROM` unless the rules list it in `tableFunctions`; syntax that
+//!   is a function call in another form (`EXTRACT`, `SUBSTRING … FROM`, `POSITION`, `TRIM`,
+//!   `OVERLAY`, `AT TIME ZONE`, …) goes through the same allowlist, operators are limited to the
+//!   built-in ones, and syntax the guard does not know is refused;
+//! - casts only to allowed types (numbers, text, dates and times, booleans, UUIDs, JSON, and
+//!   arrays of those), comparing the unquoted, unqualified, lowercase type name;
 //! - reads only tables the rules allow (system catalogs only when listed by name), and only their
-//!   allowed columns, after resolving table aliases, CTE names and subqueries; an unqualified
-//!   column that could belong to more than one table in scope must be qualified;
+//!   allowed columns, after resolving table aliases, CTE names and subqueries with PostgreSQL's
+//!   rules: every column reference (`c`, `t.c`, `s.t.c`, `t.c[1]`, `(t).c`, `(t.*).c`, a
+//!   whole-row `t`) is resolved against the relation it really names; an unqualified column that
+//!   could belong to more than one table in scope must be qualified, and a reference that cannot
+//!   be resolved unambiguously is refused;
+//! - has no `WITH RECURSIVE` unless `allowRecursive`, at most `maxJoins` joins per `SELECT` and
+//!   at most `maxCrossJoins` joins without a join condition in the whole query;
+//! - cannot build values more than [`MAX_VALUE_GROWTH`] times larger than the values it reads by
+//!   combining (`||`, `concat`, `ROW`, `ARRAY`) values that its subqueries or CTEs already
+//!   combined, and stays below 50,000 terms once PostgreSQL substitutes its CTEs and subqueries
+//!   (a CTE chain that refers to the previous level twice doubles with every level, and
+//!   PostgreSQL does not interrupt planning for the statement timeout);
 //! - uses `*` / `t.*` only when `allowWildcard` is set and every table it expands over allows all
 //!   columns.
 //!
@@ -17,8 +33,10 @@
 //! most `maxOffset`, and is returned re-rendered from the checked syntax tree. The rendered text
 //! is parsed and checked a second time, so what runs is exactly what was judged.
 
+mod allow;
 mod check;
 mod deny;
+mod scan;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,7 +44,13 @@ use std::fmt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use allow::{POSTGRES_FUNCTIONS, SQLITE_FUNCTIONS};
 pub use deny::denied_function_patterns;
+
+/// The functions every rule allows for `dialect` (lowercase names), before its `functions`.
+pub fn default_functions(dialect: SqlDialect) -> &'static [&'static str] {
+    allow::default_functions(dialect)
+}
 
 /// Default cap on the `LIMIT` of a query when the rules give none.
 pub const DEFAULT_MAX_LIMIT: u64 = 1_000;
@@ -36,6 +60,12 @@ pub const MAX_LIMIT: u64 = 1_000_000;
 pub const DEFAULT_MAX_OFFSET: u64 = 100_000;
 /// Longest query text the guard looks at, in bytes; longer queries are refused unread.
 pub const MAX_QUERY_BYTES: usize = 16 * 1024;
+/// How many times larger than the largest value it reads a value of a query may become by
+/// combining values (`||`, `concat`, `ROW`, `ARRAY`) that subqueries or CTEs already combined.
+/// Within one expression, growth is bounded by the token count; across nested queries it
+/// multiplies, so `WITH a AS (SELECT x || x AS x …), b AS (SELECT x || x AS x FROM a) …` doubles
+/// with every level.
+pub const MAX_VALUE_GROWTH: u64 = 256;
 /// Most tokens (words, literals, operators; not whitespace) a query may have. Bounds the depth
 /// of the syntax tree, so checking and rendering never exhaust the stack.
 pub const MAX_QUERY_TOKENS: usize = 2_000;
@@ -51,8 +81,24 @@ pub enum SqlDialect {
     Sqlite,
 }
 
-/// The SQL part of a policy rule: which databases, tables and columns a query may touch and how
-/// many rows it may ask for.
+/// The SQL part of a policy rule: which databases, tables, columns and functions a query may
+/// touch, how it may join, and how many rows it may ask for. In the policy file (see
+/// `config/policy/policy.yaml`):
+///
+/// ```yaml
+/// sql:
+///   databases: [demo]
+///   tables:
+///     ledger: {columns: [id, account, amount, booked_at]}
+///   allowWildcard: false
+///   maxLimit: 1000
+///   maxOffset: 100000
+///   tableFunctions: []      # in FROM
+///   functions: []           # in expressions, on top of the dialect's default allowlist
+///   allowRecursive: false   # WITH RECURSIVE
+///   maxJoins: 8             # per SELECT
+///   maxCrossJoins: 1        # joins without a condition, whole query
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SqlRules {
@@ -73,9 +119,48 @@ pub struct SqlRules {
     #[serde(default = "default_max_offset")]
     pub max_offset: u64,
     /// Table-valued functions allowed in `FROM` (e.g. `generate_series`, `unnest`); none by
-    /// default. Denied functions stay denied whatever is listed here.
+    /// default. A plain name allows the built-in function (unqualified or `pg_catalog.`);
+    /// `schema.name` allows a function of another schema. Denied functions stay denied whatever
+    /// is listed here (the policy does not load).
     #[serde(default)]
     pub table_functions: Vec<String>,
+    /// Functions a query may call in expressions on top of the dialect's default allowlist
+    /// ([`default_functions`]: plain scalar, aggregate and window functions such as `count`,
+    /// `sum`, `round`, `lower`, `coalesce`, `date_trunc`/`strftime`). A function that is on
+    /// neither list cannot run. Names are matched case-insensitively; `schema.name` allows a
+    /// function of another schema. The hard-denied functions ([`denied_function_patterns`]) are
+    /// refused even when listed (the policy does not load).
+    #[serde(default)]
+    pub functions: Vec<String>,
+    /// Whether `WITH RECURSIVE` is allowed; refused by default, because a recursive CTE without
+    /// a working stop condition runs until the statement timeout and can fill memory and
+    /// temporary files on the way.
+    #[serde(default)]
+    pub allow_recursive: bool,
+    /// The most relations (tables, CTEs, subqueries, table functions) one `SELECT` may join in
+    /// its `FROM` clause, minus one (default 8).
+    #[serde(default = "default_max_joins")]
+    pub max_joins: u32,
+    /// The most joins without a join condition (`FROM a, b`, `CROSS JOIN`, `JOIN … ON true`)
+    /// the whole query may contain (default 1). Each one multiplies the rows the database has
+    /// to produce: three 10,000-row tables joined this way are 10^12 rows.
+    #[serde(default = "default_max_cross_joins")]
+    pub max_cross_joins: u32,
+}
+
+/// Default of [`SqlRules::max_joins`].
+pub const DEFAULT_MAX_JOINS: u32 = 8;
+/// Largest `maxJoins` a policy may configure.
+pub const MAX_JOINS: u32 = 32;
+/// Default of [`SqlRules::max_cross_joins`].
+pub const DEFAULT_MAX_CROSS_JOINS: u32 = 1;
+
+fn default_max_joins() -> u32 {
+    DEFAULT_MAX_JOINS
+}
+
+fn default_max_cross_joins() -> u32 {
+    DEFAULT_MAX_CROSS_JOINS
 }
 
 fn default_max_limit() -> u64 {
@@ -95,6 +180,10 @@ impl Default for SqlRules {
             max_limit: DEFAULT_MAX_LIMIT,
             max_offset: DEFAULT_MAX_OFFSET,
             table_functions: Vec::new(),
+            functions: Vec::new(),
+            allow_recursive: false,
+            max_joins: DEFAULT_MAX_JOINS,
+            max_cross_joins: DEFAULT_MAX_CROSS_JOINS,
         }
     }
 }
@@ -119,6 +208,41 @@ impl SqlRules {
                 self.max_offset,
                 MAX_LIMIT * 10
             ));
+        }
+        if self.max_joins > MAX_JOINS {
+            return Err(format!(
+                "sql.maxJoins is {}: it must be at most {MAX_JOINS}",
+                self.max_joins
+            ));
+        }
+        if self.max_cross_joins > self.max_joins {
+            return Err(format!(
+                "sql.maxCrossJoins is {}: it must be at most sql.maxJoins ({})",
+                self.max_cross_joins, self.max_joins
+            ));
+        }
+        for (field, names) in [
+            ("functions", &self.functions),
+            ("tableFunctions", &self.table_functions),
+        ] {
+            for name in names {
+                let parts: Vec<&str> = name.split('.').collect();
+                if parts.len() > 2
+                    || parts
+                        .iter()
+                        .any(|p| p.trim().is_empty() || p.contains(['(', ')', ' ', '*', '"']))
+                {
+                    return Err(format!(
+                        "sql.{field} contains {name:?}: write a function name, or schema.name"
+                    ));
+                }
+                let last = parts.last().copied().unwrap_or_default();
+                if let Some(why) = deny::denied_function(last) {
+                    return Err(format!(
+                        "sql.{field} contains {name}, which no policy can allow: {why}"
+                    ));
+                }
+            }
         }
         for (name, table) in &self.tables {
             let parts: Vec<&str> = name.split('.').collect();
@@ -241,8 +365,22 @@ pub enum ViolationKind {
     DataModifyingCte,
     /// `FOR UPDATE` / `FOR SHARE` and friends.
     LockingClause,
-    /// A call to a denied function, or a cast to a catalog lookup type (`regclass`, ...).
+    /// A call to a hard-denied function (no rule can allow it), or a cast to a catalog lookup
+    /// type (`regclass`, ...).
     DeniedFunction,
+    /// A call to a function that is neither on the dialect's default allowlist nor in the
+    /// rule's `functions`, or an operator or syntax that is a function call in disguise and is
+    /// not allowed.
+    FunctionNotAllowed,
+    /// A cast (`::t`, `CAST(x AS t)`, `t 'literal'`) to a type outside the cast allowlist.
+    CastNotAllowed,
+    /// `WITH RECURSIVE` without `allowRecursive`.
+    Recursive,
+    /// More joined relations, or joins without a condition, than the rule allows.
+    TooManyJoins,
+    /// Values combined again and again across subqueries or CTEs (`WITH a AS (SELECT x || x …),
+    /// b AS (SELECT a.x || a.x …)`): their size could grow exponentially.
+    ValueGrowth,
     /// A table-valued function in `FROM` the rules do not list.
     TableFunction,
     /// A system catalog not listed by the rules.
