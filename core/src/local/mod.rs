@@ -31,6 +31,7 @@ mod cgroup;
 mod gvisor;
 mod quantity;
 mod rootfs;
+mod statedir;
 
 use std::ffi::OsString;
 use std::fmt;
@@ -139,7 +140,10 @@ pub struct LocalSandboxConfig {
     /// Size of each sandbox's private `/tmp`, in bytes.
     pub tmp_size_bytes: u64,
     /// The driver's working directory: runsc's state (`runsc/`) and per-run OCI bundles
-    /// (`bundles/`). Created with mode 0700.
+    /// (`bundles/`). Created with mode 0700 when missing; an existing one must be a real
+    /// directory (not a symlink) owned by the effective uid with no group or other access, and
+    /// the directories above it writable only by root or that uid (or sticky, like `/tmp`), or
+    /// the driver refuses it ([`LocalSandboxError::UnsafeStateDir`]).
     pub state_dir: PathBuf,
 }
 
@@ -237,6 +241,22 @@ pub enum LocalSandboxError {
         /// A valid example.
         example: &'static str,
     },
+    /// The state directory, or a directory on the way to it or in it, could be read or changed
+    /// by someone else (who could then swap a run's OCI bundle or runsc's state).
+    #[error(
+        "refusing the sandbox state directory {}: {}: {detail}. If it is yours, remove it and \
+         let the driver create it (mode 0700), or configure another state directory",
+        state_dir.display(),
+        path.display()
+    )]
+    UnsafeStateDir {
+        /// The configured state directory.
+        state_dir: PathBuf,
+        /// The directory that is wrong (the state directory, one above it or in it).
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// A system call or file operation of the driver failed.
     #[error("{context}: {source}")]
     Io {
@@ -294,14 +314,10 @@ impl LocalSandbox {
     /// install it.
     pub async fn detect(config: LocalSandboxConfig) -> Result<Self, LocalSandboxError> {
         let rootfs = rootfs::check(&config.rootfs)?;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&config.state_dir)
-            .map_err(io_err(format!(
-                "cannot create the state directory {}",
-                config.state_dir.display()
-            )))?;
+        let state_dir = private_dir(&config.state_dir, &config.state_dir)?;
+        for sub in [RUNSC_ROOT, BUNDLES] {
+            private_dir(&config.state_dir, &state_dir.join(sub))?;
+        }
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         let make = |isolation, engine| LocalSandbox {
@@ -310,7 +326,7 @@ impl LocalSandbox {
                 engine,
                 rootfs: rootfs.clone(),
                 tmp_size_bytes: config.tmp_size_bytes,
-                state_dir: config.state_dir.clone(),
+                state_dir: state_dir.clone(),
                 cgroups: cgroup::available(),
                 root,
             }),
@@ -466,16 +482,14 @@ impl LocalSandbox {
                 }
             }
             Isolation::Gvisor => {
-                let runsc_root = inner.state_dir.join("runsc");
-                let bundle = inner.state_dir.join("bundles").join(&id);
+                // Checked again on every run: the state directory may have been removed (a
+                // tmp cleaner) or replaced since detect().
+                let runsc_root = private_dir(&inner.state_dir, &inner.state_dir.join(RUNSC_ROOT))?;
+                let bundle =
+                    private_dir(&inner.state_dir, &inner.state_dir.join(BUNDLES))?.join(&id);
+                // Not recursive: a new, private directory or an error (the id is unique).
                 std::fs::DirBuilder::new()
-                    .recursive(true)
                     .mode(0o700)
-                    .create(&runsc_root)
-                    .map_err(io_err("cannot create runsc's state directory"))?;
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o711)
                     .create(&bundle)
                     .map_err(io_err("cannot create the run's OCI bundle"))?;
                 cleanup.bundle = Some(bundle.clone());
@@ -797,6 +811,26 @@ async fn read_head(pipe: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>, cap: 
         let room = cap.saturating_sub(buf.len());
         buf.extend_from_slice(&chunk[..n.min(room)]);
     }
+}
+
+/// runsc's `--root`, under the state directory.
+const RUNSC_ROOT: &str = "runsc";
+/// The per-run OCI bundles, under the state directory.
+const BUNDLES: &str = "bundles";
+
+/// [`statedir::ensure_private`] (for `state_dir` itself) or
+/// [`statedir::ensure_private_inside`] (for a directory in it), with the error of this module.
+fn private_dir(state_dir: &Path, dir: &Path) -> Result<PathBuf, LocalSandboxError> {
+    let result = if dir == state_dir {
+        statedir::ensure_private(dir)
+    } else {
+        statedir::ensure_private_inside(dir)
+    };
+    result.map_err(|e| LocalSandboxError::UnsafeStateDir {
+        state_dir: state_dir.to_path_buf(),
+        path: e.path,
+        detail: e.detail,
+    })
 }
 
 /// A name for a run, unique on this machine: runsc container ID and cgroup name.
