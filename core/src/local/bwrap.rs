@@ -17,7 +17,13 @@
 //! - `--ro-bind ROOTFS /`: the image is the whole, read-only file system; nothing of the host's
 //!   is mounted (no `/sys`, no host `/tmp`). `--proc` is the sandbox's own PID namespace,
 //!   `--dev` a minimal `/dev` (null, zero, random, tty, ...).
-//! - `--size N --tmpfs /tmp`: the only writable place, memory-backed and size-limited.
+//!   `--size N --tmpfs /dev/shm` replaces the `/dev/shm` directory of that `/dev` (which would
+//!   be a plain directory on `/dev`'s own tmpfs, half the host's memory, writable by the sandbox
+//!   user) with a small bounded tmpfs ([`super::SHM_SIZE_BYTES`]), and `--remount-ro /dev` then
+//!   makes the rest of `/dev` read-only (the device nodes are separate bind mounts and keep
+//!   working; `/dev/pts` refuses new files anyway).
+//! - `--size N --tmpfs /tmp`: with `/dev/shm` the only writable places, memory-backed and
+//!   size-limited.
 //! - `--uid/--gid 65532 --cap-drop ALL`: the image's unprivileged `sandbox` user (the Pod's
 //!   `runAsUser`), with no capabilities even inside the user namespace; bwrap always sets
 //!   `no_new_privs`.
@@ -61,6 +67,7 @@ pub(super) fn args(rootfs: &Path, tmp_size_bytes: u64) -> Vec<OsString> {
     ]);
     args.push(rootfs.as_os_str().to_owned());
     let size = tmp_size_bytes.to_string();
+    let shm_size = super::SHM_SIZE_BYTES.to_string();
     let id = SANDBOX_ID.to_string();
     let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
     push(&[
@@ -68,6 +75,12 @@ pub(super) fn args(rootfs: &Path, tmp_size_bytes: u64) -> Vec<OsString> {
         "--proc",
         "/proc",
         "--dev",
+        "/dev",
+        "--size",
+        &shm_size,
+        "--tmpfs",
+        "/dev/shm",
+        "--remount-ro",
         "/dev",
         "--size",
         &size,
@@ -97,10 +110,25 @@ mod tests {
         let at = |flag: &str| s.iter().position(|a| *a == flag).unwrap();
         assert!(at("--clearenv") < at("--setenv"));
         assert_eq!(s[at("--ro-bind") + 1..at("--ro-bind") + 3], ["/r", "/"]);
+        let tmp = (1..s.len())
+            .find(|&i| s[i] == "/tmp" && s[i - 1] == "--tmpfs")
+            .unwrap();
+        assert_eq!(s[tmp - 3..=tmp], ["--size", "1024", "--tmpfs", "/tmp"]);
+        // /dev/shm is bounded, then the rest of /dev (a tmpfs of half the host's memory)
+        // becomes read-only.
+        let shm = s.iter().position(|a| *a == "/dev/shm").unwrap();
         assert_eq!(
-            s[at("--size") + 1..at("--size") + 4],
-            ["1024", "--tmpfs", "/tmp"]
+            s[shm - 3..=shm + 2],
+            [
+                "--size",
+                &super::super::SHM_SIZE_BYTES.to_string(),
+                "--tmpfs",
+                "/dev/shm",
+                "--remount-ro",
+                "/dev"
+            ]
         );
+        assert!(at("--dev") < shm);
         assert_eq!(s.last(), Some(&"--"));
         assert!(!s.contains(&"--bind") && !s.contains(&"--share-net"));
     }

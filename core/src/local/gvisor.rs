@@ -6,8 +6,10 @@
 //!   capabilities in any set, `noNewPrivileges`, `RLIMIT_CORE` 0;
 //! - `root` is the shared image directory, `readonly`, and runsc runs with `--overlay2=none` so no
 //!   writable overlay is put over it;
-//! - `/tmp` is a tmpfs with `size=`; PID, network, IPC, UTS and mount namespaces are new, and
-//!   `--network=none` gives the sandbox only `lo` (rootless runsc would otherwise use the host's
+//! - `/tmp` is a tmpfs with `size=`, and so is `/dev/shm` ([`super::SHM_SIZE_BYTES`]; runsc
+//!   would otherwise give the sandbox a `/dev/shm` that only root can write, and
+//!   `multiprocessing`'s semaphores fail); the rest of `/dev` is a small tmpfs owned by root;
+//! - PID, network, IPC, UTS and mount namespaces are new, and `--network=none` gives the sandbox only `lo` (rootless runsc would otherwise use the host's
 //!   network);
 //! - `linux.cgroupsPath` names the run's cgroup, which the driver creates beforehand with the
 //!   memory, pids and CPU limits set (runsc joins an existing group and leaves its limits and its
@@ -79,6 +81,9 @@ pub(super) fn config(spec: &BundleSpec<'_>) -> Value {
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "nodev", "noexec", "mode=1777",
+                         format!("size={}", super::SHM_SIZE_BYTES)]},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs",
              "options": ["nosuid", "noexec", "nodev", "ro"]},
             {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
@@ -180,7 +185,20 @@ mod tests {
             assert_eq!(c["process"]["capabilities"][set], json!([]));
         }
         assert_eq!(c["root"], json!({"path": "/r", "readonly": true}));
-        assert_eq!(c["mounts"][3]["options"][3], "size=4096");
+        let mount = |dest: &str| {
+            c["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["destination"] == dest)
+                .unwrap_or_else(|| panic!("no {dest} mount"))
+                .clone()
+        };
+        assert_eq!(mount("/tmp")["options"][3], "size=4096");
+        assert_eq!(
+            mount("/dev/shm")["options"][4],
+            format!("size={}", super::super::SHM_SIZE_BYTES)
+        );
         assert_eq!(c["linux"]["cgroupsPath"], "/sandboxrun/x");
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 1u64 << 28);
     }

@@ -59,6 +59,11 @@ use cgroup::{CgroupLimits, RunCgroup};
 /// locally a little more room costs nothing).
 pub const DEFAULT_TMP_SIZE_BYTES: u64 = 64 << 20;
 
+/// Size of each sandbox's `/dev/shm` (POSIX shared memory and semaphores, which
+/// `multiprocessing` uses). Like `/tmp` it is memory that no per-process limit covers, so it is
+/// small and bounded on both engines; the rest of `/dev` is read-only.
+pub const SHM_SIZE_BYTES: u64 = 16 << 20;
+
 /// How long the driver waits beyond the code's timeout before it kills the sandbox itself: the
 /// runner normally ends the run at the timeout; this covers sandbox start-up and a hung runner.
 const START_GRACE: Duration = Duration::from_secs(10);
