@@ -14,7 +14,11 @@
 //! - `linux.cgroupsPath` names the run's cgroup, which the driver creates beforehand with the
 //!   memory, pids and CPU limits set (runsc joins an existing group and leaves its limits and its
 //!   removal to the creator, so the driver can still read the OOM counter after the sandbox is
-//!   gone); `linux.resources` repeats the limits for gVisor's own accounting.
+//!   gone); `linux.resources` repeats the limits for gVisor's own accounting;
+//! - `linux.seccomp` is the filter of [`super::seccomp`] as an OCI profile, which gVisor's
+//!   kernel enforces on the code (`--oci-seccomp`): the same system calls fail with `EPERM` as
+//!   under bubblewrap (gVisor implements few of them anyway; the host kernel is reached only
+//!   through gVisor's own, much narrower, seccomp filter of the Sentry).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -56,7 +60,8 @@ pub(super) fn config(spec: &BundleSpec<'_>) -> Value {
             {"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}
         ],
         "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
-        "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"]
+        "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
+        "seccomp": super::seccomp::oci_profile()
     });
     if let Some(path) = &spec.cgroups_path {
         linux["cgroupsPath"] = json!(path);
@@ -93,11 +98,12 @@ pub(super) fn config(spec: &BundleSpec<'_>) -> Value {
     })
 }
 
-/// `runsc`'s global flags for the driver: its own state directory, no network, no overlay.
+/// `runsc`'s global flags for the driver: its own state directory, no network, no overlay, and
+/// the OCI seccomp profile enforced (runsc ignores `linux.seccomp` without `--oci-seccomp`).
 /// Rootless mode (and no cgroups) when the driver is not root.
 pub(super) fn global_args(state: &Path, root: bool) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec!["--root".into(), state.as_os_str().to_owned()];
-    args.extend(["--network=none", "--overlay2=none"].map(OsString::from));
+    args.extend(["--network=none", "--overlay2=none", "--oci-seccomp"].map(OsString::from));
     if !root {
         args.extend(["--rootless", "--ignore-cgroups"].map(OsString::from));
     }
@@ -201,6 +207,7 @@ mod tests {
         );
         assert_eq!(c["linux"]["cgroupsPath"], "/sandboxrun/x");
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 1u64 << 28);
+        assert_eq!(c["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ALLOW");
     }
 
     #[test]
@@ -208,5 +215,6 @@ mod tests {
         let args = run_args(Path::new("/s"), false, Path::new("/b"), "id");
         assert!(args.iter().any(|a| a == "--network=none"));
         assert!(args.iter().any(|a| a == "--rootless"));
+        assert!(args.iter().any(|a| a == "--oci-seccomp"));
     }
 }

@@ -31,10 +31,12 @@ mod cgroup;
 mod gvisor;
 mod quantity;
 mod rootfs;
+mod seccomp;
 mod statedir;
 
 use std::ffi::OsString;
 use std::fmt;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -468,19 +470,35 @@ impl LocalSandbox {
         };
 
         let mut cmd = Command::new(&inner.engine);
+        // Descriptors the engine inherits (bwrap's seccomp programs); open until the run ends.
+        let mut inherited: Vec<std::os::fd::OwnedFd> = Vec::new();
         match inner.isolation {
             Isolation::Bubblewrap => {
-                cmd.args(bwrap::args(&inner.rootfs, inner.tmp_size_bytes));
+                for program in seccomp::bwrap_programs() {
+                    inherited.push(
+                        seccomp::memfd(program)
+                            .map_err(io_err("cannot prepare the seccomp filter"))?,
+                    );
+                }
+                let seccomp_fds: Vec<RawFd> = inherited.iter().map(AsRawFd::as_raw_fd).collect();
+                cmd.args(bwrap::args(
+                    &inner.rootfs,
+                    inner.tmp_size_bytes,
+                    &seccomp_fds,
+                ));
                 cmd.args(&argv);
                 let fds = cleanup
                     .cgroup
                     .as_ref()
                     .map(RunCgroup::procs_fds)
                     .unwrap_or_default();
-                // SAFETY: the closure only makes async-signal-safe system calls (write,
+                // SAFETY: the closure only makes async-signal-safe system calls (fcntl, write,
                 // setrlimit) on data prepared before fork.
                 unsafe {
                     cmd.pre_exec(move || {
+                        for &fd in &seccomp_fds {
+                            seccomp::inherit(fd)?;
+                        }
                         cgroup::join_current(&fds)?;
                         rlimits.apply()
                     });
