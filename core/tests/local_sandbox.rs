@@ -807,3 +807,70 @@ async fn fresh_state_dir_is_created_private() {
     }
     remove_scratch(&base);
 }
+
+#[tokio::test]
+async fn without_cgroups_detect_refuses_unless_weak_limits_are_allowed() {
+    let _serial = serial().await;
+    for (isolation, _) in engines() {
+        let config = LocalSandboxConfig {
+            preference: match isolation {
+                Isolation::Gvisor => Preference::Gvisor,
+                Isolation::Bubblewrap => Preference::Bubblewrap,
+            },
+            runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
+            ..LocalSandboxConfig::default()
+        };
+        assert!(!config.allow_weak_limits, "weak limits are opt-in");
+        let err = LocalSandbox::detect_without_cgroups(config.clone())
+            .await
+            .map(|s| s.isolation())
+            .expect_err("unenforceable limits passed silently");
+        assert!(
+            matches!(err, LocalSandboxError::WeakLimits { .. }),
+            "{isolation}: {err:?}"
+        );
+        let text = err.to_string();
+        for needle in [
+            "memory, process and CPU",
+            "root",
+            "cgroup v2",
+            "allow_weak_limits",
+        ] {
+            assert!(
+                text.contains(needle),
+                "{isolation}: no {needle:?} in: {text}"
+            );
+        }
+
+        // Opted in: it runs, says what is not enforced, and what rlimits can do still holds.
+        let sandbox = LocalSandbox::detect_without_cgroups(LocalSandboxConfig {
+            allow_weak_limits: true,
+            ..config
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{isolation}: {e}"));
+        assert!(!sandbox.uses_cgroups());
+        let warning = sandbox.weak_limits().expect("a warning");
+        assert!(
+            warning.contains("CPU is not limited") && warning.contains("per process"),
+            "{isolation}: {warning}"
+        );
+        let r = run(&sandbox, "print(1)", &limits()).await;
+        assert_eq!(r.result.stdout, "1\n", "{isolation}: {r:?}");
+        let bomb = Limits {
+            memory: "256Mi".into(),
+            ..limits()
+        };
+        let r = run(&sandbox, "x = bytearray(1 << 30)\nprint(len(x))", &bomb).await;
+        assert_eq!(r.outcome, Phase::Failed, "{isolation}: {r:?}");
+        assert_eq!(r.result.stdout, "", "{isolation}: {r:?}");
+        let left = wait_no_leftovers("\u{0}never\u{0}", 5);
+        assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
+    }
+    // With cgroups (root here), detect needs no opt-in and reports no weakness.
+    for (isolation, sandbox) in engines() {
+        if sandbox.uses_cgroups() {
+            assert_eq!(sandbox.weak_limits(), None, "{isolation}");
+        }
+    }
+}

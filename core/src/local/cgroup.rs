@@ -1,8 +1,10 @@
 //! One cgroup per run, so that memory, process count and CPU are limited for the whole sandbox
 //! (every process bubblewrap or gVisor starts), an out-of-memory kill can be told apart from any
 //! other SIGKILL, and everything left over can be found and killed when the run ends or is
-//! abandoned. Needs root (or a delegated cgroup v2 subtree writable by the caller); without it
-//! the driver falls back to rlimits (see `super::rlimit_fallback`).
+//! abandoned. Needs root (or a delegated cgroup v2 subtree writable by the caller); [`probe`]
+//! finds out once, when the driver is set up, by making a group with all three limits. Without
+//! one the driver refuses to run unless weak limits were allowed, and then falls back to
+//! rlimits (see the module documentation of `super`).
 //!
 //! cgroup v1 (and the v1 side of a hybrid layout, as on this project's VMs): the run's group is
 //! `/sys/fs/cgroup/{memory,pids,cpu}/sandboxrun/<id>`. cgroup v2 (only when it is the sole
@@ -45,17 +47,33 @@ fn layout() -> Option<Layout> {
     }
 }
 
-/// Whether per-run cgroups can be used here: a known layout and write access to its parent.
-pub(super) fn available() -> bool {
+/// Whether per-run cgroups with memory, pids and CPU limits can be made here: by making one
+/// (and removing it). `Err` says what is missing, for the user.
+pub(super) fn probe() -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     match layout() {
-        Some(Layout::V1) => root,
-        Some(Layout::V2) => {
-            let parent = Path::new(CGROUP_ROOT).join(PARENT);
-            root || fs::metadata(&parent).is_ok_and(|m| !m.permissions().readonly())
+        None => Err(format!(
+            "no cgroup hierarchy with the memory and pids controllers is mounted at {CGROUP_ROOT}"
+        )),
+        Some(Layout::V1) if !root => Err(format!(
+            "this machine has per-controller cgroup v1 hierarchies under {CGROUP_ROOT}, which \
+             only root can write, and the driver does not run as root"
+        )),
+        Some(_) => {
+            let id = format!("{}-probe", super::new_id());
+            let limits = CgroupLimits {
+                memory_bytes: 64 << 20,
+                pids: 16,
+                cpu_millis: 100,
+            };
+            RunCgroup::create(&id, limits).map(drop).map_err(|e| {
+                format!(
+                    "cannot make a cgroup with memory, pids and CPU limits under \
+                     {CGROUP_ROOT}/{PARENT}: {e}"
+                )
+            })
         }
-        None => false,
     }
 }
 
@@ -102,11 +120,16 @@ impl RunCgroup {
                 let _ = write(&memory, "memory.memsw.limit_in_bytes", limits.memory_bytes);
                 let pids = group.make_dir(&root.join("pids").join(PARENT))?;
                 write(&pids, "pids.max", limits.pids)?;
-                if root.join("cpu/cpu.cfs_quota_us").exists() {
-                    let cpu = group.make_dir(&root.join("cpu").join(PARENT))?;
-                    write(&cpu, "cpu.cfs_period_us", CFS_PERIOD_US)?;
-                    write(&cpu, "cpu.cfs_quota_us", quota_us(limits.cpu_millis))?;
+                // The CPU limit is not optional: without the controller there is none.
+                if !root.join("cpu/cpu.cfs_quota_us").exists() {
+                    return Err(io::Error::other(format!(
+                        "the cpu controller is not mounted ({CGROUP_ROOT}/cpu/cpu.cfs_quota_us \
+                         is missing)"
+                    )));
                 }
+                let cpu = group.make_dir(&root.join("cpu").join(PARENT))?;
+                write(&cpu, "cpu.cfs_period_us", CFS_PERIOD_US)?;
+                write(&cpu, "cpu.cfs_quota_us", quota_us(limits.cpu_millis))?;
             }
             Layout::V2 => {
                 let parent = root.join(PARENT);
@@ -121,10 +144,15 @@ impl RunCgroup {
                 // One OOM kill takes the whole sandbox down, as in a container.
                 let _ = write(&dir, "memory.oom.group", 1);
                 write(&dir, "pids.max", limits.pids)?;
-                let _ = fs::write(
+                // Missing when the cpu controller is not enabled for the parent: no CPU limit
+                // then, which is an error, not a silent downgrade.
+                fs::write(
                     dir.join("cpu.max"),
                     format!("{} {CFS_PERIOD_US}", quota_us(limits.cpu_millis)),
-                );
+                )
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("{}: {e}", dir.join("cpu.max").display()))
+                })?;
             }
         }
         for dir in &group.dirs {

@@ -152,6 +152,15 @@ pub struct LocalSandboxConfig {
     /// the directories above it writable only by root or that uid (or sticky, like `/tmp`), or
     /// the driver refuses it ([`LocalSandboxError::UnsafeStateDir`]).
     pub state_dir: PathBuf,
+    /// Run even where the driver cannot make a cgroup per run (an unprivileged user on a
+    /// cgroup v1 machine, or on cgroup v2 without a delegated subtree), with per-process
+    /// rlimits only: memory is then limited per process (`RLIMIT_AS`; several processes and
+    /// the `/tmp` and `/dev/shm` tmpfs add up beyond it), processes by `RLIMIT_NPROC`, and CPU
+    /// not at all (only the timeout ends a run). False by default: [`LocalSandbox::detect`]
+    /// then fails with [`LocalSandboxError::WeakLimits`], saying what is missing. When true it
+    /// succeeds, logs a warning naming the limits that are not enforced (a `tracing` warning,
+    /// once per `detect`), and [`LocalSandbox::weak_limits`] returns it.
+    pub allow_weak_limits: bool,
 }
 
 impl LocalSandboxConfig {
@@ -185,6 +194,7 @@ impl Default for LocalSandboxConfig {
             bwrap: None,
             tmp_size_bytes: DEFAULT_TMP_SIZE_BYTES,
             state_dir: Self::default_state_dir(),
+            allow_weak_limits: false,
         }
     }
 }
@@ -247,6 +257,21 @@ pub enum LocalSandboxError {
         value: String,
         /// A valid example.
         example: &'static str,
+    },
+    /// The memory, pid and CPU limits cannot be enforced here (no per-run cgroup) and weak
+    /// limits were not allowed ([`LocalSandboxConfig::allow_weak_limits`]).
+    #[error(
+        "the sandbox cannot enforce its memory, process and CPU limits on this machine: \
+         {missing}. The driver needs a cgroup per run for them. Either run it as root; or, where \
+         cgroup v2 is the only hierarchy, have root delegate /sys/fs/cgroup/sandboxrun to this \
+         user (mkdir it, chown -R it to the user, enable \"+memory +pids +cpu\" in \
+         /sys/fs/cgroup/cgroup.subtree_control and in its own) and start the driver in a group \
+         under it; or accept per-process limits only (memory per process, no CPU limit) with \
+         allow_weak_limits (the frontend's --allow-weak-limits)"
+    )]
+    WeakLimits {
+        /// What is missing to make a per-run cgroup.
+        missing: String,
     },
     /// The state directory, or a directory on the way to it or in it, could be read or changed
     /// by someone else (who could then swap a run's OCI bundle or runsc's state).
@@ -311,6 +336,8 @@ struct Inner {
     state_dir: PathBuf,
     /// Whether per-run cgroups are used (else rlimits).
     cgroups: bool,
+    /// Without cgroups: the warning that says which limits are not enforced.
+    weak_limits: Option<String>,
     /// Whether the driver runs as root (runsc needs `--rootless` otherwise).
     root: bool,
 }
@@ -319,8 +346,31 @@ impl LocalSandbox {
     /// Checks the root file system, finds the engine the preference asks for and probes it once
     /// by running `print(1)` through the whole path. Fails with what is missing and how to
     /// install it.
+    ///
+    /// Without a per-run cgroup (memory, pids and CPU) it fails with
+    /// [`LocalSandboxError::WeakLimits`] unless [`LocalSandboxConfig::allow_weak_limits`] is set.
     pub async fn detect(config: LocalSandboxConfig) -> Result<Self, LocalSandboxError> {
+        Self::detect_with(config, cgroup::probe).await
+    }
+
+    /// [`LocalSandbox::detect`] as on a machine where no per-run cgroup can be made (an
+    /// unprivileged user on cgroup v1), for tests that run as root.
+    #[doc(hidden)]
+    pub async fn detect_without_cgroups(
+        config: LocalSandboxConfig,
+    ) -> Result<Self, LocalSandboxError> {
+        Self::detect_with(config, || Err("no cgroups (forced by a test)".to_owned())).await
+    }
+
+    async fn detect_with(
+        config: LocalSandboxConfig,
+        cgroup_probe: fn() -> Result<(), String>,
+    ) -> Result<Self, LocalSandboxError> {
         let rootfs = rootfs::check(&config.rootfs)?;
+        let weak_limits = limits_enforced(cgroup_probe(), config.allow_weak_limits)?;
+        if let Some(warning) = &weak_limits {
+            tracing::warn!(allow_weak_limits = true, "{warning}");
+        }
         let state_dir = private_dir(&config.state_dir, &config.state_dir)?;
         for sub in [RUNSC_ROOT, BUNDLES] {
             private_dir(&config.state_dir, &state_dir.join(sub))?;
@@ -334,7 +384,8 @@ impl LocalSandbox {
                 rootfs: rootfs.clone(),
                 tmp_size_bytes: config.tmp_size_bytes,
                 state_dir: state_dir.clone(),
-                cgroups: cgroup::available(),
+                cgroups: weak_limits.is_none(),
+                weak_limits: weak_limits.clone(),
                 root,
             }),
         };
@@ -392,6 +443,12 @@ impl LocalSandbox {
     /// rlimits (false, see the module documentation).
     pub fn uses_cgroups(&self) -> bool {
         self.inner.cgroups
+    }
+
+    /// Without per-run cgroups ([`LocalSandboxConfig::allow_weak_limits`]): the warning that
+    /// says which limits are not enforced; None when all are.
+    pub fn weak_limits(&self) -> Option<&str> {
+        self.inner.weak_limits.as_deref()
     }
 
     /// Runs `print(1)` and expects `1`.
@@ -836,6 +893,26 @@ async fn read_head(pipe: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>, cap: 
     }
 }
 
+/// Whether the run limits are enforced: `Ok(None)` with a per-run cgroup, `Ok(Some(warning))`
+/// without one when weak limits are allowed, else the error that says what is missing.
+fn limits_enforced(
+    cgroups: Result<(), String>,
+    allow_weak_limits: bool,
+) -> Result<Option<String>, LocalSandboxError> {
+    match cgroups {
+        Ok(()) => Ok(None),
+        Err(missing) if allow_weak_limits => Ok(Some(format!(
+            "the local sandbox runs WITHOUT enforced limits ({missing}; allowed by \
+             allow_weak_limits): memory is limited per process only (RLIMIT_AS: several \
+             processes, /tmp and /dev/shm add up beyond it, and running out is a MemoryError, \
+             not OOMKilled); the process limit is RLIMIT_NPROC; CPU is not limited at all, only \
+             the timeout ends a run. Run as root or give the driver a delegated cgroup v2 \
+             subtree to enforce them"
+        ))),
+        Err(missing) => Err(LocalSandboxError::WeakLimits { missing }),
+    }
+}
+
 /// runsc's `--root`, under the state directory.
 const RUNSC_ROOT: &str = "runsc";
 /// The per-run OCI bundles, under the state directory.
@@ -990,6 +1067,39 @@ mod tests {
         }
         assert_eq!(t.bytes(), b"ghij");
         assert!(t.data.len() <= 8);
+    }
+
+    #[test]
+    fn limits_without_cgroups_are_refused_unless_allowed() {
+        assert!(matches!(limits_enforced(Ok(()), false), Ok(None)));
+        assert!(matches!(limits_enforced(Ok(()), true), Ok(None)));
+        let err = limits_enforced(Err("cgroup v1 needs root".into()), false).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, LocalSandboxError::WeakLimits { .. }),
+            "{text}"
+        );
+        for needle in [
+            "cgroup v1 needs root",
+            "memory, process and CPU",
+            "run it as root",
+            "delegate",
+            "allow_weak_limits",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+        let warning = limits_enforced(Err("cgroup v1 needs root".into()), true)
+            .unwrap()
+            .unwrap();
+        for needle in [
+            "WITHOUT enforced limits",
+            "cgroup v1 needs root",
+            "memory is limited per process",
+            "CPU is not limited",
+            "RLIMIT_NPROC",
+        ] {
+            assert!(warning.contains(needle), "{needle}: {warning}");
+        }
     }
 
     #[test]
