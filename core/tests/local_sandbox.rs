@@ -874,3 +874,42 @@ async fn without_cgroups_detect_refuses_unless_weak_limits_are_allowed() {
         }
     }
 }
+
+#[tokio::test]
+async fn memory_in_files_counts_against_the_limit() {
+    let _serial = serial().await;
+    let limits = Limits {
+        memory: "128Mi".into(),
+        ..limits()
+    };
+    // Memory that no process maps: memory files (memfd_create) filled with small writes, 3
+    // times the limit in total. The cgroup charges their pages to the sandbox.
+    let code = r#"
+import os
+chunk = b'x' * (1 << 20)
+held = []
+def fill(fd, mib):
+    for _ in range(mib):
+        os.write(fd, chunk)
+for i in range(12):
+    fd = os.memfd_create(f'm{i}')
+    fill(fd, 32)
+    held.append(fd)
+print('memfds held', 12 * 32, flush=True)
+"#;
+    for (isolation, sandbox) in engines() {
+        if !sandbox.uses_cgroups() {
+            // Documented: without a cgroup, memory outside processes is not limited.
+            continue;
+        }
+        let r = run(sandbox, code, &limits).await;
+        eprintln!("{isolation}: {:?} {:?} {:?}", r.outcome, r.reason, r.result);
+        assert_eq!(r.outcome, Phase::Failed, "{isolation}: {r:?}");
+        assert!(
+            !r.result.stdout.contains("held"),
+            "{isolation}: 384 MiB held in memory files under a 128Mi limit: {r:?}"
+        );
+        let left = wait_no_leftovers("\u{0}never\u{0}", 5);
+        assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
+    }
+}

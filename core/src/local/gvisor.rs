@@ -9,8 +9,8 @@
 //! - `/tmp` is a tmpfs with `size=`, and so is `/dev/shm` ([`super::SHM_SIZE_BYTES`]; runsc
 //!   would otherwise give the sandbox a `/dev/shm` that only root can write, and
 //!   `multiprocessing`'s semaphores fail); the rest of `/dev` is a small tmpfs owned by root;
-//! - PID, network, IPC, UTS and mount namespaces are new, and `--network=none` gives the sandbox only `lo` (rootless runsc would otherwise use the host's
-//!   network);
+//! - PID, network, IPC, UTS and mount namespaces are new, and `--network=none` gives the
+//!   sandbox only `lo` (rootless runsc would otherwise use the host's network);
 //! - `linux.cgroupsPath` names the run's cgroup, which the driver creates beforehand with the
 //!   memory, pids and CPU limits set (runsc joins an existing group and leaves its limits and its
 //!   removal to the creator, so the driver can still read the OOM counter after the sandbox is

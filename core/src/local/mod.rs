@@ -12,19 +12,41 @@
 //! How the limits are enforced:
 //! - time: the runner kills the code at `timeoutSeconds` (the run ends `TimedOut`); the driver
 //!   kills the whole sandbox at `timeoutSeconds` + a start-up grace, should the runner hang;
-//! - memory, pids, CPU: a cgroup per run ([`cgroup`]) holding every sandbox process, when the
-//!   driver can create one (root, or a writable cgroup v2 subtree). An OOM kill is read from the
-//!   group's counters, so it is reported as `OOMKilled` even when it took the runner down too.
-//!   Without cgroups (an unprivileged user on a cgroup v1 machine) the fallback is rlimits, which
-//!   are per process and weaker: `RLIMIT_AS` = the memory limit (a large allocation then fails
-//!   with `MemoryError`, a non-zero exit), `RLIMIT_NPROC` = the pid limit (set by the runner; it
-//!   counts per user namespace, so per sandbox), `RLIMIT_FSIZE` = the `/tmp` size;
+//! - memory, pids, CPU: a cgroup per run (`cgroup.rs`) holding every sandbox process, which
+//!   the driver must be able to create (root, or a writable cgroup v2 subtree):
+//!   [`LocalSandbox::detect`] makes one with all three limits to find out, and refuses to run
+//!   without ([`LocalSandboxError::WeakLimits`]). The memory limit covers everything the
+//!   sandbox holds, tmpfs pages and memory files included. An OOM kill is read from the group's counters, so
+//!   it is reported as `OOMKilled` even when it took the runner down too.
+//!   Only with [`LocalSandboxConfig::allow_weak_limits`] does it run without one (with a
+//!   warning, [`LocalSandbox::weak_limits`]), on rlimits, which are per process and weaker:
+//!   `RLIMIT_AS` = the memory limit (a large allocation then fails with `MemoryError`, a
+//!   non-zero exit; but several processes, memory files and the tmpfs add up beyond it),
+//!   `RLIMIT_NPROC` = the pid limit (set by the runner; it counts per user namespace, so per
+//!   sandbox), no CPU limit at all;
+//! - file systems: the image read-only; `/tmp` (`tmp_size_bytes`) and `/dev/shm`
+//!   ([`SHM_SIZE_BYTES`]) are the only writable places, both bounded tmpfs; `RLIMIT_FSIZE` = the
+//!   `/tmp` size for any single file; the driver's state directory is private (`statedir.rs`);
+//! - system calls: a seccomp filter (`seccomp.rs`) makes ptrace, mounts, namespaces, keyrings,
+//!   bpf, perf events, userfaultfd, io_uring, kernel modules and the like fail with `EPERM`,
+//!   on both engines; under bubblewrap, an i386 or x32 system call kills the process;
 //! - output: the runner keeps `outputBytes` of each stream and flags truncation; the driver itself
 //!   keeps only a bounded tail of the sandbox's stdout, whatever the code writes into it;
 //! - cancellation: dropping the future returned by [`LocalSandbox::run_python`] kills the engine
 //!   process (`kill_on_drop`, its process group), `runsc delete --force`s a gVisor sandbox, kills
 //!   whatever is left in the run's cgroup, and removes the cgroup and the bundle directory before
 //!   the drop returns. bubblewrap's `--die-with-parent` covers the no-cgroup case.
+//!
+//! What each engine enforces, and how:
+//!
+//! | | gVisor (`runsc run`, OCI bundle) | bubblewrap |
+//! |---|---|---|
+//! | the code's kernel | gVisor's Sentry (user space) | the host's, behind the filter |
+//! | system call filter | OCI `linux.seccomp` (`--oci-seccomp`) | BPF, `--add-seccomp-fd` |
+//! | memory, pids, CPU | the run's cgroup (`cgroupsPath`) | the run's cgroup, joined at fork |
+//! | `/tmp`, `/dev/shm` | tmpfs with `size=` | `--size N --tmpfs`; `/dev` read-only |
+//! | network | `--network=none`: only `lo` | new network namespace: only `lo` |
+//! | user | 65532, no capabilities, `noNewPrivileges` | 65532, `--cap-drop ALL`, `no_new_privs` |
 
 mod bwrap;
 mod cgroup;
