@@ -16,8 +16,8 @@
 //!   the driver must be able to create (root, or a writable cgroup v2 subtree):
 //!   [`LocalSandbox::detect`] makes one with all three limits to find out, and refuses to run
 //!   without ([`LocalSandboxError::WeakLimits`]). The memory limit covers everything the
-//!   sandbox holds, tmpfs pages and memory files included. An OOM kill is read from the group's counters, so
-//!   it is reported as `OOMKilled` even when it took the runner down too.
+//!   sandbox holds, tmpfs pages and memory files included. An OOM kill is read from the
+//!   group's counters, so it is reported as `OOMKilled` even when it took the runner down too.
 //!   Only with [`LocalSandboxConfig::allow_weak_limits`] does it run without one (with a
 //!   warning, [`LocalSandbox::weak_limits`]), on rlimits, which are per process and weaker:
 //!   `RLIMIT_AS` = the memory limit (a large allocation then fails with `MemoryError`, a
