@@ -390,9 +390,6 @@ impl LocalSandbox {
     ) -> Result<Self, LocalSandboxError> {
         let rootfs = rootfs::check(&config.rootfs)?;
         let weak_limits = limits_enforced(cgroup_probe(), config.allow_weak_limits)?;
-        if let Some(warning) = &weak_limits {
-            tracing::warn!(allow_weak_limits = true, "{warning}");
-        }
         let state_dir = private_dir(&config.state_dir, &config.state_dir)?;
         for sub in [RUNSC_ROOT, BUNDLES] {
             private_dir(&config.state_dir, &state_dir.join(sub))?;
@@ -436,7 +433,7 @@ impl LocalSandbox {
             let sandbox = make(Isolation::Bubblewrap, path);
             sandbox.probe().await.map(|()| sandbox)
         };
-        match config.preference {
+        let sandbox = match config.preference {
             Preference::Gvisor => gvisor().await,
             Preference::Bubblewrap => bubblewrap().await,
             Preference::Auto => match gvisor().await {
@@ -448,7 +445,15 @@ impl LocalSandbox {
                     }),
                 },
             },
+        }?;
+        if let Some(warning) = sandbox.weak_limits() {
+            tracing::warn!(
+                engine = %sandbox.isolation(),
+                allow_weak_limits = true,
+                "{warning}"
+            );
         }
+        Ok(sandbox)
     }
 
     /// The engine in use.

@@ -65,10 +65,18 @@ const KERNEL: &[Syscall] = &[
     ("syslog", libc::SYS_syslog),
     ("lookup_dcookie", libc::SYS_lookup_dcookie),
     ("vhangup", libc::SYS_vhangup),
+];
+
+/// Port I/O and legacy library loading, x86 only: direct hardware access and an old kernel-side
+/// ELF loader.
+#[cfg(target_arch = "x86_64")]
+const X86: &[Syscall] = &[
     ("iopl", libc::SYS_iopl),
     ("ioperm", libc::SYS_ioperm),
     ("uselib", libc::SYS_uselib),
 ];
+#[cfg(not(target_arch = "x86_64"))]
+const X86: &[Syscall] = &[];
 
 /// Mounts, old and new API, and chroot: the file system the sandbox sees is set up by bwrap and
 /// final; the new mount API (fsopen, fsconfig, ...) parses file system options in the kernel, a
@@ -128,6 +136,7 @@ const CLOCK: &[Syscall] = &[
 pub(super) const DENIED: &[&[Syscall]] = &[
     PROCESS_ACCESS,
     KERNEL,
+    X86,
     MOUNTS,
     NAMESPACES,
     KEYRINGS,
@@ -140,6 +149,15 @@ pub(super) const DENIED: &[&[Syscall]] = &[
 /// (which only queries). Others switch on legacy behaviour (READ_IMPLIES_EXEC,
 /// ADDR_NO_RANDOMIZE, ...) that weakens exploit mitigations.
 const PERSONALITY_ALLOWED: [u64; 2] = [0, 0xffff_ffff];
+
+/// The OCI profile's name of this architecture.
+const OCI_ARCH: &str = if cfg!(target_arch = "aarch64") {
+    "SCMP_ARCH_AARCH64"
+} else if cfg!(target_arch = "riscv64") {
+    "SCMP_ARCH_RISCV64"
+} else {
+    "SCMP_ARCH_X86_64"
+};
 
 /// x32 system calls carry this bit in their number (`__X32_SYSCALL_BIT`).
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
@@ -258,7 +276,7 @@ pub(super) fn oci_profile() -> Value {
         .collect();
     json!({
         "defaultAction": "SCMP_ACT_ALLOW",
-        "architectures": ["SCMP_ARCH_X86_64"],
+        "architectures": [OCI_ARCH],
         "syscalls": [
             {"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": libc::EPERM}
         ]
