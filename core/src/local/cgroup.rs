@@ -77,6 +77,26 @@ pub(super) fn probe() -> Result<(), String> {
     }
 }
 
+/// Whether the run limits are enforced: `Ok(None)` with a per-run cgroup, `Ok(Some(warning))`
+/// without one when weak limits are allowed, else the error that says what is missing.
+pub(super) fn limits_enforced(
+    cgroups: Result<(), String>,
+    allow_weak_limits: bool,
+) -> Result<Option<String>, super::LocalSandboxError> {
+    match cgroups {
+        Ok(()) => Ok(None),
+        Err(missing) if allow_weak_limits => Ok(Some(format!(
+            "the local sandbox runs WITHOUT enforced limits ({missing}; allowed by \
+             allow_weak_limits): memory is limited per process only (RLIMIT_AS: several \
+             processes, /tmp and /dev/shm add up beyond it, and running out is a MemoryError, \
+             not OOMKilled); the process limit is RLIMIT_NPROC; CPU is not limited at all, only \
+             the timeout ends a run. Run as root or give the driver a delegated cgroup v2 \
+             subtree to enforce them"
+        ))),
+        Err(missing) => Err(super::LocalSandboxError::WeakLimits { missing }),
+    }
+}
+
 /// The limits a run's cgroup enforces.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct CgroupLimits {
@@ -328,6 +348,39 @@ fn quota_us(cpu_millis: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_without_cgroups_are_refused_unless_allowed() {
+        assert!(matches!(limits_enforced(Ok(()), false), Ok(None)));
+        assert!(matches!(limits_enforced(Ok(()), true), Ok(None)));
+        let err = limits_enforced(Err("cgroup v1 needs root".into()), false).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, super::super::LocalSandboxError::WeakLimits { .. }),
+            "{text}"
+        );
+        for needle in [
+            "cgroup v1 needs root",
+            "memory, process and CPU",
+            "run it as root",
+            "delegate",
+            "allow_weak_limits",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+        let warning = limits_enforced(Err("cgroup v1 needs root".into()), true)
+            .unwrap()
+            .unwrap();
+        for needle in [
+            "WITHOUT enforced limits",
+            "cgroup v1 needs root",
+            "memory is limited per process",
+            "CPU is not limited",
+            "RLIMIT_NPROC",
+        ] {
+            assert!(warning.contains(needle), "{needle}: {warning}");
+        }
+    }
 
     #[test]
     fn quota_follows_the_kubelet_formula() {

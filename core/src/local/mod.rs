@@ -389,10 +389,10 @@ impl LocalSandbox {
         cgroup_probe: fn() -> Result<(), String>,
     ) -> Result<Self, LocalSandboxError> {
         let rootfs = rootfs::check(&config.rootfs)?;
-        let weak_limits = limits_enforced(cgroup_probe(), config.allow_weak_limits)?;
-        let state_dir = private_dir(&config.state_dir, &config.state_dir)?;
-        for sub in [RUNSC_ROOT, BUNDLES] {
-            private_dir(&config.state_dir, &state_dir.join(sub))?;
+        let weak_limits = cgroup::limits_enforced(cgroup_probe(), config.allow_weak_limits)?;
+        let state_dir = statedir::private_dir(&config.state_dir, &config.state_dir)?;
+        for sub in [statedir::RUNSC_ROOT, statedir::BUNDLES] {
+            statedir::private_dir(&config.state_dir, &state_dir.join(sub))?;
         }
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
@@ -591,9 +591,15 @@ impl LocalSandbox {
             Isolation::Gvisor => {
                 // Checked again on every run: the state directory may have been removed (a
                 // tmp cleaner) or replaced since detect().
-                let runsc_root = private_dir(&inner.state_dir, &inner.state_dir.join(RUNSC_ROOT))?;
-                let bundle =
-                    private_dir(&inner.state_dir, &inner.state_dir.join(BUNDLES))?.join(&id);
+                let runsc_root = statedir::private_dir(
+                    &inner.state_dir,
+                    &inner.state_dir.join(statedir::RUNSC_ROOT),
+                )?;
+                let bundle = statedir::private_dir(
+                    &inner.state_dir,
+                    &inner.state_dir.join(statedir::BUNDLES),
+                )?
+                .join(&id);
                 // Not recursive: a new, private directory or an error (the id is unique).
                 std::fs::DirBuilder::new()
                     .mode(0o700)
@@ -920,46 +926,6 @@ async fn read_head(pipe: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>, cap: 
     }
 }
 
-/// Whether the run limits are enforced: `Ok(None)` with a per-run cgroup, `Ok(Some(warning))`
-/// without one when weak limits are allowed, else the error that says what is missing.
-fn limits_enforced(
-    cgroups: Result<(), String>,
-    allow_weak_limits: bool,
-) -> Result<Option<String>, LocalSandboxError> {
-    match cgroups {
-        Ok(()) => Ok(None),
-        Err(missing) if allow_weak_limits => Ok(Some(format!(
-            "the local sandbox runs WITHOUT enforced limits ({missing}; allowed by \
-             allow_weak_limits): memory is limited per process only (RLIMIT_AS: several \
-             processes, /tmp and /dev/shm add up beyond it, and running out is a MemoryError, \
-             not OOMKilled); the process limit is RLIMIT_NPROC; CPU is not limited at all, only \
-             the timeout ends a run. Run as root or give the driver a delegated cgroup v2 \
-             subtree to enforce them"
-        ))),
-        Err(missing) => Err(LocalSandboxError::WeakLimits { missing }),
-    }
-}
-
-/// runsc's `--root`, under the state directory.
-const RUNSC_ROOT: &str = "runsc";
-/// The per-run OCI bundles, under the state directory.
-const BUNDLES: &str = "bundles";
-
-/// [`statedir::ensure_private`] (for `state_dir` itself) or
-/// [`statedir::ensure_private_inside`] (for a directory in it), with the error of this module.
-fn private_dir(state_dir: &Path, dir: &Path) -> Result<PathBuf, LocalSandboxError> {
-    let result = if dir == state_dir {
-        statedir::ensure_private(dir)
-    } else {
-        statedir::ensure_private_inside(dir)
-    };
-    result.map_err(|e| LocalSandboxError::UnsafeStateDir {
-        state_dir: state_dir.to_path_buf(),
-        path: e.path,
-        detail: e.detail,
-    })
-}
-
 /// A name for a run, unique on this machine: runsc container ID and cgroup name.
 fn new_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -1094,39 +1060,6 @@ mod tests {
         }
         assert_eq!(t.bytes(), b"ghij");
         assert!(t.data.len() <= 8);
-    }
-
-    #[test]
-    fn limits_without_cgroups_are_refused_unless_allowed() {
-        assert!(matches!(limits_enforced(Ok(()), false), Ok(None)));
-        assert!(matches!(limits_enforced(Ok(()), true), Ok(None)));
-        let err = limits_enforced(Err("cgroup v1 needs root".into()), false).unwrap_err();
-        let text = err.to_string();
-        assert!(
-            matches!(err, LocalSandboxError::WeakLimits { .. }),
-            "{text}"
-        );
-        for needle in [
-            "cgroup v1 needs root",
-            "memory, process and CPU",
-            "run it as root",
-            "delegate",
-            "allow_weak_limits",
-        ] {
-            assert!(text.contains(needle), "{needle}: {text}");
-        }
-        let warning = limits_enforced(Err("cgroup v1 needs root".into()), true)
-            .unwrap()
-            .unwrap();
-        for needle in [
-            "WITHOUT enforced limits",
-            "cgroup v1 needs root",
-            "memory is limited per process",
-            "CPU is not limited",
-            "RLIMIT_NPROC",
-        ] {
-            assert!(warning.contains(needle), "{needle}: {warning}");
-        }
     }
 
     #[test]

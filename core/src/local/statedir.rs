@@ -23,6 +23,29 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+/// runsc's `--root`, under the state directory.
+pub(super) const RUNSC_ROOT: &str = "runsc";
+/// The per-run OCI bundles, under the state directory.
+pub(super) const BUNDLES: &str = "bundles";
+
+/// [`ensure_private`] (for `state_dir` itself) or
+/// [`ensure_private_inside`] (for a directory in it), with the error of this module.
+pub(super) fn private_dir(
+    state_dir: &Path,
+    dir: &Path,
+) -> Result<PathBuf, super::LocalSandboxError> {
+    let result = if dir == state_dir {
+        ensure_private(dir)
+    } else {
+        ensure_private_inside(dir)
+    };
+    result.map_err(|e| super::LocalSandboxError::UnsafeStateDir {
+        state_dir: state_dir.to_path_buf(),
+        path: e.path,
+        detail: e.detail,
+    })
+}
+
 /// Why a state directory was refused.
 #[derive(Debug)]
 pub(super) struct Unsafe {
