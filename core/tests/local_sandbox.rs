@@ -622,6 +622,8 @@ s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()
 c = socket.create_connection(s.getsockname()); a, _ = s.accept(); c.sendall(b'hi')
 print('socket', a.recv(2))
 print('asyncio', asyncio.run(asyncio.sleep(0, result=5)))
+import pty
+m, t = pty.openpty(); os.write(t, b'p'); print('pty', os.read(m, 1))
 print('fds', fds)
 "#;
     on_each_engine(code, &limits(), |engine, r| {
@@ -629,7 +631,7 @@ print('fds', fds)
         assert_eq!(
             r.result.stdout,
             "thread [1]\nsubprocess 42\ntmpfile 1\npool [1, 2, 3]\nshm 7\nsocket b'hi'\nasyncio 5\n\
-             fds ['0', '1', '2', '3']\n",
+             pty b'p'\nfds ['0', '1', '2', '3']\n",
             "{engine}: {r:?}"
         );
     })
@@ -912,4 +914,56 @@ print('memfds held', 12 * 32, flush=True)
         let left = wait_no_leftovers("\u{0}never\u{0}", 5);
         assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
     }
+}
+
+#[tokio::test]
+async fn state_dir_under_a_world_writable_parent_is_refused() {
+    let _serial = serial().await;
+    use std::os::unix::fs::PermissionsExt;
+    let base = scratch("open-parent");
+    let parent = base.join("shared");
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::set_permissions(&parent, PermissionsExt::from_mode(0o777)).unwrap();
+    // Others could rename the state directory away and put theirs in its place.
+    let dir = parent.join("state");
+    refused_state_dir(&dir, "without the sticky bit").await;
+    assert!(!dir.exists(), "created under an unsafe parent");
+    remove_scratch(&base);
+}
+
+#[tokio::test]
+async fn state_dir_replaced_after_detect_is_refused_at_the_next_run() {
+    let _serial = serial().await;
+    if !engines().iter().any(|(i, _)| *i == Isolation::Gvisor) {
+        return;
+    }
+    let base = scratch("replaced");
+    let dir = base.join("state");
+    let config = LocalSandboxConfig {
+        preference: Preference::Gvisor,
+        runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
+        state_dir: dir.clone(),
+        ..LocalSandboxConfig::default()
+    };
+    let sandbox = LocalSandbox::detect(config).await.unwrap();
+    // The bundles directory becomes a symlink to somewhere else after set-up.
+    let elsewhere = base.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::remove_dir(dir.join("bundles")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, dir.join("bundles")).unwrap();
+    let err = sandbox
+        .run_python("print(1)", &limits())
+        .await
+        .map(|r| r.outcome)
+        .expect_err("a run used a replaced bundles directory");
+    assert!(
+        matches!(err, LocalSandboxError::UnsafeStateDir { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "followed"
+    );
+    remove_scratch(&base);
 }
