@@ -17,7 +17,9 @@
 //!   effective uid (as OpenSSH's `StrictModes` checks a home directory).
 //!
 //! The driver never chmods, chowns or removes a directory it finds: it refuses with what is
-//! wrong and what to do.
+//! wrong and what to do. The one exception is its own subdirectory (`runsc/`, `bundles/`)
+//! inside a state directory that passed the checks, which it tightens to 0700
+//! ([`ensure_private_inside`]).
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
