@@ -392,3 +392,581 @@ async fn invalid_memory_limit_is_rejected_before_anything_runs() {
         assert!(err.to_string().contains("256Mi"), "{isolation}: {err}");
     }
 }
+
+// --- Hardening: writable memory, seccomp, state directory, weak limits -----------------------
+
+/// Bytes `/dev/shm` may hold (the driver's bound); the tests write well beyond it.
+const SHM_BOUND: u64 = sandboxrun_core::local::SHM_SIZE_BYTES;
+
+#[tokio::test]
+async fn dev_shm_is_bounded() {
+    let _serial = serial().await;
+    // 32 MiB more than /dev/shm may hold, in 1 MiB writes; a POSIX shared memory segment of
+    // the same size too (it lives in /dev/shm).
+    let mib = SHM_BOUND / (1 << 20) + 32;
+    let code = format!(
+        r#"
+import errno, os
+written = 0
+try:
+    with open('/dev/shm/fill', 'wb') as f:
+        for _ in range({mib}):
+            f.write(b'x' * (1 << 20))
+            f.flush()
+            written += 1
+    print('wrote all', written, flush=True)
+except OSError as e:
+    print('refused', errno.errorcode.get(e.errno), written, flush=True)
+os.unlink('/dev/shm/fill')
+from multiprocessing import shared_memory
+try:
+    shm = shared_memory.SharedMemory(create=True, size={mib} << 20)
+    shm.buf[:] = b'x' * ({mib} << 20)
+    print('segment filled', flush=True)
+except (OSError, BufferError) as e:
+    print('segment refused', type(e).__name__, flush=True)
+"#
+    );
+    on_each_engine(&code, &limits(), |engine, r| {
+        let lines: Vec<&str> = r.result.stdout.lines().collect();
+        // Refused for lack of space (not of permission: /dev/shm must be usable), after at
+        // least a MiB.
+        let first = lines.first().copied().unwrap_or_default();
+        assert!(
+            first.starts_with("refused ENOSPC") && !first.ends_with(" 0"),
+            "{engine}: /dev/shm is not a bounded, writable tmpfs of {SHM_BOUND} bytes: {r:?}"
+        );
+        // Filling a too-large segment dies with SIGBUS (the tmpfs is full) or fails: either
+        // way it is not filled.
+        assert!(
+            !r.result.stdout.contains("segment filled"),
+            "{engine}: a shared memory segment beyond the bound was filled: {r:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn only_bounded_tmpfs_are_writable() {
+    let _serial = serial().await;
+    // Tries to create a file in every directory of the sandbox (but /proc and /sys) and prints
+    // each that took one, with the size of its file system.
+    let code = r#"
+import os
+skip = ('/proc', '/sys')
+for top, dirs, files in os.walk('/'):
+    dirs[:] = [d for d in dirs if not os.path.join(top, d).startswith(skip)]
+    probe = os.path.join(top, '.sandboxrun-probe')
+    try:
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except OSError:
+        continue
+    os.unlink(probe)
+    st = os.statvfs(top)
+    print(top, st.f_blocks * st.f_frsize)
+"#;
+    on_each_engine(code, &limits(), |engine, r| {
+        assert_eq!(r.outcome, Phase::Succeeded, "{engine}: {r:?}");
+        let tmp_size = sandboxrun_core::local::DEFAULT_TMP_SIZE_BYTES;
+        let mut writable = Vec::new();
+        for line in r.result.stdout.lines() {
+            let (dir, size) = line.rsplit_once(' ').unwrap();
+            let size: u64 = size.parse().unwrap();
+            let bound = match dir {
+                "/tmp" => tmp_size,
+                "/dev/shm" => SHM_BOUND,
+                other => panic!("{engine}: {other} is writable ({size} bytes): {r:?}"),
+            };
+            assert!(
+                size <= bound,
+                "{engine}: {dir} is a {size}-byte file system, more than {bound}"
+            );
+            writable.push(dir);
+        }
+        assert!(writable.contains(&"/tmp"), "{engine}: {writable:?}");
+    })
+    .await;
+}
+
+/// Calls each system call through `ctypes` with arguments that, without a filter, give a
+/// result other than EPERM (success, EFAULT, EINVAL, ENOENT, ...), so EPERM means the filter.
+const DENIED_SYSCALLS_PY: &str = r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def call(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[ctypes.c_long(a) for a in args])
+    return 'ok' if r >= 0 else errno.errorcode.get(ctypes.get_errno(), '?')
+calls = [
+    ('unshare', 272, 0),
+    ('setns', 308, -1, 0),
+    ('mount', 165, 1, 1, 1, 0, 0),
+    ('umount2', 166, 1, 0),
+    ('pivot_root', 155, 1, 1),
+    ('chroot', 161, 1),
+    ('open_tree', 428, -1, 1, 0),
+    ('move_mount', 429, -1, 1, -1, 1, 0),
+    ('fsopen', 430, 1, 0),
+    ('fsmount', 432, -1, 0, 0),
+    ('fspick', 433, -1, 1, 0),
+    ('keyctl', 250, 0, -3, 0),
+    ('add_key', 248, 1, 1, 0, 0, 0),
+    ('request_key', 249, 1, 1, 0, 0),
+    ('bpf', 321, 9999, 0, 0),
+    ('perf_event_open', 298, 0, 0, -1, -1, 0),
+    ('userfaultfd', 323, 1 | os.O_CLOEXEC),
+    ('io_uring_setup', 425, 1, 0),
+    ('io_uring_enter', 426, -1, 0, 0, 0, 0, 0),
+    ('io_uring_register', 427, -1, 0, 0, 0),
+    ('process_vm_readv', 310, os.getpid(), 0, 0, 0, 0, 0),
+    ('process_vm_writev', 311, os.getpid(), 0, 0, 0, 0, 0),
+    ('name_to_handle_at', 303, -100, 1, 1, 1, 0),
+    ('open_by_handle_at', 304, -1, 1, 0),
+    ('personality', 135, 0x0008),
+    ('settimeofday', 164, 0, 0),
+    ('clock_settime', 227, 0, 1),
+    ('adjtimex', 159, 1),
+    ('finit_module', 313, -1, 0, 0),
+    ('delete_module', 176, 1, 0),
+    ('kexec_load', 246, 0, 0, 0, 0),
+    ('swapon', 167, 1, 0),
+    ('quotactl', 179, 0, 1, 0, 0),
+    ('lookup_dcookie', 212, 0, 0, 0),
+    ('syslog', 103, 10, 0, 0),
+    ('ptrace', 101, 0, 0, 0, 0),
+]
+for name, nr, *args in calls:
+    print(name, call(nr, *args))
+print('personality-query', call(135, 0xffffffff))
+print('personality-default', call(135, 0))
+"#;
+
+#[tokio::test]
+async fn dangerous_syscalls_fail_with_eperm() {
+    let _serial = serial().await;
+    on_each_engine(DENIED_SYSCALLS_PY, &limits(), |engine, r| {
+        assert_eq!(r.outcome, Phase::Succeeded, "{engine}: {r:?}");
+        let mut seen = 0;
+        for line in r.result.stdout.lines() {
+            let (name, result) = line.split_once(' ').unwrap();
+            let expected = match (name, engine) {
+                ("personality-query" | "personality-default", _) => "ok",
+                // gVisor refuses other personalities itself (see seccomp::oci_profile).
+                ("personality", Isolation::Gvisor) => "EINVAL",
+                _ => "EPERM",
+            };
+            assert_eq!(result, expected, "{engine}: {name}: {}", r.result.stdout);
+            seen += 1;
+        }
+        assert_eq!(seen, 38, "{engine}: {r:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn other_abis_are_killed_under_bubblewrap() {
+    let _serial = serial().await;
+    // x32 (`getpid | __X32_SYSCALL_BIT`) and i386 (`int 0x80`, getpid) system calls, each in its
+    // own interpreter: the filter is written for x86_64 numbers, so any other ABI is killed.
+    let code = r#"
+import subprocess, sys
+x32 = "import ctypes; ctypes.CDLL(None).syscall(0x40000027)"
+i386 = '''
+import ctypes, mmap
+code = bytes.fromhex('b814000000cd80c3')
+buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+buf.write(code)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+ctypes.CFUNCTYPE(ctypes.c_long)(addr)()
+'''
+for name, src in [('x32', x32), ('i386', i386)]:
+    print(name, subprocess.run([sys.executable, '-c', src]).returncode)
+"#;
+    for (isolation, sandbox) in engines() {
+        if *isolation != Isolation::Bubblewrap {
+            continue;
+        }
+        let r = run(sandbox, code, &limits()).await;
+        assert_eq!(r.outcome, Phase::Succeeded, "{isolation}: {r:?}");
+        assert_eq!(
+            r.result.stdout,
+            format!("x32 -{0}\ni386 -{0}\n", libc_sigsys()),
+            "{isolation}: {r:?}"
+        );
+    }
+}
+
+fn libc_sigsys() -> i32 {
+    31
+}
+
+#[tokio::test]
+async fn ordinary_python_still_works() {
+    let _serial = serial().await;
+    let code = r#"
+import os
+# Nothing of the driver's (the seccomp programs' descriptors) reaches the code: only stdio and
+# the descriptor listdir opens.
+fds = sorted(os.listdir('/proc/self/fd'))
+import threading, subprocess, multiprocessing, sys, tempfile, socket, asyncio
+from multiprocessing import shared_memory
+out = []
+t = threading.Thread(target=lambda: out.append(1)); t.start(); t.join()
+print('thread', out)
+print('subprocess', subprocess.run([sys.executable, '-c', 'print(6*7)'], capture_output=True, text=True).stdout.strip())
+with tempfile.NamedTemporaryFile(dir='/tmp') as f:
+    f.write(b'x'); f.flush(); print('tmpfile', os.path.getsize(f.name))
+with multiprocessing.Pool(2) as p:
+    print('pool', p.map(abs, [-1, -2, -3]))
+shm = shared_memory.SharedMemory(create=True, size=1 << 20)
+shm.buf[0] = 7; print('shm', shm.buf[0]); shm.close(); shm.unlink()
+s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()
+c = socket.create_connection(s.getsockname()); a, _ = s.accept(); c.sendall(b'hi')
+print('socket', a.recv(2))
+print('asyncio', asyncio.run(asyncio.sleep(0, result=5)))
+import pty
+m, t = pty.openpty(); os.write(t, b'p'); print('pty', os.read(m, 1))
+print('fds', fds)
+"#;
+    on_each_engine(code, &limits(), |engine, r| {
+        assert_eq!(r.outcome, Phase::Succeeded, "{engine}: {r:?}");
+        assert_eq!(
+            r.result.stdout,
+            "thread [1]\nsubprocess 42\ntmpfile 1\npool [1, 2, 3]\nshm 7\nsocket b'hi'\nasyncio 5\n\
+             pty b'p'\nfds ['0', '1', '2', '3']\n",
+            "{engine}: {r:?}"
+        );
+    })
+    .await;
+}
+
+/// A scratch directory of this test binary, for state directories (removed first).
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "sandboxrun-state-test-{}-{name}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    dir
+}
+
+/// Removes a scratch directory, unmounting first what runsc mounted in it (its `--root` keeps
+/// a `null-netns` bind mount for `--network=none`).
+fn remove_scratch(dir: &std::path::Path) {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let prefix = format!("{}/", dir.display());
+    for target in mounts.lines().filter_map(|l| l.split(' ').nth(1)) {
+        if target.starts_with(&prefix) {
+            let _ = std::process::Command::new("umount")
+                .args(["-l", target])
+                .status();
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A config with `state_dir` for the first engine that works here, if any.
+fn config_with_state_dir(state_dir: &std::path::Path) -> Option<LocalSandboxConfig> {
+    let (isolation, _) = engines().first()?;
+    Some(LocalSandboxConfig {
+        preference: match isolation {
+            Isolation::Gvisor => Preference::Gvisor,
+            Isolation::Bubblewrap => Preference::Bubblewrap,
+        },
+        runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
+        state_dir: state_dir.to_path_buf(),
+        ..LocalSandboxConfig::default()
+    })
+}
+
+async fn refused_state_dir(state_dir: &std::path::Path, why: &str) {
+    let Some(config) = config_with_state_dir(state_dir) else {
+        return;
+    };
+    let err = LocalSandbox::detect(config)
+        .await
+        .map(|s| s.isolation())
+        .expect_err("an unsafe state directory was accepted");
+    assert!(
+        matches!(err, LocalSandboxError::UnsafeStateDir { .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&state_dir.display().to_string()) && text.contains(why),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn state_dir_owned_by_another_user_is_refused() {
+    let _serial = serial().await;
+    use std::os::unix::fs::MetadataExt;
+    let base = scratch("other-owner");
+    if std::fs::metadata(&base).unwrap().uid() != 0 {
+        eprintln!("skipped: needs root to chown a directory to nobody");
+        std::fs::remove_dir_all(base).unwrap();
+        return;
+    }
+    let dir = base.join("state");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    std::os::unix::fs::chown(&dir, Some(65534), Some(65534)).unwrap();
+    refused_state_dir(&dir, "owned by uid 65534").await;
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().uid(),
+        65534,
+        "chowned back"
+    );
+    remove_scratch(&base);
+}
+
+#[tokio::test]
+async fn state_dir_symlink_is_refused() {
+    let _serial = serial().await;
+    let base = scratch("symlink");
+    let target = base.join("elsewhere");
+    std::fs::create_dir(&target).unwrap();
+    std::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let link = base.join("state");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    refused_state_dir(&link, "symbolic link").await;
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0, "followed");
+    remove_scratch(&base);
+}
+
+#[tokio::test]
+async fn state_dir_open_to_others_is_refused() {
+    let _serial = serial().await;
+    use std::os::unix::fs::PermissionsExt;
+    let base = scratch("mode");
+    let dir = base.join("state");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, PermissionsExt::from_mode(0o777)).unwrap();
+    refused_state_dir(&dir, "0777").await;
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o777, "the driver changed someone's directory");
+    remove_scratch(&base);
+}
+
+#[tokio::test]
+async fn runsc_root_planted_as_a_symlink_is_refused() {
+    let _serial = serial().await;
+    if !engines().iter().any(|(i, _)| *i == Isolation::Gvisor) {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let base = scratch("runsc-root");
+    let dir = base.join("state");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, PermissionsExt::from_mode(0o700)).unwrap();
+    let elsewhere = base.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, dir.join("runsc")).unwrap();
+    let config = LocalSandboxConfig {
+        preference: Preference::Gvisor,
+        runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
+        state_dir: dir.clone(),
+        ..LocalSandboxConfig::default()
+    };
+    let err = LocalSandbox::detect(config)
+        .await
+        .map(|s| s.isolation())
+        .expect_err("a planted runsc root was accepted");
+    assert!(
+        matches!(err, LocalSandboxError::UnsafeStateDir { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("symbolic link"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "followed"
+    );
+    remove_scratch(&base);
+}
+
+#[tokio::test]
+async fn fresh_state_dir_is_created_private() {
+    let _serial = serial().await;
+    use std::os::unix::fs::PermissionsExt;
+    let base = scratch("fresh");
+    let dir = base.join("a").join("state");
+    let Some(config) = config_with_state_dir(&dir) else {
+        return;
+    };
+    let sandbox = LocalSandbox::detect(config).await.unwrap();
+    let r = run(&sandbox, "print(2)", &limits()).await;
+    assert_eq!(r.result.stdout, "2\n", "{r:?}");
+    for created in [base.join("a"), dir.clone()] {
+        let mode = std::fs::metadata(&created).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700, "{}", created.display());
+    }
+    for sub in ["runsc", "bundles"] {
+        if let Ok(meta) = std::fs::symlink_metadata(dir.join(sub)) {
+            assert!(meta.is_dir());
+            assert_eq!(meta.permissions().mode() & 0o077, 0, "{sub}");
+        }
+    }
+    remove_scratch(&base);
+}
+
+#[tokio::test]
+async fn without_cgroups_detect_refuses_unless_weak_limits_are_allowed() {
+    let _serial = serial().await;
+    for (isolation, _) in engines() {
+        let config = LocalSandboxConfig {
+            preference: match isolation {
+                Isolation::Gvisor => Preference::Gvisor,
+                Isolation::Bubblewrap => Preference::Bubblewrap,
+            },
+            runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
+            ..LocalSandboxConfig::default()
+        };
+        assert!(!config.allow_weak_limits, "weak limits are opt-in");
+        let err = LocalSandbox::detect_without_cgroups(config.clone())
+            .await
+            .map(|s| s.isolation())
+            .expect_err("unenforceable limits passed silently");
+        assert!(
+            matches!(err, LocalSandboxError::WeakLimits { .. }),
+            "{isolation}: {err:?}"
+        );
+        let text = err.to_string();
+        for needle in [
+            "memory, process and CPU",
+            "root",
+            "cgroup v2",
+            "allow_weak_limits",
+        ] {
+            assert!(
+                text.contains(needle),
+                "{isolation}: no {needle:?} in: {text}"
+            );
+        }
+
+        // Opted in: it runs, says what is not enforced, and what rlimits can do still holds.
+        let sandbox = LocalSandbox::detect_without_cgroups(LocalSandboxConfig {
+            allow_weak_limits: true,
+            ..config
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{isolation}: {e}"));
+        assert!(!sandbox.uses_cgroups());
+        let warning = sandbox.weak_limits().expect("a warning");
+        assert!(
+            warning.contains("CPU is not limited") && warning.contains("per process"),
+            "{isolation}: {warning}"
+        );
+        let r = run(&sandbox, "print(1)", &limits()).await;
+        assert_eq!(r.result.stdout, "1\n", "{isolation}: {r:?}");
+        let bomb = Limits {
+            memory: "256Mi".into(),
+            ..limits()
+        };
+        let r = run(&sandbox, "x = bytearray(1 << 30)\nprint(len(x))", &bomb).await;
+        assert_eq!(r.outcome, Phase::Failed, "{isolation}: {r:?}");
+        assert_eq!(r.result.stdout, "", "{isolation}: {r:?}");
+        let left = wait_no_leftovers("\u{0}never\u{0}", 5);
+        assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
+    }
+    // With cgroups (root here), detect needs no opt-in and reports no weakness.
+    for (isolation, sandbox) in engines() {
+        if sandbox.uses_cgroups() {
+            assert_eq!(sandbox.weak_limits(), None, "{isolation}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn memory_in_files_counts_against_the_limit() {
+    let _serial = serial().await;
+    let limits = Limits {
+        memory: "128Mi".into(),
+        ..limits()
+    };
+    // Memory that no process maps: memory files (memfd_create) filled with small writes, 3
+    // times the limit in total. The cgroup charges their pages to the sandbox.
+    let code = r#"
+import os
+chunk = b'x' * (1 << 20)
+held = []
+def fill(fd, mib):
+    for _ in range(mib):
+        os.write(fd, chunk)
+for i in range(12):
+    fd = os.memfd_create(f'm{i}')
+    fill(fd, 32)
+    held.append(fd)
+print('memfds held', 12 * 32, flush=True)
+"#;
+    for (isolation, sandbox) in engines() {
+        if !sandbox.uses_cgroups() {
+            // Documented: without a cgroup, memory outside processes is not limited.
+            continue;
+        }
+        let r = run(sandbox, code, &limits).await;
+        eprintln!("{isolation}: {:?} {:?} {:?}", r.outcome, r.reason, r.result);
+        assert_eq!(r.outcome, Phase::Failed, "{isolation}: {r:?}");
+        assert!(
+            !r.result.stdout.contains("held"),
+            "{isolation}: 384 MiB held in memory files under a 128Mi limit: {r:?}"
+        );
+        let left = wait_no_leftovers("\u{0}never\u{0}", 5);
+        assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
+    }
+}
+
+#[tokio::test]
+async fn state_dir_under_a_world_writable_parent_is_refused() {
+    let _serial = serial().await;
+    use std::os::unix::fs::PermissionsExt;
+    let base = scratch("open-parent");
+    let parent = base.join("shared");
+    std::fs::create_dir(&parent).unwrap();
+    std::fs::set_permissions(&parent, PermissionsExt::from_mode(0o777)).unwrap();
+    // Others could rename the state directory away and put theirs in its place.
+    let dir = parent.join("state");
+    refused_state_dir(&dir, "without the sticky bit").await;
+    assert!(!dir.exists(), "created under an unsafe parent");
+    remove_scratch(&base);
+}
+
+#[tokio::test]
+async fn state_dir_replaced_after_detect_is_refused_at_the_next_run() {
+    let _serial = serial().await;
+    if !engines().iter().any(|(i, _)| *i == Isolation::Gvisor) {
+        return;
+    }
+    let base = scratch("replaced");
+    let dir = base.join("state");
+    let config = LocalSandboxConfig {
+        preference: Preference::Gvisor,
+        runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
+        state_dir: dir.clone(),
+        ..LocalSandboxConfig::default()
+    };
+    let sandbox = LocalSandbox::detect(config).await.unwrap();
+    // The bundles directory becomes a symlink to somewhere else after set-up.
+    let elsewhere = base.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::fs::remove_dir(dir.join("bundles")).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, dir.join("bundles")).unwrap();
+    let err = sandbox
+        .run_python("print(1)", &limits())
+        .await
+        .map(|_| ())
+        .expect_err("a run used a replaced bundles directory");
+    assert!(
+        matches!(err, LocalSandboxError::UnsafeStateDir { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        std::fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "followed"
+    );
+    remove_scratch(&base);
+}

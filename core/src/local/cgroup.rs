@@ -1,8 +1,10 @@
 //! One cgroup per run, so that memory, process count and CPU are limited for the whole sandbox
 //! (every process bubblewrap or gVisor starts), an out-of-memory kill can be told apart from any
 //! other SIGKILL, and everything left over can be found and killed when the run ends or is
-//! abandoned. Needs root (or a delegated cgroup v2 subtree writable by the caller); without it
-//! the driver falls back to rlimits (see `super::rlimit_fallback`).
+//! abandoned. Needs root (or a delegated cgroup v2 subtree writable by the caller); [`probe`]
+//! finds out once, when the driver is set up, by making a group with all three limits. Without
+//! one the driver refuses to run unless weak limits were allowed, and then falls back to
+//! rlimits (see the module documentation of `super`).
 //!
 //! cgroup v1 (and the v1 side of a hybrid layout, as on this project's VMs): the run's group is
 //! `/sys/fs/cgroup/{memory,pids,cpu}/sandboxrun/<id>`. cgroup v2 (only when it is the sole
@@ -45,17 +47,53 @@ fn layout() -> Option<Layout> {
     }
 }
 
-/// Whether per-run cgroups can be used here: a known layout and write access to its parent.
-pub(super) fn available() -> bool {
+/// Whether per-run cgroups with memory, pids and CPU limits can be made here: by making one
+/// (and removing it). `Err` says what is missing, for the user.
+pub(super) fn probe() -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     match layout() {
-        Some(Layout::V1) => root,
-        Some(Layout::V2) => {
-            let parent = Path::new(CGROUP_ROOT).join(PARENT);
-            root || fs::metadata(&parent).is_ok_and(|m| !m.permissions().readonly())
+        None => Err(format!(
+            "no cgroup hierarchy with the memory and pids controllers is mounted at {CGROUP_ROOT}"
+        )),
+        Some(Layout::V1) if !root => Err(format!(
+            "this machine has per-controller cgroup v1 hierarchies under {CGROUP_ROOT}, which \
+             only root can write, and the driver does not run as root"
+        )),
+        Some(_) => {
+            let id = format!("{}-probe", super::new_id());
+            let limits = CgroupLimits {
+                memory_bytes: 64 << 20,
+                pids: 16,
+                cpu_millis: 100,
+            };
+            RunCgroup::create(&id, limits).map(drop).map_err(|e| {
+                format!(
+                    "cannot make a cgroup with memory, pids and CPU limits under \
+                     {CGROUP_ROOT}/{PARENT}: {e}"
+                )
+            })
         }
-        None => false,
+    }
+}
+
+/// Whether the run limits are enforced: `Ok(None)` with a per-run cgroup, `Ok(Some(warning))`
+/// without one when weak limits are allowed, else the error that says what is missing.
+pub(super) fn limits_enforced(
+    cgroups: Result<(), String>,
+    allow_weak_limits: bool,
+) -> Result<Option<String>, super::LocalSandboxError> {
+    match cgroups {
+        Ok(()) => Ok(None),
+        Err(missing) if allow_weak_limits => Ok(Some(format!(
+            "the local sandbox runs WITHOUT enforced limits ({missing}; allowed by \
+             allow_weak_limits): memory is limited per process only (RLIMIT_AS: several \
+             processes, /tmp and /dev/shm add up beyond it, and running out is a MemoryError, \
+             not OOMKilled); the process limit is RLIMIT_NPROC; CPU is not limited at all, only \
+             the timeout ends a run. Run as root or give the driver a delegated cgroup v2 \
+             subtree to enforce them"
+        ))),
+        Err(missing) => Err(super::LocalSandboxError::WeakLimits { missing }),
     }
 }
 
@@ -102,11 +140,16 @@ impl RunCgroup {
                 let _ = write(&memory, "memory.memsw.limit_in_bytes", limits.memory_bytes);
                 let pids = group.make_dir(&root.join("pids").join(PARENT))?;
                 write(&pids, "pids.max", limits.pids)?;
-                if root.join("cpu/cpu.cfs_quota_us").exists() {
-                    let cpu = group.make_dir(&root.join("cpu").join(PARENT))?;
-                    write(&cpu, "cpu.cfs_period_us", CFS_PERIOD_US)?;
-                    write(&cpu, "cpu.cfs_quota_us", quota_us(limits.cpu_millis))?;
+                // The CPU limit is not optional: without the controller there is none.
+                if !root.join("cpu/cpu.cfs_quota_us").exists() {
+                    return Err(io::Error::other(format!(
+                        "the cpu controller is not mounted ({CGROUP_ROOT}/cpu/cpu.cfs_quota_us \
+                         is missing)"
+                    )));
                 }
+                let cpu = group.make_dir(&root.join("cpu").join(PARENT))?;
+                write(&cpu, "cpu.cfs_period_us", CFS_PERIOD_US)?;
+                write(&cpu, "cpu.cfs_quota_us", quota_us(limits.cpu_millis))?;
             }
             Layout::V2 => {
                 let parent = root.join(PARENT);
@@ -121,10 +164,15 @@ impl RunCgroup {
                 // One OOM kill takes the whole sandbox down, as in a container.
                 let _ = write(&dir, "memory.oom.group", 1);
                 write(&dir, "pids.max", limits.pids)?;
-                let _ = fs::write(
+                // Missing when the cpu controller is not enabled for the parent: no CPU limit
+                // then, which is an error, not a silent downgrade.
+                fs::write(
                     dir.join("cpu.max"),
                     format!("{} {CFS_PERIOD_US}", quota_us(limits.cpu_millis)),
-                );
+                )
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("{}: {e}", dir.join("cpu.max").display()))
+                })?;
             }
         }
         for dir in &group.dirs {
@@ -300,6 +348,39 @@ fn quota_us(cpu_millis: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_without_cgroups_are_refused_unless_allowed() {
+        assert!(matches!(limits_enforced(Ok(()), false), Ok(None)));
+        assert!(matches!(limits_enforced(Ok(()), true), Ok(None)));
+        let err = limits_enforced(Err("cgroup v1 needs root".into()), false).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, super::super::LocalSandboxError::WeakLimits { .. }),
+            "{text}"
+        );
+        for needle in [
+            "cgroup v1 needs root",
+            "memory, process and CPU",
+            "run it as root",
+            "delegate",
+            "allow_weak_limits",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+        let warning = limits_enforced(Err("cgroup v1 needs root".into()), true)
+            .unwrap()
+            .unwrap();
+        for needle in [
+            "WITHOUT enforced limits",
+            "cgroup v1 needs root",
+            "memory is limited per process",
+            "CPU is not limited",
+            "RLIMIT_NPROC",
+        ] {
+            assert!(warning.contains(needle), "{needle}: {warning}");
+        }
+    }
 
     #[test]
     fn quota_follows_the_kubelet_formula() {

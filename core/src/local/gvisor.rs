@@ -6,13 +6,19 @@
 //!   capabilities in any set, `noNewPrivileges`, `RLIMIT_CORE` 0;
 //! - `root` is the shared image directory, `readonly`, and runsc runs with `--overlay2=none` so no
 //!   writable overlay is put over it;
-//! - `/tmp` is a tmpfs with `size=`; PID, network, IPC, UTS and mount namespaces are new, and
-//!   `--network=none` gives the sandbox only `lo` (rootless runsc would otherwise use the host's
-//!   network);
+//! - `/tmp` is a tmpfs with `size=`, and so is `/dev/shm` ([`super::SHM_SIZE_BYTES`]; runsc
+//!   would otherwise give the sandbox a `/dev/shm` that only root can write, and
+//!   `multiprocessing`'s semaphores fail); the rest of `/dev` is a small tmpfs owned by root;
+//! - PID, network, IPC, UTS and mount namespaces are new, and `--network=none` gives the
+//!   sandbox only `lo` (rootless runsc would otherwise use the host's network);
 //! - `linux.cgroupsPath` names the run's cgroup, which the driver creates beforehand with the
 //!   memory, pids and CPU limits set (runsc joins an existing group and leaves its limits and its
 //!   removal to the creator, so the driver can still read the OOM counter after the sandbox is
-//!   gone); `linux.resources` repeats the limits for gVisor's own accounting.
+//!   gone); `linux.resources` repeats the limits for gVisor's own accounting;
+//! - `linux.seccomp` is the filter of [`super::seccomp`] as an OCI profile, which gVisor's
+//!   kernel enforces on the code (`--oci-seccomp`): the same system calls fail with `EPERM` as
+//!   under bubblewrap (gVisor implements few of them anyway; the host kernel is reached only
+//!   through gVisor's own, much narrower, seccomp filter of the Sentry).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -54,7 +60,8 @@ pub(super) fn config(spec: &BundleSpec<'_>) -> Value {
             {"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}
         ],
         "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
-        "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"]
+        "readonlyPaths": ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus"],
+        "seccomp": super::seccomp::oci_profile()
     });
     if let Some(path) = &spec.cgroups_path {
         linux["cgroupsPath"] = json!(path);
@@ -79,6 +86,9 @@ pub(super) fn config(spec: &BundleSpec<'_>) -> Value {
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
              "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+            {"destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+             "options": ["nosuid", "nodev", "noexec", "mode=1777",
+                         format!("size={}", super::SHM_SIZE_BYTES)]},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs",
              "options": ["nosuid", "noexec", "nodev", "ro"]},
             {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
@@ -88,11 +98,12 @@ pub(super) fn config(spec: &BundleSpec<'_>) -> Value {
     })
 }
 
-/// `runsc`'s global flags for the driver: its own state directory, no network, no overlay.
+/// `runsc`'s global flags for the driver: its own state directory, no network, no overlay, and
+/// the OCI seccomp profile enforced (runsc ignores `linux.seccomp` without `--oci-seccomp`).
 /// Rootless mode (and no cgroups) when the driver is not root.
 pub(super) fn global_args(state: &Path, root: bool) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec!["--root".into(), state.as_os_str().to_owned()];
-    args.extend(["--network=none", "--overlay2=none"].map(OsString::from));
+    args.extend(["--network=none", "--overlay2=none", "--oci-seccomp"].map(OsString::from));
     if !root {
         args.extend(["--rootless", "--ignore-cgroups"].map(OsString::from));
     }
@@ -180,9 +191,23 @@ mod tests {
             assert_eq!(c["process"]["capabilities"][set], json!([]));
         }
         assert_eq!(c["root"], json!({"path": "/r", "readonly": true}));
-        assert_eq!(c["mounts"][3]["options"][3], "size=4096");
+        let mount = |dest: &str| {
+            c["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["destination"] == dest)
+                .unwrap_or_else(|| panic!("no {dest} mount"))
+                .clone()
+        };
+        assert_eq!(mount("/tmp")["options"][3], "size=4096");
+        assert_eq!(
+            mount("/dev/shm")["options"][4],
+            format!("size={}", super::super::SHM_SIZE_BYTES)
+        );
         assert_eq!(c["linux"]["cgroupsPath"], "/sandboxrun/x");
         assert_eq!(c["linux"]["resources"]["memory"]["limit"], 1u64 << 28);
+        assert_eq!(c["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ALLOW");
     }
 
     #[test]
@@ -190,5 +215,6 @@ mod tests {
         let args = run_args(Path::new("/s"), false, Path::new("/b"), "id");
         assert!(args.iter().any(|a| a == "--network=none"));
         assert!(args.iter().any(|a| a == "--rootless"));
+        assert!(args.iter().any(|a| a == "--oci-seccomp"));
     }
 }

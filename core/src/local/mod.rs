@@ -12,27 +12,52 @@
 //! How the limits are enforced:
 //! - time: the runner kills the code at `timeoutSeconds` (the run ends `TimedOut`); the driver
 //!   kills the whole sandbox at `timeoutSeconds` + a start-up grace, should the runner hang;
-//! - memory, pids, CPU: a cgroup per run ([`cgroup`]) holding every sandbox process, when the
-//!   driver can create one (root, or a writable cgroup v2 subtree). An OOM kill is read from the
+//! - memory, pids, CPU: a cgroup per run (`cgroup.rs`) holding every sandbox process, which
+//!   the driver must be able to create (root, or a writable cgroup v2 subtree):
+//!   [`LocalSandbox::detect`] makes one with all three limits to find out, and refuses to run
+//!   without ([`LocalSandboxError::WeakLimits`]). The memory limit covers everything the
+//!   sandbox holds, tmpfs pages and memory files included. An OOM kill is read from the
 //!   group's counters, so it is reported as `OOMKilled` even when it took the runner down too.
-//!   Without cgroups (an unprivileged user on a cgroup v1 machine) the fallback is rlimits, which
-//!   are per process and weaker: `RLIMIT_AS` = the memory limit (a large allocation then fails
-//!   with `MemoryError`, a non-zero exit), `RLIMIT_NPROC` = the pid limit (set by the runner; it
-//!   counts per user namespace, so per sandbox), `RLIMIT_FSIZE` = the `/tmp` size;
+//!   Only with [`LocalSandboxConfig::allow_weak_limits`] does it run without one (with a
+//!   warning, [`LocalSandbox::weak_limits`]), on rlimits, which are per process and weaker:
+//!   `RLIMIT_AS` = the memory limit (a large allocation then fails with `MemoryError`, a
+//!   non-zero exit; but several processes, memory files and the tmpfs add up beyond it),
+//!   `RLIMIT_NPROC` = the pid limit (set by the runner; it counts per user namespace, so per
+//!   sandbox), no CPU limit at all;
+//! - file systems: the image read-only; `/tmp` (`tmp_size_bytes`) and `/dev/shm`
+//!   ([`SHM_SIZE_BYTES`]) are the only writable places, both bounded tmpfs; `RLIMIT_FSIZE` = the
+//!   `/tmp` size for any single file; the driver's state directory is private (`statedir.rs`);
+//! - system calls: a seccomp filter (`seccomp.rs`) makes ptrace, mounts, namespaces, keyrings,
+//!   bpf, perf events, userfaultfd, io_uring, kernel modules and the like fail with `EPERM`,
+//!   on both engines; under bubblewrap, an i386 or x32 system call kills the process;
 //! - output: the runner keeps `outputBytes` of each stream and flags truncation; the driver itself
 //!   keeps only a bounded tail of the sandbox's stdout, whatever the code writes into it;
 //! - cancellation: dropping the future returned by [`LocalSandbox::run_python`] kills the engine
 //!   process (`kill_on_drop`, its process group), `runsc delete --force`s a gVisor sandbox, kills
 //!   whatever is left in the run's cgroup, and removes the cgroup and the bundle directory before
 //!   the drop returns. bubblewrap's `--die-with-parent` covers the no-cgroup case.
+//!
+//! What each engine enforces, and how:
+//!
+//! | | gVisor (`runsc run`, OCI bundle) | bubblewrap |
+//! |---|---|---|
+//! | the code's kernel | gVisor's Sentry (user space) | the host's, behind the filter |
+//! | system call filter | OCI `linux.seccomp` (`--oci-seccomp`) | BPF, `--add-seccomp-fd` |
+//! | memory, pids, CPU | the run's cgroup (`cgroupsPath`) | the run's cgroup, joined at fork |
+//! | `/tmp`, `/dev/shm` | tmpfs with `size=` | `--size N --tmpfs`; `/dev` read-only |
+//! | network | `--network=none`: only `lo` | new network namespace: only `lo` |
+//! | user | 65532, no capabilities, `noNewPrivileges` | 65532, `--cap-drop ALL`, `no_new_privs` |
 
 mod bwrap;
 mod cgroup;
 mod gvisor;
 mod rootfs;
+mod seccomp;
+mod statedir;
 
 use std::ffi::OsString;
 use std::fmt;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
@@ -55,6 +80,11 @@ use cgroup::{CgroupLimits, RunCgroup};
 /// Default size of the sandbox's `/tmp` (the Pod's memory-backed `/tmp` is 16Mi by default;
 /// locally a little more room costs nothing).
 pub const DEFAULT_TMP_SIZE_BYTES: u64 = 64 << 20;
+
+/// Size of each sandbox's `/dev/shm` (POSIX shared memory and semaphores, which
+/// `multiprocessing` uses). Like `/tmp` it is memory that no per-process limit covers, so it is
+/// small and bounded on both engines; the rest of `/dev` is read-only.
+pub const SHM_SIZE_BYTES: u64 = 16 << 20;
 
 /// How long the driver waits beyond the code's timeout before it kills the sandbox itself: the
 /// runner normally ends the run at the timeout; this covers sandbox start-up and a hung runner.
@@ -137,8 +167,20 @@ pub struct LocalSandboxConfig {
     /// Size of each sandbox's private `/tmp`, in bytes.
     pub tmp_size_bytes: u64,
     /// The driver's working directory: runsc's state (`runsc/`) and per-run OCI bundles
-    /// (`bundles/`). Created with mode 0700.
+    /// (`bundles/`). Created with mode 0700 when missing; an existing one must be a real
+    /// directory (not a symlink) owned by the effective uid with no group or other access, and
+    /// the directories above it writable only by root or that uid (or sticky, like `/tmp`), or
+    /// the driver refuses it ([`LocalSandboxError::UnsafeStateDir`]).
     pub state_dir: PathBuf,
+    /// Run even where the driver cannot make a cgroup per run (an unprivileged user on a
+    /// cgroup v1 machine, or on cgroup v2 without a delegated subtree), with per-process
+    /// rlimits only: memory is then limited per process (`RLIMIT_AS`; several processes and
+    /// the `/tmp` and `/dev/shm` tmpfs add up beyond it), processes by `RLIMIT_NPROC`, and CPU
+    /// not at all (only the timeout ends a run). False by default: [`LocalSandbox::detect`]
+    /// then fails with [`LocalSandboxError::WeakLimits`], saying what is missing. When true it
+    /// succeeds, logs a warning naming the limits that are not enforced (a `tracing` warning,
+    /// once per `detect`), and [`LocalSandbox::weak_limits`] returns it.
+    pub allow_weak_limits: bool,
 }
 
 impl LocalSandboxConfig {
@@ -172,6 +214,7 @@ impl Default for LocalSandboxConfig {
             bwrap: None,
             tmp_size_bytes: DEFAULT_TMP_SIZE_BYTES,
             state_dir: Self::default_state_dir(),
+            allow_weak_limits: false,
         }
     }
 }
@@ -235,6 +278,37 @@ pub enum LocalSandboxError {
         /// A valid example.
         example: &'static str,
     },
+    /// The memory, pid and CPU limits cannot be enforced here (no per-run cgroup) and weak
+    /// limits were not allowed ([`LocalSandboxConfig::allow_weak_limits`]).
+    #[error(
+        "the sandbox cannot enforce its memory, process and CPU limits on this machine: \
+         {missing}. The driver needs a cgroup per run for them. Either run it as root; or, where \
+         cgroup v2 is the only hierarchy, have root delegate /sys/fs/cgroup/sandboxrun to this \
+         user (mkdir it, chown -R it to the user, enable \"+memory +pids +cpu\" in \
+         /sys/fs/cgroup/cgroup.subtree_control and in its own) and start the driver in a group \
+         under it; or accept per-process limits only (memory per process, no CPU limit) with \
+         allow_weak_limits (the frontend's --allow-weak-limits)"
+    )]
+    WeakLimits {
+        /// What is missing to make a per-run cgroup.
+        missing: String,
+    },
+    /// The state directory, or a directory on the way to it or in it, could be read or changed
+    /// by someone else (who could then swap a run's OCI bundle or runsc's state).
+    #[error(
+        "refusing the sandbox state directory {}: {}: {detail}. If it is yours, remove it and \
+         let the driver create it (mode 0700), or configure another state directory",
+        state_dir.display(),
+        path.display()
+    )]
+    UnsafeStateDir {
+        /// The configured state directory.
+        state_dir: PathBuf,
+        /// The directory that is wrong (the state directory, one above it or in it).
+        path: PathBuf,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// A system call or file operation of the driver failed.
     #[error("{context}: {source}")]
     Io {
@@ -280,6 +354,8 @@ struct Inner {
     state_dir: PathBuf,
     /// Whether per-run cgroups are used (else rlimits).
     cgroups: bool,
+    /// Without cgroups: the warning that says which limits are not enforced.
+    weak_limits: Option<String>,
     /// Whether the driver runs as root (runsc needs `--rootless` otherwise).
     root: bool,
 }
@@ -288,16 +364,32 @@ impl LocalSandbox {
     /// Checks the root file system, finds the engine the preference asks for and probes it once
     /// by running `print(1)` through the whole path. Fails with what is missing and how to
     /// install it.
+    ///
+    /// Without a per-run cgroup (memory, pids and CPU) it fails with
+    /// [`LocalSandboxError::WeakLimits`] unless [`LocalSandboxConfig::allow_weak_limits`] is set.
     pub async fn detect(config: LocalSandboxConfig) -> Result<Self, LocalSandboxError> {
+        Self::detect_with(config, cgroup::probe).await
+    }
+
+    /// [`LocalSandbox::detect`] as on a machine where no per-run cgroup can be made (an
+    /// unprivileged user on cgroup v1), for tests that run as root.
+    #[doc(hidden)]
+    pub async fn detect_without_cgroups(
+        config: LocalSandboxConfig,
+    ) -> Result<Self, LocalSandboxError> {
+        Self::detect_with(config, || Err("no cgroups (forced by a test)".to_owned())).await
+    }
+
+    async fn detect_with(
+        config: LocalSandboxConfig,
+        cgroup_probe: fn() -> Result<(), String>,
+    ) -> Result<Self, LocalSandboxError> {
         let rootfs = rootfs::check(&config.rootfs)?;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&config.state_dir)
-            .map_err(io_err(format!(
-                "cannot create the state directory {}",
-                config.state_dir.display()
-            )))?;
+        let weak_limits = cgroup::limits_enforced(cgroup_probe(), config.allow_weak_limits)?;
+        let state_dir = statedir::private_dir(&config.state_dir, &config.state_dir)?;
+        for sub in [statedir::RUNSC_ROOT, statedir::BUNDLES] {
+            statedir::private_dir(&config.state_dir, &state_dir.join(sub))?;
+        }
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         let make = |isolation, engine| LocalSandbox {
@@ -306,8 +398,9 @@ impl LocalSandbox {
                 engine,
                 rootfs: rootfs.clone(),
                 tmp_size_bytes: config.tmp_size_bytes,
-                state_dir: config.state_dir.clone(),
-                cgroups: cgroup::available(),
+                state_dir: state_dir.clone(),
+                cgroups: weak_limits.is_none(),
+                weak_limits: weak_limits.clone(),
                 root,
             }),
         };
@@ -336,7 +429,7 @@ impl LocalSandbox {
             let sandbox = make(Isolation::Bubblewrap, path);
             sandbox.probe().await.map(|()| sandbox)
         };
-        match config.preference {
+        let sandbox = match config.preference {
             Preference::Gvisor => gvisor().await,
             Preference::Bubblewrap => bubblewrap().await,
             Preference::Auto => match gvisor().await {
@@ -348,7 +441,15 @@ impl LocalSandbox {
                     }),
                 },
             },
+        }?;
+        if let Some(warning) = sandbox.weak_limits() {
+            tracing::warn!(
+                engine = %sandbox.isolation(),
+                allow_weak_limits = true,
+                "{warning}"
+            );
         }
+        Ok(sandbox)
     }
 
     /// The engine in use.
@@ -365,6 +466,12 @@ impl LocalSandbox {
     /// rlimits (false, see the module documentation).
     pub fn uses_cgroups(&self) -> bool {
         self.inner.cgroups
+    }
+
+    /// Without per-run cgroups ([`LocalSandboxConfig::allow_weak_limits`]): the warning that
+    /// says which limits are not enforced; None when all are.
+    pub fn weak_limits(&self) -> Option<&str> {
+        self.inner.weak_limits.as_deref()
     }
 
     /// Runs `print(1)` and expects `1`.
@@ -446,35 +553,55 @@ impl LocalSandbox {
         };
 
         let mut cmd = Command::new(&inner.engine);
+        // Descriptors the engine inherits (bwrap's seccomp programs); open until the run ends.
+        let mut inherited: Vec<std::os::fd::OwnedFd> = Vec::new();
         match inner.isolation {
             Isolation::Bubblewrap => {
-                cmd.args(bwrap::args(&inner.rootfs, inner.tmp_size_bytes));
+                for program in seccomp::bwrap_programs() {
+                    inherited.push(
+                        seccomp::memfd(program)
+                            .map_err(io_err("cannot prepare the seccomp filter"))?,
+                    );
+                }
+                let seccomp_fds: Vec<RawFd> = inherited.iter().map(AsRawFd::as_raw_fd).collect();
+                cmd.args(bwrap::args(
+                    &inner.rootfs,
+                    inner.tmp_size_bytes,
+                    &seccomp_fds,
+                ));
                 cmd.args(&argv);
                 let fds = cleanup
                     .cgroup
                     .as_ref()
                     .map(RunCgroup::procs_fds)
                     .unwrap_or_default();
-                // SAFETY: the closure only makes async-signal-safe system calls (write,
+                // SAFETY: the closure only makes async-signal-safe system calls (fcntl, write,
                 // setrlimit) on data prepared before fork.
                 unsafe {
                     cmd.pre_exec(move || {
+                        for &fd in &seccomp_fds {
+                            seccomp::inherit(fd)?;
+                        }
                         cgroup::join_current(&fds)?;
                         rlimits.apply()
                     });
                 }
             }
             Isolation::Gvisor => {
-                let runsc_root = inner.state_dir.join("runsc");
-                let bundle = inner.state_dir.join("bundles").join(&id);
+                // Checked again on every run: the state directory may have been removed (a
+                // tmp cleaner) or replaced since detect().
+                let runsc_root = statedir::private_dir(
+                    &inner.state_dir,
+                    &inner.state_dir.join(statedir::RUNSC_ROOT),
+                )?;
+                let bundle = statedir::private_dir(
+                    &inner.state_dir,
+                    &inner.state_dir.join(statedir::BUNDLES),
+                )?
+                .join(&id);
+                // Not recursive: a new, private directory or an error (the id is unique).
                 std::fs::DirBuilder::new()
-                    .recursive(true)
                     .mode(0o700)
-                    .create(&runsc_root)
-                    .map_err(io_err("cannot create runsc's state directory"))?;
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o711)
                     .create(&bundle)
                     .map_err(io_err("cannot create the run's OCI bundle"))?;
                 cleanup.bundle = Some(bundle.clone());
