@@ -13,6 +13,11 @@
 #   - the sandbox's Python root file system, from a Debian debootstrap (images/build.sh)
 #   - the sandboxrun-mcp binary (cargo build --release)
 # Everything downloaded or built is cached in ~/.cache/sandboxrun.
+#
+# The sandbox enforces memory, pid and CPU limits with a cgroup per run, which needs root (or a
+# delegated cgroup v2 subtree). Without one the server refuses to start and says so; to run
+# anyway with per-process limits only (and a warning naming what is not enforced):
+#   SANDBOXRUN_ALLOW_WEAK_LIMITS=1 ./quickstart.sh
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}"

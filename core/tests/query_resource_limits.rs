@@ -9,6 +9,9 @@
 //! PostgreSQL tests read `SANDBOXRUN_TEST_POSTGRES_URL` (see `query_postgres.rs`) and are
 //! skipped without it unless `SANDBOXRUN_REQUIRE_POSTGRES=1`.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -16,6 +16,9 @@
 //! Reads `SANDBOXRUN_TEST_POSTGRES_URL` (the reader role's URL from `e2e/postgres/start.sh`) and
 //! is skipped without it unless `SANDBOXRUN_REQUIRE_POSTGRES=1`.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 

@@ -5,6 +5,9 @@
 //!
 //! Only the guard's original API is used here, so the file also builds against that commit.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use sandboxrun_core::sql::{Columns, SqlDialect, SqlRules, TableRule, guard};
 
 fn rules() -> SqlRules {

@@ -2,6 +2,9 @@
 //! `maxJoins`, `maxCrossJoins`; what a model reads when they refuse a query; and the ordinary
 //! analytics the default allowlist keeps working without any of them.
 
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
 use std::path::PathBuf;
 
 use sandboxrun_core::model::{Environment, Tool, Verdict};

@@ -98,6 +98,12 @@ pub struct BackendArgs {
     /// Size of the local sandbox's private /tmp, in bytes.
     #[arg(long, default_value_t = sandboxrun_core::local::DEFAULT_TMP_SIZE_BYTES)]
     pub tmp_size_bytes: u64,
+    /// Run the local sandbox even where its memory, pid and CPU limits cannot be enforced (no
+    /// per-run cgroup: a non-root user without a delegated cgroup v2 subtree). Off by default:
+    /// the server then refuses to start and says why; with it a warning names what is not
+    /// enforced.
+    #[arg(long, env = "SANDBOXRUN_ALLOW_WEAK_LIMITS")]
+    pub allow_weak_limits: bool,
     /// Runtime state directory of the local sandbox.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,

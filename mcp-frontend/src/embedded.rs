@@ -53,6 +53,7 @@ async fn detect_sandbox(args: &BackendArgs) -> anyhow::Result<LocalSandbox> {
         runsc: args.runsc.clone(),
         bwrap: args.bwrap.clone(),
         tmp_size_bytes: args.tmp_size_bytes,
+        allow_weak_limits: args.allow_weak_limits,
         state_dir: args
             .state_dir
             .clone()
@@ -60,6 +61,10 @@ async fn detect_sandbox(args: &BackendArgs) -> anyhow::Result<LocalSandbox> {
     };
     let sandbox = LocalSandbox::detect(config).await?;
     tracing::info!(isolation = %sandbox.isolation(), "local sandbox ready");
+    if let Some(weak) = sandbox.weak_limits() {
+        // Also on stderr as such: this is a warning a person must see, not a log line.
+        eprintln!("sandboxrun-mcp: WARNING: {weak}");
+    }
     Ok(sandbox)
 }
 
