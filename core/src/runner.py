@@ -15,15 +15,24 @@
 # budget whatever the sandbox start-up cost, and the output printed before the kill is kept; the
 # Pod's activeDeadlineSeconds is only the backstop should the runner itself hang.
 #
-# The operator parses the LAST line of the container log that is an envelope. The child runs as
-# the same uid and could write a forged envelope into our stdout through /proc/<pid>/fd/1, so
-# before printing we kill every process that is left (the child's process group and, when we are
-# the container's init, everything else in the PID namespace) and start the envelope on a fresh
-# line: nothing can write after it, and a half-written forged line cannot swallow it.
+# The result is the runner's own, whatever the code does. The code runs as the same uid, so
+# three doors are closed before it starts:
+# - our file descriptors and memory: the runner makes itself non-dumpable (prctl
+#   PR_SET_DUMPABLE 0) before it forks, so /proc/<runner>/fd, /proc/<runner>/mem and ptrace are
+#   refused to the code (they need the dumpable flag, or CAP_SYS_PTRACE, which the sandbox drops);
+#   the child closes every descriptor it inherited but its two pipes. If the flag cannot be set
+#   the runner refuses to run the code (exit 125, no envelope: the run ends NoResult);
+# - signals: the runner ignores every signal it can (the code cannot interrupt it into a crash,
+#   or stop it), and as the container's init it cannot be killed or stopped from inside at all;
+# - the log: before printing we kill every process that is left (the child's process group and,
+#   when we are the container's init, everything else in the PID namespace) and start the
+#   envelope on a fresh line, so nothing can write after it.
+# The operator parses the LAST line of the container log that is an envelope; with the doors
+# closed, the only writer of that log is the runner.
 #
-# Only the standard library is used, and only modules that Debian's python3-minimal ships
-# (os, resource, signal, site, sys, threading, time): the sandbox image is that small, which is
-# also why the envelope is encoded by hand instead of with the json package.
+# Only the standard library is used, and besides ctypes (for prctl) only modules that Debian's
+# python3-minimal ships (os, resource, signal, site, sys, threading, time), which is also why the
+# envelope is encoded by hand instead of with the json package.
 
 import os
 import resource
@@ -249,6 +258,51 @@ def kill_leftovers(child_pid):
             pass
 
 
+# prctl(2) option: whether the process may be traced, and its /proc entries read, by its uid.
+PR_SET_DUMPABLE = 4
+PR_GET_DUMPABLE = 3
+# Exit status when the result channel cannot be protected: the code never runs.
+UNPROTECTED = 125
+
+
+def make_unreachable():
+    """Makes this process non-dumpable; returns why not, or None on success."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+            return "prctl(PR_SET_DUMPABLE) failed: " + os.strerror(ctypes.get_errno())
+        if libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
+            return "prctl(PR_SET_DUMPABLE) did not take effect"
+    except Exception as exc:  # no ctypes in the image, no libc symbol, ...
+        return "cannot call prctl: %r" % (exc,)
+    return None
+
+
+def ignore_signals():
+    """Ignores every catchable signal but SIGCHLD (the runner waits for its child); returns the
+    dispositions it replaced, which the child restores."""
+    replaced = {}
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            continue
+        try:
+            replaced[sig] = signal.signal(sig, signal.SIG_IGN)
+        except (OSError, ValueError):
+            pass
+    return replaced
+
+
+def restore_signals(replaced):
+    """The child's first step: the interpreter's own signal handling, as `python3 -c` has it."""
+    for sig, handler in replaced.items():
+        try:
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        except (OSError, ValueError, TypeError):
+            pass
+
+
 def main(argv):
     if len(argv) != 5:
         sys.stderr.write("usage: runner OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS CODE\n")
@@ -261,11 +315,18 @@ def main(argv):
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    why = make_unreachable()
+    if why is not None:
+        sys.stderr.write("runner: refusing to run the code: its result could be forged: " + why + "\n")
+        return UNPROTECTED
     sys.stdout.flush()
     sys.stderr.flush()
     started = time.monotonic()
+    # Before the fork, so there is no moment in which the code runs and the runner listens.
+    replaced = ignore_signals()
     pid = os.fork()
     if pid == 0:
+        restore_signals(replaced)
         become_user_program(code, max_procs, env, out_w, err_w)
     os.close(out_w)
     os.close(err_w)

@@ -970,3 +970,51 @@ async fn state_dir_replaced_after_detect_is_refused_at_the_next_run() {
     );
     remove_scratch(&base);
 }
+
+/// A forgery attempt (see the fixture) that ends by sending the runner `signal`.
+fn forgery(signal: &str) -> String {
+    include_str!("fixtures/forge_result.py").replace("THE_SIGNAL", signal)
+}
+
+#[tokio::test]
+async fn the_code_cannot_forge_or_hide_its_result() {
+    let _serial = serial().await;
+    let limits = Limits {
+        timeout_seconds: 3,
+        ..limits()
+    };
+    for sig in [
+        "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGSEGV", "SIGABRT", "SIGALRM",
+        "SIGKILL", "SIGSTOP",
+    ] {
+        on_each_engine(&forgery(sig), &limits, |engine, r| {
+            // Never the forged result, whatever happened.
+            assert!(
+                !r.result.stdout.contains("FORGED") && r.result.exit_code != 0,
+                "{engine} {sig}: forged: {r:?}"
+            );
+            // The runner ignores every signal it can. SIGKILL and SIGSTOP it cannot: as the
+            // sandbox's init under bubblewrap the kernel drops them; gVisor's Sentry delivers them
+            // to its init, so there the run ends without a result (NoResult, or TimedOut for a
+            // stopped runner) - an honest failure, never the code's choice of result.
+            let unblockable = matches!(sig, "SIGKILL" | "SIGSTOP");
+            if unblockable && engine == Isolation::Gvisor && r.result.stdout.is_empty() {
+                assert!(
+                    matches!(r.reason.as_deref(), Some("NoResult" | "DeadlineExceeded")),
+                    "{engine} {sig}: {r:?}"
+                );
+                return;
+            }
+            // Otherwise the runner's own result: the code exited 3 and printed what each door
+            // did, and every door was shut (the channel is out of reach, not only outlasted).
+            assert_eq!(r.outcome, Phase::Failed, "{engine} {sig}: {r:?}");
+            assert_eq!(r.result.exit_code, 3, "{engine} {sig}: {r:?}");
+            assert!(
+                r.result.stdout.contains("shut /proc/") && !r.result.stdout.contains("OPEN"),
+                "{engine} {sig}: a door was open: {}",
+                r.result.stdout
+            );
+        })
+        .await;
+    }
+}

@@ -241,6 +241,31 @@ async fn fork_bomb_is_stopped_and_the_node_stays_healthy() -> Result<()> {
     Ok(())
 }
 
+/// The code cannot forge its run's result or hide it: it writes a forged envelope through every
+/// door of the runner it can name, then signals the runner; the run still reports the code's own
+/// exit (3) and output, and every door was shut (see `core/tests/fixtures/forge_result.py`).
+#[tokio::test]
+async fn the_code_cannot_forge_or_hide_its_result() -> Result<()> {
+    let client = client().await?;
+    for sig in ["SIGINT", "SIGKILL", "SIGSTOP", "SIGTERM"] {
+        let code =
+            include_str!("../../core/tests/fixtures/forge_result.py").replace("THE_SIGNAL", sig);
+        let run = run_to_end(&client, "e2e-forge", &code, json!({})).await?;
+        let st = status(&run);
+        let stdout = st.stdout.clone().unwrap_or_default();
+        ensure!(
+            st.phase == Some(Phase::Failed) && st.exit_code == Some(3),
+            "{sig}: not the code's own result: {st:?}"
+        );
+        ensure!(!stdout.contains("FORGED"), "{sig}: forged output: {st:?}");
+        ensure!(
+            stdout.contains("shut /proc/") && !stdout.contains("OPEN"),
+            "{sig}: a door of the runner was open: {stdout}"
+        );
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn hostile_code_is_contained() -> Result<()> {
     let client = client().await?;
