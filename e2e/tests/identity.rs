@@ -1,0 +1,144 @@
+//! Who a run is for cannot be made up (the chart's ValidatingAdmissionPolicy,
+//! `templates/admission-policy.yaml`), tested as a service account that has every right on
+//! SandboxRuns in the sandbox namespace but is neither the frontend nor a cluster admin: it may
+//! create runs only as itself, and it cannot approve (or deny) its own run, while a person may.
+
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
+use anyhow::{Result, bail, ensure};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, Error};
+use sandboxrun_e2e::identity::client_as;
+use sandboxrun_e2e::runs::{RUNS_NAMESPACE, python_run, runs};
+use sandboxrun_e2e::{client, unique_name};
+use serde_json::json;
+
+/// A service account in the sandbox namespace with full rights on SandboxRuns there (removed
+/// with its Role and binding by [`remove_creator`] at the end of the test).
+async fn run_creator(admin: &Client, name: &str) -> Result<Client> {
+    let pp = PostParams::default();
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), RUNS_NAMESPACE)
+        .create(&pp, &sa)
+        .await?;
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": ["sandboxrun.dev"], "resources": ["sandboxruns"],
+                   "verbs": ["create", "get", "list", "watch", "patch", "update", "delete"]}],
+    }))?;
+    Api::<Role>::namespaced(admin.clone(), RUNS_NAMESPACE)
+        .create(&pp, &role)
+        .await?;
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": RUNS_NAMESPACE}],
+    }))?;
+    Api::<RoleBinding>::namespaced(admin.clone(), RUNS_NAMESPACE)
+        .create(&pp, &binding)
+        .await?;
+    client_as(admin, RUNS_NAMESPACE, name).await
+}
+
+async fn remove_creator(admin: &Client, name: &str) {
+    let dp = DeleteParams::default();
+    let _ = Api::<RoleBinding>::namespaced(admin.clone(), RUNS_NAMESPACE)
+        .delete(name, &dp)
+        .await;
+    let _ = Api::<Role>::namespaced(admin.clone(), RUNS_NAMESPACE)
+        .delete(name, &dp)
+        .await;
+    let _ = Api::<ServiceAccount>::namespaced(admin.clone(), RUNS_NAMESPACE)
+        .delete(name, &dp)
+        .await;
+}
+
+/// The run of `agent`, as `creator` would send it.
+fn run_of(agent: &str) -> sandboxrun_api::SandboxRun {
+    python_run("e2e-identity", "print(1)", json!({"agent": agent}))
+}
+
+/// The API error of a refused write, or a failure when it was admitted.
+fn refused<T: std::fmt::Debug>(result: Result<T, Error>, what: &str) -> Result<String> {
+    match result {
+        Err(Error::Api(e)) if e.code == 403 || e.code == 422 => Ok(e.message),
+        Err(e) => bail!("{what}: unexpected error {e}"),
+        Ok(v) => bail!("{what} was admitted: {v:?}"),
+    }
+}
+
+#[tokio::test]
+async fn runs_record_their_creator_and_an_agent_cannot_approve_its_own_run() -> Result<()> {
+    let admin = client().await?;
+    let name = unique_name("e2e-creator");
+    let me = format!("system:serviceaccount:{RUNS_NAMESPACE}:{name}");
+    let creator = run_creator(&admin, &name).await?;
+    let outcome = async {
+        // Any other agent, a look-alike of the frontend's agents, or an empty-looking one: no.
+        for agent in [
+            "analyst-01",
+            "e2e-agent",
+            "system:serviceaccount:x:y",
+            &me.to_uppercase(),
+        ] {
+            let message = refused(
+                runs(&creator)
+                    .create(&PostParams::default(), &run_of(agent))
+                    .await,
+                &format!("a run for {agent} created by {me}"),
+            )?;
+            ensure!(
+                message.contains("spec.agent must be your own identity"),
+                "{message}"
+            );
+        }
+        // As itself: admitted.
+        let own = runs(&creator)
+            .create(&PostParams::default(), &run_of(&me))
+            .await?;
+        let run_name = own.metadata.name.clone().unwrap_or_default();
+        // Its own approval (or denial), whatever the patch looks like: refused.
+        for approved in [true, false] {
+            let patch = json!({"spec": {"approval": {"approved": approved}}});
+            let message = refused(
+                runs(&creator)
+                    .patch(&run_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await,
+                &format!("{me} setting approved={approved} on its own run"),
+            )?;
+            ensure!(message.contains("cannot approve or deny it"), "{message}");
+        }
+        // A person (here the cluster admin) may decide.
+        let patch = json!({"spec": {"approval": {"approved": false}}});
+        runs(&admin)
+            .patch(&run_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        // The frontend's own identity may record its callers' agents (it is the trusted one),
+        // checked with a server-side dry run.
+        let frontend = client_as(
+            &admin,
+            sandboxrun_e2e::runs::SYSTEM_NAMESPACE,
+            "sandboxrun-mcp",
+        )
+        .await?;
+        runs(&frontend)
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &run_of("analyst-01"),
+            )
+            .await?;
+        let _ = runs(&admin)
+            .delete(&run_name, &DeleteParams::background())
+            .await;
+        Ok(())
+    }
+    .await;
+    remove_creator(&admin, &name).await;
+    outcome
+}
