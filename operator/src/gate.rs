@@ -51,6 +51,7 @@ pub fn allow_all(call: &CallContext) -> sandboxrun_core::Decision {
         limits: call.limits.clamped(),
         max_rows: call.rows.unwrap_or(DEFAULT_ROWS),
         rewritten_query: None,
+        metrics: None,
     }
 }
 
@@ -67,6 +68,7 @@ pub fn block_all(call: &CallContext) -> sandboxrun_core::Decision {
         limits: call.limits.clamped(),
         max_rows: 0,
         rewritten_query: None,
+        metrics: None,
     }
 }
 

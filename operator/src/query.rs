@@ -137,17 +137,20 @@ pub async fn metrics(
         );
     };
     let call = gate::call_context(&run.spec, Tool::Metrics);
-    let timeout_seconds = match policy {
+    let decision = match policy {
         Some(policy) => {
             let decision = policy.evaluate(&call);
             if decision.verdict == Verdict::Block {
                 let message = format!("blocked by rule {}: {}", decision.rule, decision.reason);
                 return (rejected(Reason::PolicyBlocked, message, now), None);
             }
-            decision.limits.timeout_seconds
+            Some(decision)
         }
-        None => call.limits.timeout_seconds,
+        None => None,
     };
+    let timeout_seconds = decision
+        .as_ref()
+        .map_or(call.limits.timeout_seconds, |d| d.limits.timeout_seconds);
     let time = TimeArgs {
         time: spec.time.clone(),
         start: spec.range.as_ref().map(|r| r.start.clone()),
@@ -161,6 +164,18 @@ pub async fn metrics(
             time,
         },
         Err(e) => {
+            let outcome = ran(Phase::Failed, Reason::InvalidQuery, e.to_string(), now, now);
+            return (outcome, None);
+        }
+    };
+    // What the deciding rule lets the query read (its metric names and pinned labels).
+    let query = match decision
+        .as_ref()
+        .map(|d| metrics_tool::scoped(&query, d, None))
+    {
+        None => query,
+        Some(Ok(scoped)) => scoped,
+        Some(Err(e)) => {
             let outcome = ran(Phase::Failed, Reason::InvalidQuery, e.to_string(), now, now);
             return (outcome, None);
         }

@@ -17,6 +17,7 @@
 
 pub mod eval;
 pub mod prometheus;
+pub mod scope;
 pub mod series;
 pub mod store;
 pub mod syntax;

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
 use super::{AgentMatch, Policy, PolicyError, Rule, validate_limits};
+use crate::metrics::scope::MetricsRules;
 use crate::model::{Environment, Tool, Verdict};
 use crate::sql::SqlRules;
 
@@ -98,6 +99,8 @@ struct RuleSpec {
     limits: LimitOverrides,
     #[serde(default)]
     sql: Option<SqlRules>,
+    #[serde(default)]
+    metrics: Option<MetricsRules>,
 }
 
 /// Ceilings a rule puts on the limits of the calls it matches; each must lie within the global
@@ -238,7 +241,16 @@ fn validate(file: PolicyFile) -> Result<Policy, String> {
             reason: spec.reason,
             limits: spec.limits,
             sql: spec.sql,
+            metrics: spec.metrics,
         };
+        if let Some(metrics) = &rule.metrics {
+            if !rule.covers_tool(Tool::Metrics) {
+                return Err(format!(
+                    "{at}: has a metrics section but its tools do not include metrics"
+                ));
+            }
+            metrics.validate().map_err(|e| format!("{at}: {e}"))?;
+        }
         match &rule.sql {
             Some(sql) => {
                 if !rule.covers_tool(Tool::Sql) {

@@ -29,6 +29,7 @@ use crate::limits::{
     self, DEFAULT_MEMORY, MAX_MEMORY, MAX_OUTPUT_BYTES, MAX_TIMEOUT_SECONDS, MIN_MEMORY,
     MIN_OUTPUT_BYTES, MIN_TIMEOUT_SECONDS,
 };
+use crate::metrics::scope::MetricsRules;
 use crate::model::{Environment, Tool, Verdict};
 use crate::quantity::memory_bytes;
 use crate::sql::{self, SqlDialect, SqlRules};
@@ -109,6 +110,9 @@ pub struct Rule {
     pub limits: LimitOverrides,
     /// SQL settings, for rules that can match `sql` calls.
     pub sql: Option<SqlRules>,
+    /// What metrics queries may read, for rules that can match `metrics` calls (absent: any
+    /// metric, and embedded only the caller's own calls).
+    pub metrics: Option<MetricsRules>,
 }
 
 impl Rule {
@@ -212,6 +216,10 @@ pub struct Decision {
     /// For an allowed or escalated `sql` call: the checked query to execute, with its LIMIT at
     /// most one row above `max_rows` (that row, when it exists, marks the result truncated).
     pub rewritten_query: Option<String>,
+    /// For a `metrics` call: the deciding rule's `metrics` section (what the query may read);
+    /// `None` when no rule decided or the rule has none (any metric; embedded, own calls only).
+    #[serde(default)]
+    pub metrics: Option<MetricsRules>,
 }
 
 impl fmt::Display for Decision {
@@ -286,6 +294,7 @@ impl Policy {
                 limits: call.limits.clamped(),
                 max_rows: call.rows.unwrap_or(DEFAULT_ROWS).min(DEFAULT_ROWS),
                 rewritten_query: None,
+                metrics: None,
             };
             if self.default == Verdict::Block {
                 decision
@@ -314,6 +323,7 @@ impl Policy {
             limits,
             max_rows,
             rewritten_query: None,
+            metrics: rule.metrics.clone(),
         };
         if rule.verdict == Verdict::Block {
             return decision;
@@ -335,6 +345,7 @@ impl Policy {
                 limits: decision.limits.clone(),
                 max_rows,
                 rewritten_query: None,
+                metrics: None,
             };
             let Some(request) = &call.sql else {
                 return block(

@@ -24,6 +24,7 @@ use serde_json::Value;
 use super::args::{environment, unknown_argument};
 use super::governed::Summary;
 use super::{CallSummary, Embedded, JsonObject, ParseContext, ToolSpec};
+use crate::metrics::scope::Scope;
 use crate::metrics::{
     CallStore, MetricsError, MetricsQuery, MetricsResult, PrometheusClient, QueryTime, ResultType,
     Series, TimeArgs, check_syntax,
@@ -340,6 +341,22 @@ pub async fn execute(
     result.map(|r| r.capped_to_bytes(RESULT_MAX_BYTES))
 }
 
+/// The query as `decision` lets it run: every selector limited to the deciding rule's metric
+/// names and pinned to its labels, and, over the embedded call record (`caller` is the asking
+/// agent), to the caller's own calls unless the rule allows every agent.
+pub fn scoped(
+    query: &MetricsQuery,
+    decision: &Decision,
+    caller: Option<&str>,
+) -> Result<MetricsQuery, MetricsError> {
+    let rules = decision.metrics.clone().unwrap_or_default();
+    let scope = Scope::of(&rules, caller);
+    Ok(MetricsQuery {
+        query: scope.apply(&query.query)?,
+        time: query.time,
+    })
+}
+
 /// Where a metrics query is answered.
 #[derive(Clone, Copy)]
 pub enum Source<'a> {
@@ -440,7 +457,11 @@ impl ToolSpec for FetchMetrics {
             return Ok(out(Phase::Rejected));
         }
         let timeout = Duration::from_secs(u64::from(decision.limits.timeout_seconds));
-        let result = execute(Source::Embedded(&embedded.calls), &call.query, timeout).await;
+        // Embedded, an agent reads its own calls only, unless policy says otherwise.
+        let result = match scoped(&call.query, &decision, Some(agent)) {
+            Ok(query) => execute(Source::Embedded(&embedded.calls), &query, timeout).await,
+            Err(e) => Err(e),
+        };
         let (phase, _, message) = outcome(&result);
         Ok(match result {
             Ok(r) => out(phase).with_result(r),

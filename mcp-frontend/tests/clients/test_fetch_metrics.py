@@ -126,3 +126,74 @@ def test_blocked_calls_are_recorded_and_errors_are_actionable(binary, tmp_path):
             assert r.is_error is True and "not both" in r.content[0].text
 
     anyio.run(main)
+
+
+def test_an_agent_sees_only_its_own_calls_unless_policy_says_otherwise(binary, key_file, tmp_path):
+    """Over Streamable HTTP with two agents' keys: each agent's fetch_metrics answers over its
+    own calls only (the query is pinned to agent="<caller>", however it is written); a policy
+    rule with metrics.allAgents lets an agent read every agent's calls, and metrics.names limits
+    which metrics a query may name."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    from conftest import Server, auth
+
+    @contextlib.asynccontextmanager
+    async def as_agent(server, agent):
+        async with httpx2.AsyncClient(headers=auth(agent), timeout=60) as client, \
+                streamable_http_client(f"{server.base}/mcp", http_client=client) as streams, \
+                ClientSession(streams[0], streams[1]) as s:
+            await s.initialize()
+            yield s
+
+    everyone = "sum by (agent) (sandboxrun_tool_calls_total)"
+    sneaky = 'sum by (agent) (sandboxrun_tool_calls_total{agent=~".+"}) + sum by (agent) (sandboxrun_tool_calls_total{agent="analyst-01"})'
+
+    async def calls_by_agent(s, query):
+        sc = await fetch(s, query)
+        return {x["metric"].get("agent"): x["value"][1] for x in sc["result"]}
+
+    default = Server(binary, key_file, tmp_path / "default.log", "--enable-metrics")
+    try:
+        async def main():
+            async with as_agent(default, "analyst-01") as a:
+                r = await a.call_tool("run_python", {"code": "print(1)"})
+                assert r.is_error is False, r.content
+            async with as_agent(default, "ci-bot") as b:
+                assert await calls_by_agent(b, everyone) == {}, "ci-bot saw another agent's calls"
+                assert await calls_by_agent(b, sneaky) == {}, "a matcher of its own widened the pin"
+            async with as_agent(default, "analyst-01") as a:
+                got = await calls_by_agent(a, everyone)
+                assert set(got) == {"analyst-01"}, got
+
+        anyio.run(main)
+    finally:
+        default.stop()
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "default: block\n"
+        "rules:\n"
+        "  - {name: python, tools: [python], verdict: allow}\n"
+        "  - name: auditor-reads-everyone\n"
+        "    agents: [ci-bot]\n"
+        "    tools: [metrics]\n"
+        "    verdict: allow\n"
+        "    metrics: {allAgents: true, names: [sandboxrun_tool_calls_total]}\n"
+        "  - {name: others-read-their-own, tools: [metrics], verdict: allow}\n")
+    scoped = Server(binary, key_file, tmp_path / "scoped.log", "--enable-metrics", "--policy-file", str(policy))
+    try:
+        async def main():
+            async with as_agent(scoped, "analyst-01") as a:
+                r = await a.call_tool("run_python", {"code": "print(1)"})
+                assert r.is_error is False, r.content
+            async with as_agent(scoped, "ci-bot") as b:
+                got = await calls_by_agent(b, everyone)
+                assert got.get("analyst-01") == "1", got
+                r = await b.call_tool("fetch_metrics", {"query": "sandboxrun_mcp_tool_calls_total"})
+                assert r.is_error is True
+                assert "does not allow the metric sandboxrun_mcp_tool_calls_total" in r.content[0].text, r.content
+
+        anyio.run(main)
+    finally:
+        scoped.stop()
