@@ -196,6 +196,8 @@ pub enum Reason {
     ImageUnavailable,
     /// The API server refused the sandbox Pod for good.
     PodCreationFailed,
+    /// The namespace's quota has no room for the sandbox Pod yet; the run waits.
+    WaitingForQuota,
     /// The sandbox Pod was created and waits to start.
     PodCreated,
     /// The sandbox's container started.
@@ -241,6 +243,7 @@ impl Reason {
             Reason::PodFailed => "PodFailed",
             Reason::ImageUnavailable => "ImageUnavailable",
             Reason::PodCreationFailed => "PodCreationFailed",
+            Reason::WaitingForQuota => "WaitingForQuota",
             Reason::PodCreated => "PodCreated",
             Reason::ContainerStarted => "ContainerStarted",
             Reason::PolicyBlocked => "PolicyBlocked",

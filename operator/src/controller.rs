@@ -57,6 +57,8 @@ pub struct Context {
     pub databases: Option<Databases>,
     /// The Prometheus metrics runs query; `None`: metrics runs end Rejected.
     pub prometheus: Option<PrometheusClient>,
+    /// How long one read of a finished sandbox's log may take (`python::log::LOG_READ_TIMEOUT`).
+    pub log_read_timeout: Duration,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
 }
@@ -81,6 +83,7 @@ impl Context {
             approval_timeout,
             databases: None,
             prometheus: None,
+            log_read_timeout: crate::python::log::LOG_READ_TIMEOUT,
             failures: Mutex::default(),
         }
     }

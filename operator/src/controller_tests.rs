@@ -385,3 +385,134 @@ async fn an_expired_run_is_deleted() {
     assert_eq!(action, Action::await_change());
     assert!(api.with(|s| s.run.is_none()));
 }
+
+// Holes of the reliability review (issue 13), each shown to end a run wrongly before.
+
+#[tokio::test]
+async fn a_conflict_on_the_quota_is_retried_not_read_as_an_existing_pod() {
+    let api = FakeApi::start(run_json(python())).await;
+    // What the quota admission plugin answers when two creates race for its counter.
+    api.with(|s| {
+        s.refuse_pods_with = Some((
+            409,
+            "Conflict",
+            "Operation cannot be fulfilled on resourcequotas \"sandbox-quota\": the object has \
+             been modified; please apply your changes to the latest version and try again",
+        ))
+    });
+    let ctx = context(&api, None);
+    // Before: read as "the Pod already exists", recorded Pending, and the next reconcile ended
+    // the run Failed/PodDeleted. Now: an error, retried with backoff.
+    let err = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    assert!(err.is_err(), "{err:?}");
+    let phase = api.status().get("phase").cloned();
+    assert_ne!(phase, Some(json!("Failed")));
+    // Once the quota has room, the same run gets its Pod.
+    api.with(|s| s.refuse_pods_with = None);
+    reconcile_as(cached(&api), &ctx).await;
+    assert!(api.with(|s| s.pod.is_some()));
+    assert_eq!(api.status()["phase"], "Pending");
+}
+
+#[tokio::test]
+async fn an_exhausted_quota_makes_the_run_wait_with_a_reason() {
+    let api = FakeApi::start(run_json(python())).await;
+    api.with(|s| {
+        s.refuse_pods_with = Some((
+            403,
+            "Forbidden",
+            "pods \"r-sandbox\" is forbidden: exceeded quota: sandbox-quota, requested: \
+             limits.cpu=500m, used: limits.cpu=2, limited: limits.cpu=2",
+        ))
+    });
+    let ctx = context(&api, None);
+    // Before: Failed/PodCreationFailed at once. Now: Pending, WaitingForQuota, retried soon.
+    let action = reconcile_as(cached(&api), &ctx).await;
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Pending"), &json!("WaitingForQuota")),
+        "{status}"
+    );
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("exceeded quota")
+    );
+    assert!(action != Action::await_change());
+    // The next reconcile (no Pod, no Pod name) tries to create it again, not "Pod deleted".
+    api.with(|s| s.refuse_pods_with = None);
+    reconcile_as(cached(&api), &ctx).await;
+    assert!(api.with(|s| s.pod.is_some()));
+    assert_eq!(api.status()["phase"], "Pending");
+    assert_eq!(api.status()["reason"], "PodCreated");
+}
+
+#[tokio::test]
+async fn a_pod_of_an_earlier_run_with_the_same_name_is_not_adopted() {
+    let api = FakeApi::start(run_json(python())).await;
+    // A finished Pod left by a deleted run of the same name (another uid), with a log that
+    // says Succeeded.
+    api.with(|s| {
+        s.pod = Some(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("{RUN}-sandbox"), "namespace": NS,
+                "ownerReferences": [{"apiVersion": "sandboxrun.dev/v1alpha1", "kind": "SandboxRun",
+                    "name": RUN, "uid": "uid-of-the-earlier-run", "controller": true}]},
+            "status": {"phase": "Succeeded", "containerStatuses": [{"name": "sandbox",
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]},
+        }));
+        s.log = "{\"sandboxrun\":1,\"exitCode\":0,\"stdout\":\"the earlier run's output\\n\",\
+                 \"stderr\":\"\",\"stdoutTruncated\":false,\"stderrTruncated\":false,\
+                 \"signal\":null,\"oomKill\":null}\n"
+            .to_owned();
+    });
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    // Before: Succeeded with the earlier run's output. Now: that Pod is removed, unread.
+    let status = api.status();
+    assert_ne!(status.get("phase"), Some(&json!("Succeeded")), "{status}");
+    assert!(status.get("stdout").is_none(), "{status}");
+    assert!(
+        !api.take_requests().iter().any(|r| r.ends_with("/log")),
+        "the earlier run's log was read"
+    );
+    assert!(api.with(|s| s.pod.is_none()), "the stale Pod is deleted");
+    // Then the run gets its own Pod.
+    reconcile_as(cached(&api), &ctx).await;
+    let owner =
+        api.with(|s| s.pod.clone().unwrap()["metadata"]["ownerReferences"][0]["uid"].clone());
+    assert_eq!(owner, "uid-1");
+}
+
+#[tokio::test]
+async fn a_stalled_log_read_does_not_hang_the_reconcile() {
+    let api = FakeApi::start(run_json(python())).await;
+    api.with(|s| {
+        s.stall_logs = true;
+        s.pod = Some(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("{RUN}-sandbox"), "namespace": NS,
+                "ownerReferences": [{"apiVersion": "sandboxrun.dev/v1alpha1", "kind": "SandboxRun",
+                    "name": RUN, "uid": "uid-1", "controller": true}]},
+            "status": {"phase": "Succeeded", "containerStatuses": [{"name": "sandbox",
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+                    "finishedAt": Timestamp::now().to_string()}}}]},
+        }));
+    });
+    let mut ctx = context(&api, None);
+    Arc::get_mut(&mut ctx)
+        .expect("not shared yet")
+        .log_read_timeout = std::time::Duration::from_millis(300);
+    // Before: the log read waited forever and so did the run. Now: the read times out and the
+    // reconcile fails (retried with backoff until the log retry window ends the run NoResult).
+    let result = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        reconcile(Arc::new(cached(&api)), ctx.clone()),
+    )
+    .await
+    .expect("the reconcile returned");
+    let err = result.expect_err("an unreadable log is an error");
+    assert!(err.to_string().contains("reading the log"), "{err}");
+}

@@ -25,6 +25,11 @@ pub struct ApiState {
     pub log: String,
     /// When set, creating a Pod fails with this HTTP status.
     pub refuse_pods: Option<u16>,
+    /// When set, creating a Pod fails with this HTTP status, Status reason and message (as the
+    /// quota admission plugin answers, for example).
+    pub refuse_pods_with: Option<(u16, &'static str, &'static str)>,
+    /// When set, a log read never answers (a stalled kubelet).
+    pub stall_logs: bool,
     /// Every request, as `METHOD path`, in order.
     pub requests: Vec<String>,
     /// The reasons of the Events published, in order.
@@ -108,9 +113,16 @@ async fn handle(
     uri: Uri,
     body: Bytes,
 ) -> Response {
-    let mut s = state.lock().unwrap();
     let path = uri.path().to_owned();
-    s.requests.push(format!("{method} {path}"));
+    let stall = {
+        let mut s = state.lock().unwrap();
+        s.requests.push(format!("{method} {path}"));
+        s.stall_logs && path.ends_with("/log")
+    };
+    if stall {
+        return std::future::pending().await;
+    }
+    let mut s = state.lock().unwrap();
     let runs = format!("/apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxruns/");
     let pods = format!("/api/v1/namespaces/{NS}/pods");
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -141,6 +153,13 @@ async fn handle(
     if path == pods && method == Method::POST {
         if let Some(code) = s.refuse_pods {
             return status(code, "Invalid");
+        }
+        if let Some((code, reason, message)) = s.refuse_pods_with {
+            return json_response(
+                code,
+                &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": message, "reason": reason, "code": code}),
+            );
         }
         if s.pod.is_some() {
             return status(409, "AlreadyExists");

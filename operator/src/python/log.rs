@@ -1,5 +1,7 @@
 //! Reading a finished sandbox's log from the API server.
 
+use std::time::Duration;
+
 use futures::AsyncReadExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -16,21 +18,40 @@ pub fn log_limit_bytes(limits: &Limits) -> i64 {
     12 * i64::from(limits.output_bytes) + 65_536
 }
 
+/// How long one read of a finished sandbox's log may take. The log comes from the node's
+/// kubelet through the API server; a stalled kubelet must not hang the reconcile (and with it
+/// the run, which would never end): past this the read fails and is retried, until the log
+/// retry window ends the run NoResult.
+pub const LOG_READ_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// The sandbox container's log, decoded leniently: a byte limit can cut a character in two, and
 /// the API returns raw bytes.
-pub async fn read_log(pods: &Api<Pod>, pod: &str, limits: &Limits) -> Result<String, kube::Error> {
+pub async fn read_log(
+    pods: &Api<Pod>,
+    pod: &str,
+    limits: &Limits,
+    timeout: Duration,
+) -> Result<String, kube::Error> {
     let params = LogParams {
         container: Some(CONTAINER.to_owned()),
         limit_bytes: Some(log_limit_bytes(limits)),
         ..Default::default()
     };
-    let mut stream = pods.log_stream(pod, &params).await?;
-    let mut bytes = Vec::new();
-    stream
-        .read_to_end(&mut bytes)
-        .await
-        .map_err(|e| kube::Error::Service(Box::new(e)))?;
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    let read = async {
+        let mut stream = pods.log_stream(pod, &params).await?;
+        let mut bytes = Vec::new();
+        stream
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(|e| kube::Error::Service(Box::new(e)))?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(result) => result,
+        Err(_) => Err(kube::Error::Service(
+            format!("reading the log took longer than {timeout:?}").into(),
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -28,6 +28,14 @@ impl Reconcile<'_> {
         let pod_name = pod::pod_name(&self.name);
         // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod.
         let pod = self.pods.get_opt(&pod_name).await?;
+        if let Some(stale) = pod.as_ref().filter(|p| !pod::belongs_to(p, self.run)) {
+            // An earlier run's Pod under this run's name: never read it as ours. It is an
+            // orphan (its owner is gone), so remove it, and build ours once it is gone.
+            info!(run = %self.name, pod = %pod_name, owner = ?stale.metadata.owner_references,
+                "a Pod of another run holds this run's name; deleting it");
+            self.delete_pod(&pod_name).await?;
+            return Ok(Action::requeue(std::time::Duration::from_secs(1)));
+        }
         // The limits the Pod was built with (policy may have lowered the requested ones).
         let limits = pod
             .as_ref()
@@ -77,8 +85,15 @@ impl Reconcile<'_> {
                 ctx.metrics.entered(Phase::Pending);
                 ctx.events.pod_created(run, pod_name).await;
             }
-            // Created before a restart, or by a concurrent reconcile: same Pod, same name.
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            // Created before a restart, or by a concurrent reconcile: same Pod, same name (its
+            // owner is checked when it is read). Any other 409 (a conflict on the namespace's
+            // ResourceQuota object, say) is not a Pod: retried.
+            Err(kube::Error::Api(e)) if e.code == 409 && e.reason == "AlreadyExists" => {}
+            // The namespace's quota has no room now: the cluster is busy, not wrong. Wait, with
+            // the reason in the status, until the run's own deadline.
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("exceeded quota") => {
+                return self.wait_for_quota(prev, &limits, &e.message).await;
+            }
             // Refused for good (admission, quota, Pod Security, unknown RuntimeClass): retrying
             // would fail the same way.
             Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
@@ -101,6 +116,49 @@ impl Reconcile<'_> {
             deadline: created_deadline(&limits, now),
         };
         self.progress_to(prev, &progress, pod_name).await
+    }
+
+    /// A run whose Pod the quota refused: Pending with reason `WaitingForQuota`, retried every
+    /// few seconds until the run's deadline counted from its creation; then it fails with the
+    /// quota's message.
+    async fn wait_for_quota(
+        &self,
+        prev: &SandboxRunStatus,
+        limits: &Limits,
+        message: &str,
+    ) -> Result<Action, Error> {
+        let created = self
+            .run
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(self.now, |t| t.0);
+        let deadline = created_deadline(limits, created);
+        if self.now >= deadline {
+            let outcome = Outcome::of(
+                Phase::Failed,
+                Reason::PodCreationFailed,
+                format!(
+                    "the namespace's quota had no room for the sandbox Pod until the run's \
+                     deadline: {message}"
+                ),
+                None,
+                self.now,
+            );
+            return self.end(prev, Some(Tool::Python), &outcome, None).await;
+        }
+        let mut status = prev.clone();
+        status.phase = Some(Phase::Pending);
+        status.reason = Some(Reason::WaitingForQuota.as_str().to_owned());
+        status.message = Some(format!(
+            "waiting for room in the namespace's quota: {message}"
+        ));
+        status.tool = Some(Tool::Python);
+        status.observed_generation = self.generation;
+        if &status != prev {
+            self.apply(&status).await?;
+        }
+        Ok(Action::requeue(QUOTA_RETRY.min(until(deadline, self.now))))
     }
 
     /// Records a non-terminal state (only when it changed) and waits for the Pod to move.
@@ -139,18 +197,19 @@ impl Reconcile<'_> {
         limits: &Limits,
         pod_name: &str,
     ) -> Result<Action, Error> {
-        let outcome = match log::read_log(&self.pods, pod_name, limits).await {
-            Ok(log) => phase::collected(exited, &log, limits),
-            Err(source) => match phase::log_unreadable(exited, &source.to_string(), self.now) {
-                Some(outcome) => outcome,
-                None => {
-                    return Err(Error::LogUnreadable {
-                        pod: pod_name.to_owned(),
-                        source,
-                    });
-                }
-            },
-        };
+        let outcome =
+            match log::read_log(&self.pods, pod_name, limits, self.ctx.log_read_timeout).await {
+                Ok(log) => phase::collected(exited, &log, limits),
+                Err(source) => match phase::log_unreadable(exited, &source.to_string(), self.now) {
+                    Some(outcome) => outcome,
+                    None => {
+                        return Err(Error::LogUnreadable {
+                            pod: pod_name.to_owned(),
+                            source,
+                        });
+                    }
+                },
+            };
         self.end(prev, Some(Tool::Python), &outcome, Some(pod_name))
             .await
     }
@@ -158,6 +217,9 @@ impl Reconcile<'_> {
 
 /// When the operator stops waiting for a Pod it just created: its timeout, the start-up grace of
 /// `activeDeadlineSeconds` and the operator's slack, from now.
+/// How often a run waiting for quota tries again.
+const QUOTA_RETRY: std::time::Duration = std::time::Duration::from_secs(3);
+
 fn created_deadline(limits: &Limits, now: jiff::Timestamp) -> jiff::Timestamp {
     let seconds = i64::from(limits.timeout_seconds + pod::ACTIVE_DEADLINE_GRACE_SECONDS)
         + phase::OPERATOR_DEADLINE_SLACK_SECONDS;

@@ -106,9 +106,12 @@ pub fn operator_deadline(pod: &Pod, timeout_seconds: u32) -> Option<Timestamp> {
 pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: Timestamp) -> Next {
     let started = ts(&status.start_time);
     let Some(pod) = pod else {
-        // The status says a Pod was created, so a missing Pod was deleted by someone (or lost
-        // with its node) before the result was recorded.
-        return if matches!(status.phase, Some(Phase::Pending | Phase::Running)) {
+        // The status says a Pod was created (it names one), so a missing Pod was deleted by
+        // someone (or lost with its node) before the result was recorded. A Pending run without
+        // a Pod name waits for room in the quota: its Pod was never created.
+        return if matches!(status.phase, Some(Phase::Pending | Phase::Running))
+            && status.pod_name.is_some()
+        {
             Next::Finish(Outcome::of(
                 Phase::Failed,
                 Reason::PodDeleted,

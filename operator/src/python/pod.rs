@@ -120,6 +120,20 @@ fn owner_reference(run: &SandboxRun) -> Option<OwnerReference> {
     })
 }
 
+/// Whether `pod` is this run's own: its controller is the run, by uid. A Pod with the run's
+/// name but another owner was made for an earlier run of the same name (deleted and created
+/// again): its output is not this run's.
+pub fn belongs_to(pod: &k8s_openapi::api::core::v1::Pod, run: &SandboxRun) -> bool {
+    let Some(uid) = run.metadata.uid.as_deref() else {
+        return false;
+    };
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == SandboxRun::kind(&()))
+}
+
 /// Why a Pod cannot be built for a run.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BuildError {
