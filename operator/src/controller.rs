@@ -13,8 +13,9 @@ use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sandboxrun_api::{SandboxRun, SandboxRunStatus};
@@ -565,6 +566,25 @@ pub fn error_policy(run: Arc<SandboxRun>, error: &Error, ctx: Arc<Context>) -> A
     Action::requeue(delay)
 }
 
+/// What the operator keeps of a run in its cache. Managed fields are never read; a finished run
+/// is only waited on for its TTL, so its code, output and result (up to the status budget each)
+/// are dropped: with ten thousand stored runs the cache holds their phases, not their outputs.
+/// Whatever needs the whole object reads it from the API server (the terminal checks do).
+pub fn trim(run: &mut SandboxRun) {
+    run.metadata.managed_fields = None;
+    let terminal = run.status.as_ref().is_some_and(is_terminal);
+    if terminal {
+        if let Some(python) = run.spec.python.as_mut() {
+            python.code = String::new();
+        }
+        if let Some(status) = run.status.as_mut() {
+            status.stdout = None;
+            status.stderr = None;
+            status.result = None;
+        }
+    }
+}
+
 /// Runs the controller until `shutdown` completes; in-flight reconciliations finish first.
 /// `namespace` is the one namespace watched (`None`: every namespace, asked for explicitly).
 pub async fn run(
@@ -585,7 +605,14 @@ pub async fn run(
     }
     let pod_watch =
         watcher::Config::default().labels(&format!("{}={}", pod::LABEL_MANAGED_BY, pod::MANAGER));
-    Controller::new(runs, watcher::Config::default().any_semantic())
+    // The cache holds what reconciling needs, not every run in full: see `trim`.
+    let (reader, writer) = reflector::store();
+    let trigger = watcher(runs, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .modify(trim)
+        .reflect(writer)
+        .touched_objects();
+    Controller::for_stream(trigger, reader)
         .owns(pods, pod_watch)
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -516,3 +516,32 @@ async fn a_stalled_log_read_does_not_hang_the_reconcile() {
     let err = result.expect_err("an unreadable log is an error");
     assert!(err.to_string().contains("reading the log"), "{err}");
 }
+
+#[test]
+fn the_cache_keeps_no_managed_fields_and_no_output_of_finished_runs() {
+    let mut run: SandboxRun = serde_json::from_value(run_json(python())).unwrap();
+    run.metadata.managed_fields = Some(vec![Default::default()]);
+    run.status = Some(sandboxrun_api::SandboxRunStatus {
+        phase: Some(sandboxrun_core::Phase::Running),
+        ..Default::default()
+    });
+    // A run in flight keeps its code (its Pod is built from it).
+    let mut running = run.clone();
+    trim(&mut running);
+    assert!(running.metadata.managed_fields.is_none());
+    assert!(!running.spec.python.as_ref().unwrap().code.is_empty());
+    // A finished one keeps what its TTL needs, not its code, output or result.
+    run.status = Some(sandboxrun_api::SandboxRunStatus {
+        phase: Some(sandboxrun_core::Phase::Succeeded),
+        stdout: Some("x".repeat(65_536)),
+        stderr: Some("y".into()),
+        result: Some(json!({"rows": [[1]]})),
+        pod_name: Some("p".into()),
+        ..Default::default()
+    });
+    trim(&mut run);
+    let st = run.status.as_ref().unwrap();
+    assert!(st.stdout.is_none() && st.stderr.is_none() && st.result.is_none());
+    assert_eq!(st.pod_name.as_deref(), Some("p"));
+    assert!(run.spec.python.as_ref().unwrap().code.is_empty());
+}
