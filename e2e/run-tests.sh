@@ -94,6 +94,7 @@ MCP_NODE_PORT=30080
   --set frontend.service.nodePort=$MCP_NODE_PORT \
   --set "frontend.apiKeys[0].agent=$MCP_AGENT" \
   --set "frontend.apiKeys[0].sha256=$(printf '%s' "$MCP_API_KEY" | sha256sum | cut -d' ' -f1)" \
+  --set "frontend.apiKeys[0].environments={sandbox,staging,production}" \
   --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" \
   --set frontend.enableMetrics=true --set "operator.prometheus.url=$SANDBOXRUN_E2E_PROMETHEUS_URL" \
   -f "$REPO_ROOT/e2e/values-governance.yaml"

@@ -58,12 +58,13 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Stdio { backend, agent } => {
-            let shared = shared_state(&backend).await?;
+            // The local user may target any environment (policy still judges each call).
+            let shared = shared_state(&backend, Default::default()).await?;
             transport::serve_stdio(SandboxRunServer::new(shared, Some(agent))).await
         }
         Command::Serve { backend, http } => {
             let keys = load_keys(&http, &backend).await?;
-            let shared = shared_state(&backend).await?;
+            let shared = shared_state(&backend, keys.environments()).await?;
             let config = http::HttpConfig {
                 listen: http.listen,
                 keys,
@@ -81,7 +82,10 @@ async fn main() -> anyhow::Result<()> {
 
 /// The backend and policy, checked before serving so that a missing sandbox or cluster is
 /// reported at start-up.
-async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
+async fn shared_state(
+    args: &BackendArgs,
+    environments: std::collections::HashMap<String, Vec<sandboxrun_core::Environment>>,
+) -> anyhow::Result<Arc<Shared>> {
     let calls = CallStore::new();
     let backend = match args.backend {
         BackendKind::Kube => {
@@ -116,6 +120,7 @@ async fn shared_state(args: &BackendArgs) -> anyhow::Result<Arc<Shared>> {
         fetch_metrics: args.enable_metrics,
         calls,
         in_flight: inflight::InFlight::new(args.max_calls_per_agent),
+        environments,
     }))
 }
 

@@ -27,6 +27,7 @@ const INVALID: &str = "InvalidArguments";
 const CANCELLED: &str = "Cancelled";
 const UNAVAILABLE: &str = "Unavailable";
 const THROTTLED: &str = "Throttled";
+const NOT_PERMITTED: &str = "EnvironmentNotPermitted";
 
 impl SandboxRunServer {
     /// Runs one call of tool `T` with the raw `args` through the whole pipeline.
@@ -63,6 +64,23 @@ impl SandboxRunServer {
             }
         };
         let environment = T::environment(&call);
+        // What an agent may target is bound to its identity (its API key entry), not to what
+        // it asks for: the caller chooses the environment argument.
+        if let Some(allowed) = shared.environments.get(&agent)
+            && !allowed.contains(&environment)
+        {
+            let allowed: Vec<&str> = allowed.iter().map(|e| e.as_str()).collect();
+            shared
+                .metrics
+                .observe_call(tool, Outcome::Rejected, started.elapsed());
+            self.record::<T>(&agent, environment, None, NOT_PERMITTED);
+            return CallToolResult::error(vec![ContentBlock::text(format!(
+                "agent {agent} may not target the {environment} environment: its API key allows \
+                 only {}; call again with one of those, or ask an operator to extend the key's \
+                 environments",
+                allowed.join(", ")
+            ))]);
+        }
         // Held until the call ends, however it ends (the slot frees its place when dropped).
         let Some(_slot) = shared.in_flight.acquire(&agent) else {
             let max = shared.in_flight.max();

@@ -55,6 +55,9 @@ pub struct Shared {
     pub calls: CallStore,
     /// Calls in flight per agent, and the cap on them.
     pub in_flight: Arc<crate::inflight::InFlight>,
+    /// The environments each agent with an API key may target (from its key entries); an agent
+    /// not listed is the local user of stdio, who may target any.
+    pub environments: std::collections::HashMap<String, Vec<sandboxrun_core::Environment>>,
 }
 
 /// The MCP server. Cheap to clone: one per session.

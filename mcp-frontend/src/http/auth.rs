@@ -5,7 +5,10 @@
 
 use std::path::Path;
 
+use std::collections::HashMap;
+
 use axum::http::HeaderMap;
+use sandboxrun_core::Environment;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
@@ -21,6 +24,14 @@ struct KeyEntry {
     agent: String,
     /// Lowercase or uppercase hex SHA-256 of the key (what `sandboxrun-mcp hash-key` prints).
     sha256: String,
+    /// Environments calls with this key may target; only `sandbox` when absent. The caller
+    /// chooses a call's environment, so what it may choose is bound to its identity here.
+    #[serde(default = "sandbox_only")]
+    environments: Vec<Environment>,
+}
+
+fn sandbox_only() -> Vec<Environment> {
+    vec![Environment::Sandbox]
 }
 
 /// Why a key file was refused. Every message names the source and the entry.
@@ -71,6 +82,8 @@ pub fn hash_key(key: &str) -> String {
 #[derive(Clone, Debug, Default)]
 pub struct KeyStore {
     entries: Vec<(String, [u8; 32])>,
+    /// The environments each agent's keys may target (the union over its keys).
+    environments: HashMap<String, Vec<Environment>>,
 }
 
 impl KeyStore {
@@ -111,7 +124,15 @@ impl KeyStore {
                     "the same key hash is listed twice; each key must map to one agent".to_owned(),
                 ));
             }
+            if entry.environments.is_empty() {
+                return Err(err(
+                    "environments is empty: list what the key may target (sandbox, staging, \
+                     production), or leave it out for sandbox only"
+                        .to_owned(),
+                ));
+            }
             store.entries.push((agent.to_owned(), hash));
+            store.allow(agent, &entry.environments);
         }
         Ok(store)
     }
@@ -133,6 +154,23 @@ impl KeyStore {
                 self.entries.push((agent, hash));
             }
         }
+        for (agent, environments) in other.environments {
+            self.allow(&agent, &environments);
+        }
+    }
+
+    fn allow(&mut self, agent: &str, environments: &[Environment]) {
+        let allowed = self.environments.entry(agent.to_owned()).or_default();
+        for e in environments {
+            if !allowed.contains(e) {
+                allowed.push(*e);
+            }
+        }
+    }
+
+    /// The environments each agent's keys may target.
+    pub fn environments(&self) -> HashMap<String, Vec<Environment>> {
+        self.environments.clone()
     }
 
     /// Number of keys.
@@ -193,6 +231,31 @@ mod tests {
             hash_key(KEY_B).to_uppercase()
         );
         KeyStore::parse(&yaml, "keys.yaml").unwrap()
+    }
+
+    #[test]
+    fn a_key_targets_the_sandbox_unless_its_entry_lists_more() {
+        let s = store();
+        assert_eq!(s.environments()["analyst-01"], [Environment::Sandbox]);
+        let yaml = format!(
+            "- agent: ops\n  sha256: {}\n  environments: [sandbox, production]\n",
+            hash_key(KEY_A)
+        );
+        let s = KeyStore::parse(&yaml, "k").unwrap();
+        assert_eq!(
+            s.environments()["ops"],
+            [Environment::Sandbox, Environment::Production]
+        );
+        let yaml = format!(
+            "- agent: ops\n  sha256: {}\n  environments: []\n",
+            hash_key(KEY_A)
+        );
+        assert!(KeyStore::parse(&yaml, "k").is_err());
+        let yaml = format!(
+            "- agent: ops\n  sha256: {}\n  environments: [prod]\n",
+            hash_key(KEY_A)
+        );
+        assert!(KeyStore::parse(&yaml, "k").is_err());
     }
 
     #[test]

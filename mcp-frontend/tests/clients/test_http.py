@@ -127,3 +127,51 @@ def test_streamable_session_belongs_to_its_agent(http_server):
     mine = post(http_server, ping, {**auth("analyst-01"), "Mcp-Session-Id": session,
                                     "Mcp-Protocol-Version": "2025-06-18"})
     assert mine.status_code != 404
+
+
+def test_a_key_targets_only_the_environments_its_entry_lists(binary, tmp_path):
+    """The caller chooses a call's environment; what it may choose is bound to its API key: a
+    key whose entry lists no environments may target only the sandbox, one that lists staging
+    may target staging, and a refused call says what the key allows, before policy or any run."""
+    import anyio
+    import httpx2
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    from conftest import Server, hash_key
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(
+        f"- agent: sandbox-only\n  sha256: {hash_key('key-sandbox')}\n"
+        f"- agent: stager\n  sha256: {hash_key('key-staging')}\n  environments: [sandbox, staging]\n")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("default: block\nrules:\n  - {name: metrics-anywhere, tools: [metrics], verdict: allow}\n")
+    server = Server(binary, keys, tmp_path / "serve.log", "--enable-metrics", "--policy-file", str(policy))
+    query = {"query": "sum(sandboxrun_tool_calls_total)"}
+
+    async def call(key, environment):
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=60) as client, \
+                streamable_http_client(f"{server.base}/mcp", http_client=client) as streams, \
+                ClientSession(streams[0], streams[1]) as s:
+            await s.initialize()
+            return await s.call_tool("fetch_metrics", {**query, "environment": environment})
+
+    try:
+        async def main():
+            r = await call("key-sandbox", "sandbox")
+            assert r.is_error is False, r.content
+            for environment in ("staging", "production"):
+                r = await call("key-sandbox", environment)
+                assert r.is_error is True
+                text = r.content[0].text
+                assert f"may not target the {environment} environment" in text, text
+                assert "allows only sandbox" in text, text
+            r = await call("key-staging", "staging")
+            assert r.is_error is False, r.content
+            r = await call("key-staging", "production")
+            assert r.is_error is True and "allows only sandbox, staging" in r.content[0].text
+
+        anyio.run(main)
+    finally:
+        server.stop()
