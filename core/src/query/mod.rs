@@ -63,6 +63,11 @@ pub struct DatabaseConfig {
     /// A file holding the URL (surrounding whitespace is ignored), e.g. a mounted Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url_file: Option<PathBuf>,
+    /// The environment this database belongs to (`sandbox`, `staging`, `production`). When set,
+    /// every query against it is judged in that environment, whatever the call says: the
+    /// target decides, so a production database cannot be reached as "sandbox".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<crate::model::Environment>,
     /// PostgreSQL only: the most connections kept open to this database (default 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_connections: Option<u32>,
@@ -144,6 +149,7 @@ impl fmt::Debug for DatabaseConfig {
             .field("url", &self.url.as_deref().map(redact_url))
             .field("url_env", &self.url_env)
             .field("url_file", &self.url_file)
+            .field("environment", &self.environment)
             .field("max_connections", &self.max_connections)
             .field("work_mem_kb", &self.work_mem_kb)
             .field("temp_file_limit_kb", &self.temp_file_limit_kb)
@@ -421,6 +427,8 @@ enum Engine {
 struct Entry {
     engine: Engine,
     scrubber: Scrubber,
+    /// The environment the database belongs to, when configured.
+    environment: Option<crate::model::Environment>,
 }
 
 /// The configured databases, by name. Cheap to clone (shared connection pools).
@@ -466,7 +474,14 @@ impl Databases {
                 }
             }
             .map_err(|e| scrubber.scrub_error(e))?;
-            entries.insert(name.clone(), Entry { engine, scrubber });
+            entries.insert(
+                name.clone(),
+                Entry {
+                    engine,
+                    scrubber,
+                    environment: db.environment,
+                },
+            );
         }
         Ok(Self {
             entries: Arc::new(entries),
@@ -476,6 +491,11 @@ impl Databases {
     /// The configured names, sorted.
     pub fn names(&self) -> Vec<String> {
         self.entries.keys().cloned().collect()
+    }
+
+    /// The environment a configured database belongs to, when its configuration says.
+    pub fn environment(&self, database: &str) -> Option<crate::model::Environment> {
+        self.entries.get(database).and_then(|e| e.environment)
     }
 
     /// The dialect of a configured database (what to pass to the guard).

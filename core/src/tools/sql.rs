@@ -184,12 +184,17 @@ impl Execution {
 }
 
 /// Judges an sql call (its agent, environment, query and requested limits) with the target
-/// database's dialect.
+/// database's dialect, and in the target database's environment when its configuration names
+/// one: the caller's `environment` argument cannot move a production database into a sandbox
+/// rule.
 pub fn decide(policy: &PolicyStore, databases: &Databases, mut call: CallContext) -> Decision {
     if let Some(sql) = call.sql.as_mut() {
         sql.dialect = databases
             .dialect(&sql.database)
             .unwrap_or(SqlDialect::Postgres);
+        if let Some(environment) = databases.environment(&sql.database) {
+            call.environment = environment;
+        }
     }
     policy.evaluate(&call)
 }

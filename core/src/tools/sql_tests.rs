@@ -176,3 +176,61 @@ fn schemas_describe_the_wire_format() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn the_target_database_decides_the_environment_not_the_caller() {
+    let dir = std::env::temp_dir().join(format!("sandboxrun-env-{}", uuid_like()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("demo.sqlite");
+    crate::query::demo::ensure_sqlite(&path).await.unwrap();
+    let mut config = crate::query::demo::database_config(&path);
+    config.environment = Some(Environment::Production);
+    let databases = Databases::from_config(&std::collections::BTreeMap::from([(
+        "demo".to_owned(),
+        config,
+    )]))
+    .unwrap();
+    let policy = PolicyStore::new(
+        crate::policy::Policy::from_yaml(
+            r#"
+default: block
+rules:
+  - name: sandbox-reads
+    tools: [sql]
+    environments: [sandbox]
+    verdict: allow
+    sql: {databases: [demo], tables: {ledger: {columns: [id]}}}
+  - name: production-needs-a-person
+    tools: [sql]
+    environments: [production]
+    verdict: escalate
+    sql: {databases: [demo], tables: {ledger: {columns: [id]}}}
+"#,
+            "<test>",
+        )
+        .unwrap(),
+    );
+    // The caller says "sandbox" (or says nothing): the database is production's, and so is
+    // the rule that judges the query.
+    for environment in [Environment::Sandbox, Environment::Staging] {
+        let call =
+            CallContext::new("a", Tool::Sql, environment).with_sql("demo", "SELECT id FROM ledger");
+        let d = decide(&policy, &databases, call);
+        assert_eq!(
+            (d.verdict, d.rule.as_str()),
+            (Verdict::Escalate, "production-needs-a-person"),
+            "{environment}: {d}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+fn uuid_like() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    )
+}
