@@ -7,31 +7,15 @@
 // Tests state what they expect with unwrap and expect: a failure is the message.
 #![allow(clippy::unwrap_used)]
 
+mod postgres_common;
+
+use postgres_common::postgres_url;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use sandboxrun_core::query::{DatabaseConfig, Databases, QueryError, QueryLimits};
 use sandboxrun_core::sql::{GuardedQuery, SqlDialect, SqlRules, guard};
 use serde_json::json;
-
-fn postgres_url() -> Option<String> {
-    match std::env::var("SANDBOXRUN_TEST_POSTGRES_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url.trim().to_owned()),
-        _ => {
-            if std::env::var("SANDBOXRUN_REQUIRE_POSTGRES").as_deref() == Ok("1") {
-                panic!(
-                    "SANDBOXRUN_REQUIRE_POSTGRES=1 but SANDBOXRUN_TEST_POSTGRES_URL is not set: run \
-                     e2e/postgres/start.sh and export SANDBOXRUN_TEST_POSTGRES_URL=<the URL on its last line>"
-                );
-            }
-            eprintln!(
-                "note: skipping PostgreSQL test: SANDBOXRUN_TEST_POSTGRES_URL is not set (run \
-                 e2e/postgres/start.sh and export the URL it prints)"
-            );
-            None
-        }
-    }
-}
 
 fn password(url: &str) -> String {
     let rest = &url[url.find("://").unwrap() + 3..];

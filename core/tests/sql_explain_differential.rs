@@ -19,6 +19,9 @@
 // Tests state what they expect with unwrap and expect: a failure is the message.
 #![allow(clippy::unwrap_used)]
 
+mod postgres_common;
+
+use postgres_common::postgres_url;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -30,25 +33,6 @@ use sqlx::{AssertSqlSafe, Connection, Row};
 const CORPUS: usize = 6000;
 /// The generator's seed.
 const SEED: u64 = 0x5eed_2026_0001;
-
-fn postgres_url() -> Option<String> {
-    match std::env::var("SANDBOXRUN_TEST_POSTGRES_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url.trim().to_owned()),
-        _ => {
-            if std::env::var("SANDBOXRUN_REQUIRE_POSTGRES").as_deref() == Ok("1") {
-                panic!(
-                    "SANDBOXRUN_REQUIRE_POSTGRES=1 but SANDBOXRUN_TEST_POSTGRES_URL is not set: run \
-                     e2e/postgres/start.sh and export SANDBOXRUN_TEST_POSTGRES_URL=<the URL on its last line>"
-                );
-            }
-            eprintln!(
-                "note: skipping the EXPLAIN differential test: SANDBOXRUN_TEST_POSTGRES_URL is not \
-                 set (run e2e/postgres/start.sh and export the URL it prints)"
-            );
-            None
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The schema and the policy.

@@ -414,16 +414,8 @@ impl ToolSpec for FetchMetrics {
         call.environment
     }
 
-    fn timeout_seconds(_: &MetricsCall) -> u32 {
-        crate::limits::DEFAULT_TIMEOUT_SECONDS
-    }
-
     fn summary(output: &MetricsOutput) -> CallSummary {
-        CallSummary {
-            phase: output.phase,
-            verdict: Some(output.verdict),
-            run_name: output.run_name.clone(),
-        }
+        CallSummary::of(output.phase, Some(output.verdict), &output.run_name)
     }
 
     fn error_text(_: &MetricsCall, output: &MetricsOutput, _: &ParseContext) -> Option<String> {

@@ -63,6 +63,17 @@ pub struct CallSummary {
     pub run_name: String,
 }
 
+impl CallSummary {
+    /// The summary of a call that ended in `phase` after policy decided `verdict`.
+    pub fn of(phase: Phase, verdict: Option<Verdict>, run_name: &str) -> Self {
+        Self {
+            phase,
+            verdict,
+            run_name: run_name.to_owned(),
+        }
+    }
+}
+
 /// What the embedded mode executes with: the policy every call is judged by, and each tool's
 /// resources (`None`: the tool is not offered).
 pub struct Embedded {
@@ -93,8 +104,11 @@ pub trait ToolSpec: Send + Sync + 'static {
     /// The environment the call targets.
     fn environment(call: &Self::Call) -> Environment;
 
-    /// The wall-clock budget of the call in seconds (a backend waits this long plus its grace).
-    fn timeout_seconds(call: &Self::Call) -> u32;
+    /// The wall-clock budget of the call in seconds (a backend waits this long plus its grace);
+    /// the default budget unless the call carries its own.
+    fn timeout_seconds(_call: &Self::Call) -> u32 {
+        crate::limits::DEFAULT_TIMEOUT_SECONDS
+    }
 
     /// Phase, verdict and name of a finished call.
     fn summary(output: &Self::Output) -> CallSummary;

@@ -474,11 +474,7 @@ impl ToolSpec for RunPython {
             Phase::AwaitingApproval => Verdict::Escalate,
             _ => Verdict::Allow,
         };
-        CallSummary {
-            phase: output.phase,
-            verdict: Some(verdict),
-            run_name: output.run_name.clone(),
-        }
+        CallSummary::of(output.phase, Some(verdict), &output.run_name)
     }
 
     fn error_text(call: &PythonCall, output: &PythonOutput, _: &ParseContext) -> Option<String> {

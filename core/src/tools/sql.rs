@@ -376,16 +376,8 @@ impl ToolSpec for ExecuteSql {
         call.environment
     }
 
-    fn timeout_seconds(_: &ExecuteSqlArgs) -> u32 {
-        crate::limits::DEFAULT_TIMEOUT_SECONDS
-    }
-
     fn summary(output: &SqlOutput) -> CallSummary {
-        CallSummary {
-            phase: output.phase,
-            verdict: Some(output.verdict),
-            run_name: output.run_name.clone(),
-        }
+        CallSummary::of(output.phase, Some(output.verdict), &output.run_name)
     }
 
     fn error_text(_: &ExecuteSqlArgs, output: &SqlOutput, _: &ParseContext) -> Option<String> {
