@@ -142,3 +142,120 @@ async fn runs_record_their_creator_and_an_agent_cannot_approve_its_own_run() -> 
     remove_creator(&admin, &name).await;
     outcome
 }
+
+/// The frontend deletes the runs of calls that went away; it may delete nothing else: not a run
+/// someone else created, not a finished run (the audit trail). Checked with server-side dry runs.
+#[tokio::test]
+async fn the_frontend_deletes_only_the_unfinished_runs_it_created() -> Result<()> {
+    let admin = client().await?;
+    let frontend = client_as(
+        &admin,
+        sandboxrun_e2e::runs::SYSTEM_NAMESPACE,
+        "sandboxrun-mcp",
+    )
+    .await?;
+    let dry = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::background()
+    };
+    // A run of someone else (no frontend label), blocked by nothing but not the frontend's.
+    let foreign = runs(&admin)
+        .create(&PostParams::default(), &run_of("someone-else"))
+        .await?;
+    let foreign_name = foreign.metadata.name.clone().unwrap_or_default();
+    let message = refused(
+        runs(&frontend).delete(&foreign_name, &dry).await,
+        "the frontend deleting a run it did not create",
+    )?;
+    ensure!(
+        message.contains("only the unfinished runs it created"),
+        "{message}"
+    );
+    // One labelled as the frontend's: deletable while it runs.
+    let mut own = run_of("someone-else");
+    own.metadata.labels = Some(
+        [(
+            "app.kubernetes.io/created-by".to_owned(),
+            "sandboxrun-mcp".to_owned(),
+        )]
+        .into(),
+    );
+    let own = runs(&admin).create(&PostParams::default(), &own).await?;
+    let own_name = own.metadata.name.clone().unwrap_or_default();
+    let unfinished = runs(&admin).get(&own_name).await?;
+    let finished = unfinished
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(sandboxrun_core::Phase::is_terminal);
+    if !finished {
+        runs(&frontend).delete(&own_name, &dry).await?;
+    }
+    // Once it has finished, not even its own.
+    let done = sandboxrun_e2e::runs::wait_for(
+        &admin,
+        &own_name,
+        std::time::Duration::from_secs(120),
+        |p| p.is_terminal(),
+    )
+    .await?;
+    ensure!(
+        done.status
+            .as_ref()
+            .and_then(|s| s.phase)
+            .is_some_and(|p| p.is_terminal()),
+        "{done:?}"
+    );
+    let message = refused(
+        runs(&frontend).delete(&own_name, &dry).await,
+        "the frontend deleting a finished run",
+    )?;
+    ensure!(
+        message.contains("only the unfinished runs it created"),
+        "{message}"
+    );
+    for name in [foreign_name, own_name] {
+        let _ = runs(&admin)
+            .delete(&name, &DeleteParams::background())
+            .await;
+    }
+    Ok(())
+}
+
+/// The frontend's NetworkPolicy lets it reach the API server's own addresses only (the
+/// endpoints of the `kubernetes` Service, looked up at install), not any address on 443.
+#[tokio::test]
+async fn the_frontend_may_reach_only_the_api_servers_addresses() -> Result<()> {
+    use k8s_openapi::api::core::v1::Endpoints;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let admin = client().await?;
+    let endpoints = Api::<Endpoints>::namespaced(admin.clone(), "default")
+        .get("kubernetes")
+        .await?;
+    let mut api_server: Vec<String> = endpoints
+        .subsets
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|s| s.addresses.unwrap_or_default())
+        .map(|a| format!("{}/32", a.ip))
+        .collect();
+    api_server.sort();
+    let policy =
+        Api::<NetworkPolicy>::namespaced(admin.clone(), sandboxrun_e2e::runs::SYSTEM_NAMESPACE)
+            .get("sandboxrun-mcp")
+            .await?;
+    let spec = policy.spec.unwrap_or_default();
+    let mut allowed: Vec<String> = spec
+        .egress
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|rule| rule.to.unwrap_or_default())
+        .filter_map(|peer| peer.ip_block.map(|b| b.cidr))
+        .collect();
+    allowed.sort();
+    ensure!(
+        !api_server.is_empty() && allowed == api_server,
+        "egress {allowed:?}, API server {api_server:?}"
+    );
+    Ok(())
+}
