@@ -60,6 +60,12 @@ step "local cluster: e2e/cluster/up.sh"
 stop_node_prometheus() { SANDBOXRUN_PROM_PORT=59091 "$REPO_ROOT/e2e/prometheus/stop.sh" >/dev/null 2>&1 || true; }
 cleanup() {
   local rc=$?
+  if (( rc != 0 )) && [[ -n ${KUBECONFIG:-} ]]; then
+    # What the cluster looked like when a test failed: the first thing to read after a red run.
+    step "cluster state after the failure"
+    kubectl get deployments,replicasets,pods -A -o wide 2>&1 | head -60 || true
+    kubectl -n sandboxrun-system get events --sort-by=.lastTimestamp 2>&1 | tail -30 || true
+  fi
   if [[ ${E2E_KEEP_CLUSTER:-} == 1 ]]; then
     echo "cluster left running (E2E_KEEP_CLUSTER=1); stop it with e2e/cluster/down.sh"
   else

@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
@@ -100,6 +101,101 @@ async fn operator_pods(client: &Client) -> Result<BTreeMap<String, (String, i32)
         .collect())
 }
 
+const OPERATOR_SELECTOR: &str = "app.kubernetes.io/component=operator";
+
+/// The operator's Deployment, ReplicaSets and Pods in a few lines: what `helm --wait` judges.
+async fn describe_operator(client: &Client) -> String {
+    let ns = SYSTEM_NAMESPACE;
+    let lp = ListParams::default().labels(OPERATOR_SELECTOR);
+    let mut out = Vec::new();
+    match Api::<Deployment>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await
+    {
+        Ok(list) => out.extend(list.items.iter().map(|d| {
+            format!(
+                "deployment {} generation {:?} spec.replicas {:?} status {}",
+                d.name_any(),
+                d.metadata.generation,
+                d.spec.as_ref().and_then(|s| s.replicas),
+                serde_json::to_string(&d.status).unwrap_or_default()
+            )
+        })),
+        Err(e) => out.push(format!("deployments: {e}")),
+    }
+    match Api::<ReplicaSet>::namespaced(client.clone(), ns)
+        .list(&lp)
+        .await
+    {
+        Ok(list) => out.extend(list.items.iter().map(|r| {
+            format!(
+                "replicaset {} revision {:?} spec.replicas {:?} status {}",
+                r.name_any(),
+                r.annotations().get("deployment.kubernetes.io/revision"),
+                r.spec.as_ref().and_then(|s| s.replicas),
+                serde_json::to_string(&r.status).unwrap_or_default()
+            )
+        })),
+        Err(e) => out.push(format!("replicasets: {e}")),
+    }
+    match Api::<Pod>::namespaced(client.clone(), ns).list(&lp).await {
+        Ok(list) => out.extend(list.items.iter().map(|p| {
+            format!(
+                "pod {} owner {:?} phase {:?} deleting since {:?} conditions {}",
+                p.name_any(),
+                p.owner_references().first().map(|o| o.name.clone()),
+                p.status.as_ref().and_then(|s| s.phase.clone()),
+                p.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+                serde_json::to_string(&p.status.as_ref().map(|s| &s.conditions))
+                    .unwrap_or_default()
+            )
+        })),
+        Err(e) => out.push(format!("pods: {e}")),
+    }
+    out.join("\n")
+}
+
+/// Waits until the operator's Deployment has rolled out and holds no extra Pods, which is what
+/// `helm upgrade --wait` will require of it. Earlier tests kill operator Pods; an upgrade must
+/// start from a settled release, or its failure would be blamed on the upgrade.
+async fn wait_operator_settled(client: &Client, timeout: Duration) -> Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let lp = ListParams::default().labels(OPERATOR_SELECTOR);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let settled = deployments.list(&lp).await?.items.iter().all(|d| {
+            let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            d.status.as_ref().is_some_and(|s| {
+                s.observed_generation >= d.metadata.generation
+                    && s.replicas == Some(want)
+                    && s.updated_replicas == Some(want)
+                    && s.available_replicas == Some(want)
+            })
+        });
+        if settled {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the operator's Deployment did not settle within {timeout:?} before the upgrade:\n{}",
+                describe_operator(client).await
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// [`upgrade_rules`], with the operator's state in the error when the upgrade fails.
+async fn upgrade_rules_explained(client: &Client, rules: &Value) -> Result<()> {
+    match upgrade_rules(rules) {
+        Ok(()) => Ok(()),
+        Err(e) => Err(e.context(format!(
+            "the operator after the failed upgrade:\n{}",
+            describe_operator(client).await
+        ))),
+    }
+}
+
 /// A Python run of `agent` in the sandbox environment.
 fn run_of(agent: &str, code: &str, timeout_seconds: u32) -> sandboxrun_api::SandboxRun {
     python_run(
@@ -142,6 +238,7 @@ async fn upgrade_with_a_new_policy_keeps_in_flight_runs_and_applies_to_new_ones(
         p == Phase::Running
     })
     .await?;
+    wait_operator_settled(&client, Duration::from_secs(180)).await?;
     let operators = operator_pods(&client).await?;
 
     // The upgrade: a rule blocking the agent goes first.
@@ -151,7 +248,7 @@ async fn upgrade_with_a_new_policy_keeps_in_flight_runs_and_applies_to_new_ones(
         "verdict": "block", "reason": "blocked by the upgraded policy (e2e chart_lifecycle)",
     })];
     rules.extend(original.as_array().cloned().unwrap_or_default());
-    upgrade_rules(&Value::Array(rules))?;
+    upgrade_rules_explained(&client, &Value::Array(rules)).await?;
     let result = async {
         // It really was in flight: still running once the upgrade is done.
         let now = runs(&client).get(&long).await?;
@@ -195,7 +292,7 @@ async fn upgrade_with_a_new_policy_keeps_in_flight_runs_and_applies_to_new_ones(
     }
     .await;
     // Put the original policy back, whatever happened.
-    let restored = upgrade_rules(&original);
+    let restored = upgrade_rules_explained(&client, &original).await;
     result.and(restored)
 }
 
