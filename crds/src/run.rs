@@ -262,10 +262,34 @@ impl LimitsSpec {
     }
 }
 
-/// Approval of a run that policy escalated.
+/// Approval of a run that policy escalated: the decision and who made it.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[schemars(transform = by_is_required)]
 pub struct Approval {
     /// Whether a person approved the run.
     #[serde(default)]
     pub approved: bool,
+    /// Who decided: their Kubernetes user name (`kubectl auth whoami`). With the chart's
+    /// identity policy it must be the name of whoever writes the approval, so it is a record,
+    /// not a claim.
+    // Required by the schema for every new approval; `default` only reads approvals written
+    // before the field existed (a run the operator cannot read would stall its whole watch).
+    #[serde(default)]
+    #[schemars(length(min = 1, max = 253))]
+    pub by: String,
+}
+
+/// The schema of [`Approval`] requires `by` (serde's `default` would make it optional with an
+/// empty default, which its own minimum length refuses).
+fn by_is_required(schema: &mut schemars::Schema) {
+    if let Some(by) = schema
+        .get_mut("properties")
+        .and_then(|p| p.get_mut("by"))
+        .and_then(|b| b.as_object_mut())
+    {
+        by.remove("default");
+    }
+    if let Some(object) = schema.as_object_mut() {
+        object.insert("required".to_owned(), serde_json::json!(["by"]));
+    }
 }

@@ -178,7 +178,7 @@ fn spec_is_immutable_except_approval() {
     let old = run(json!({"python": {"code": "print(1)"}}));
 
     let mut approved = old.clone();
-    approved["spec"]["approval"] = json!({"approved": true});
+    approved["spec"]["approval"] = json!({"approved": true, "by": "alice"});
     assert!(messages(&approved, Some(&old)).is_empty());
 
     let mut code = old.clone();
@@ -230,7 +230,7 @@ fn run_with_status_round_trips() {
             "python": {"code": "print('hello')"},
             "limits": {"timeoutSeconds": 5, "cpu": "1", "memory": "512Mi", "pids": 32, "outputBytes": 1024},
             "ttlSecondsAfterFinished": 30,
-            "approval": {"approved": true}
+            "approval": {"approved": true, "by": "alice"}
         },
         "status": {
             "phase": "Succeeded",
@@ -259,4 +259,22 @@ fn run_with_status_round_trips() {
     assert_eq!(status.phase, Some(Phase::Succeeded));
     assert_eq!(run.spec.limits.effective().memory, "512Mi");
     assert_eq!(serde_json::to_value(&run).unwrap(), value);
+}
+
+#[test]
+fn an_approval_requires_by_but_an_old_one_still_reads() {
+    // New approvals must name who decided (the schema requires it, at least one character)...
+    let crd = serde_json::to_value(SandboxRun::crd()).unwrap();
+    let approval = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["approval"];
+    assert_eq!(approval["required"], json!(["by"]), "{approval}");
+    assert_eq!(approval["properties"]["by"]["minLength"], 1, "{approval}");
+    assert!(
+        approval["properties"]["by"].get("default").is_none(),
+        "{approval}"
+    );
+    // ...while one stored before the field existed still deserializes: a run the operator could
+    // not read would stall its whole watch.
+    let old: sandboxrun_api::Approval = serde_json::from_value(json!({"approved": true})).unwrap();
+    assert_eq!(old.by, "");
 }

@@ -227,10 +227,22 @@ async def approve(c: Call, approved: bool):
     run = json.loads(kubectl("-n", RUNS_NS, "get", "sandboxrun", c.awaiting_run, "-o", "json"))
     assert run["status"]["phase"] == "AwaitingApproval", run["status"]
     assert not run["status"].get("podName")
-    # The documented one-liner.
-    await anyio.to_thread.run_sync(lambda: kubectl(
-        "patch", "sandboxrun", c.awaiting_run, "-n", RUNS_NS, "--type", "merge",
-        "-p", json.dumps({"spec": {"approval": {"approved": approved}}})))
+    # The one-liner the run's message gives, run by a shell as a person would paste it (with
+    # "approved":false to deny); it records who decided (kubectl auth whoami).
+    message = run["status"]["message"]
+    command = message.split("it waits for a person: ", 1)[1].rsplit(" (or ", 1)[0]
+    if not approved:
+        command = command.replace('\\"approved\\":true', '\\"approved\\":false')
+    await anyio.to_thread.run_sync(lambda: subprocess.run(
+        ["bash", "-c", f'kubectl() {{ "$KUBECTL" "$@"; }}\n{command}'], check=True,
+        env={**os.environ, "KUBECTL": KUBECTL}))
+    decided = json.loads(kubectl("-n", RUNS_NS, "get", "sandboxrun", c.awaiting_run, "-o", "json"))
+    assert decided["spec"]["approval"] == {"approved": approved, "by": whoami()}, decided["spec"]
+
+
+def whoami() -> str:
+    """The Kubernetes user name of this test's kubeconfig, as the approval records it."""
+    return kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
 
 
 def test_a_production_call_without_rights_waits_and_runs_after_approval():
@@ -247,6 +259,7 @@ def test_a_production_call_without_rights_waits_and_runs_after_approval():
     assert any(x["type"] == "Approved" and x["status"] == "True"
                for x in run["status"]["conditions"]), run["status"]["conditions"]
     assert line["approved"] is True
+    assert line["decided_by"] == whoami(), line
 
 
 def test_a_production_call_is_rejected_after_a_denial():
@@ -260,6 +273,8 @@ def test_a_production_call_is_rejected_after_a_denial():
     run, line = assert_recorded(c, "Escalate", "Rejected", PRODUCTION_RULE, "ApprovalDenied")
     assert run["status"]["reason"] == "ApprovalDenied"
     assert line["approved"] is False
+    assert line["decided_by"] == whoami(), line
+    assert f"{whoami()} denied it" in run["status"]["message"], run["status"]["message"]
 
 
 def test_an_unanswered_production_call_returns_awaiting_approval_then_times_out():

@@ -24,9 +24,11 @@ pub fn python_run_in(
     python_run(name, code, extra)
 }
 
-/// Sets `spec.approval.approved` like the documented `kubectl patch --type merge` one-liner.
+/// Sets `spec.approval` like the documented `kubectl patch --type merge` one-liner: the decision
+/// and the client's own name as the one who made it.
 pub async fn set_approval(client: &Client, name: &str, approved: bool) -> Result<()> {
-    let patch = serde_json::json!({ "spec": { "approval": { "approved": approved } } });
+    let by = crate::identity::whoami(client).await?;
+    let patch = serde_json::json!({ "spec": { "approval": { "approved": approved, "by": by } } });
     runs(client)
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await?;

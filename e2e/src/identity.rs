@@ -2,7 +2,7 @@
 //! reading the Roles: the token comes from the TokenRequest API, exactly as a Pod's would.
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest};
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
@@ -50,4 +50,16 @@ pub async fn can_i(
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let answer = api.create(&PostParams::default(), &review).await?;
     Ok(answer.status.is_some_and(|s| s.allowed))
+}
+
+/// The client's own user name, as `kubectl auth whoami` reports it (a SelfSubjectReview).
+pub async fn whoami(client: &Client) -> Result<String> {
+    let review: SelfSubjectReview = serde_json::from_value(serde_json::json!({}))?;
+    let api: Api<SelfSubjectReview> = Api::all(client.clone());
+    let answer = api.create(&PostParams::default(), &review).await?;
+    answer
+        .status
+        .and_then(|s| s.user_info)
+        .and_then(|u| u.username)
+        .context("the SelfSubjectReview names no user")
 }

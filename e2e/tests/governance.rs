@@ -146,9 +146,12 @@ async fn an_escalated_run_is_rejected_after_a_denial() -> Result<()> {
 async fn an_approval_set_at_creation_does_not_count() -> Result<()> {
     let client = client().await?;
     // Whoever may create runs must not be able to approve their own escalated run.
-    let name =
-        awaiting_production_run(&client, "gov-self", json!({"approval": {"approved": true}}))
-            .await?;
+    let name = awaiting_production_run(
+        &client,
+        "gov-self",
+        json!({"approval": {"approved": true, "by": "gov-self"}}),
+    )
+    .await?;
     set_approval(&client, &name, false).await?;
     let run = wait_terminal(&client, &name, DECIDE_TIMEOUT).await?;
     ensure!(

@@ -1,7 +1,8 @@
 //! Who a run is for cannot be made up (the chart's ValidatingAdmissionPolicy,
 //! `templates/admission-policy.yaml`), tested as a service account that has every right on
 //! SandboxRuns in the sandbox namespace but is neither the frontend nor a cluster admin: it may
-//! create runs only as itself, and it cannot approve (or deny) its own run, while a person may.
+//! create runs only as itself and only in the sandbox environment, and it cannot approve (or
+//! deny) its own run, while a person may, recording their own name as the one who decided.
 
 // Tests state what they expect with unwrap and expect: a failure is the message.
 #![allow(clippy::unwrap_used)]
@@ -11,7 +12,8 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Error};
-use sandboxrun_e2e::identity::client_as;
+use sandboxrun_core::Environment;
+use sandboxrun_e2e::identity::{client_as, whoami};
 use sandboxrun_e2e::runs::{RUNS_NAMESPACE, python_run, runs};
 use sandboxrun_e2e::{client, unique_name};
 use serde_json::json;
@@ -95,6 +97,23 @@ async fn runs_record_their_creator_and_an_agent_cannot_approve_its_own_run() -> 
                 "{message}"
             );
         }
+        // As itself, but in an environment other than identity.directEnvironments (sandbox):
+        // no, whatever the environment's rules would say.
+        for (environment, name) in [
+            (Environment::Staging, "staging"),
+            (Environment::Production, "production"),
+        ] {
+            let mut run = run_of(&me);
+            run.spec.environment = environment;
+            let message = refused(
+                runs(&creator).create(&PostParams::default(), &run).await,
+                &format!("a {name} run created directly by {me}"),
+            )?;
+            ensure!(
+                message.contains(&format!("spec.environment {name} is not open to {me}")),
+                "{message}"
+            );
+        }
         // As itself: admitted.
         let own = runs(&creator)
             .create(&PostParams::default(), &run_of(&me))
@@ -102,7 +121,7 @@ async fn runs_record_their_creator_and_an_agent_cannot_approve_its_own_run() -> 
         let run_name = own.metadata.name.clone().unwrap_or_default();
         // Its own approval (or denial), whatever the patch looks like: refused.
         for approved in [true, false] {
-            let patch = json!({"spec": {"approval": {"approved": approved}}});
+            let patch = json!({"spec": {"approval": {"approved": approved, "by": me}}});
             let message = refused(
                 runs(&creator)
                     .patch(&run_name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -111,8 +130,36 @@ async fn runs_record_their_creator_and_an_agent_cannot_approve_its_own_run() -> 
             )?;
             ensure!(message.contains("cannot approve or deny it"), "{message}");
         }
-        // A person (here the cluster admin) may decide.
-        let patch = json!({"spec": {"approval": {"approved": false}}});
+        // A person (here the cluster admin) may decide, and the approval records who did: it
+        // must name the writer, not someone else, nobody, or a look-alike.
+        let person = whoami(&admin).await?;
+        for by in [
+            "someone-else".to_owned(),
+            me.clone(),
+            person.to_uppercase(),
+            format!("{person} "),
+        ] {
+            let patch = json!({"spec": {"approval": {"approved": true, "by": by}}});
+            let message = refused(
+                runs(&admin)
+                    .patch(&run_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await,
+                &format!("{person} recording the approval as {by:?}"),
+            )?;
+            ensure!(
+                message.contains("spec.approval.by must be your own identity"),
+                "{message}"
+            );
+        }
+        let unnamed = json!({"spec": {"approval": {"approved": true}}});
+        let message = refused(
+            runs(&admin)
+                .patch(&run_name, &PatchParams::default(), &Patch::Merge(&unnamed))
+                .await,
+            "an approval that names nobody",
+        )?;
+        ensure!(message.contains("by"), "{message}");
+        let patch = json!({"spec": {"approval": {"approved": false, "by": person}}});
         runs(&admin)
             .patch(&run_name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;

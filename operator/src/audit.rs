@@ -4,7 +4,7 @@
 //! whether a person approved it, how it ended (phase, phase reason) and how long it took from
 //! creation. With the operator's JSON logs each line reads
 //! `{"timestamp":…,"level":"INFO","fields":{"message":"audit","run":…,"namespace":…,"agent":…,
-//! "tool":…,"environment":…,"verdict":…,"rule":…,"reason":…,"approved":…,"phase":…,
+//! "tool":…,"environment":…,"verdict":…,"rule":…,"reason":…,"approved":…,"decided_by":…,"phase":…,
 //! "phase_reason":…,"duration_ms":…},"target":"audit"}`; keep `audit=info` in `RUST_LOG`.
 //! `verdict` is the API's word (`Allow`, `Block`, `Escalate`: `Verdict::as_str`), `environment`
 //! and `tool` the resource's (`sandbox`, `python`).
@@ -18,7 +18,7 @@ use kube::ResourceExt;
 use sandboxrun_api::{SandboxRun, SandboxRunStatus};
 use sandboxrun_core::{Phase, Tool};
 
-use crate::gate::CONDITION_APPROVED;
+use crate::gate::{CONDITION_APPROVED, approval_state};
 
 /// The tracing target of audit lines.
 pub const TARGET: &str = "audit";
@@ -61,6 +61,10 @@ pub fn record(
         rule = decision.map_or("", |d| d.rule.as_str()),
         reason = decision.map_or("", |d| d.reason.as_str()),
         approved = approved(status),
+        // Who approved or denied the escalated run (`spec.approval.by`; empty: nobody did).
+        decided_by = approval_state(run.spec.approval.as_ref(), run.metadata.generation)
+            .by()
+            .unwrap_or_default(),
         phase = phase.as_str(),
         phase_reason,
         duration_ms = age_millis(run, now),

@@ -295,7 +295,7 @@ impl<'a> Reconcile<'a> {
         let awaiting = prev.phase == Some(Phase::AwaitingApproval);
         match gate::gate(
             &decision,
-            approval,
+            approval.clone(),
             since,
             self.ctx.approval_timeout,
             self.now,
@@ -330,7 +330,8 @@ impl<'a> Reconcile<'a> {
                 let newly_approved =
                     decision.verdict == Verdict::Escalate && !audit::approved(&prev);
                 if newly_approved {
-                    gate::mark_approved(&mut prev, self.generation, self.now);
+                    let by = approval.by().unwrap_or_default();
+                    gate::mark_approved(&mut prev, by, self.generation, self.now);
                     self.apply(&prev).await?;
                     info!(run = %self.name, namespace = %self.ns, "run approved");
                     self.ctx.events.approved(self.run).await;

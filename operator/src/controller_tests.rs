@@ -285,7 +285,7 @@ async fn an_escalated_run_waits_and_runs_once_approved() {
     // A person approves (a later generation): the approval is recorded, then the Pod made.
     api.with(|s| {
         let run = s.run.as_mut().unwrap();
-        run["spec"]["approval"] = json!({"approved": true});
+        run["spec"]["approval"] = json!({"approved": true, "by": "alice"});
         run["metadata"]["generation"] = json!(2);
     });
     reconcile_as(cached(&api), &ctx).await;
@@ -300,6 +300,13 @@ async fn an_escalated_run_waits_and_runs_once_approved() {
         .find(|c| c["type"] == "Approved")
         .unwrap();
     assert_eq!(approved["status"], "True");
+    assert!(
+        approved["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("alice approved"),
+        "{approved}"
+    );
     assert_eq!(status["phase"], "Pending");
     assert!(api.with(|s| s.events.contains(&"Approved".to_owned())));
 }

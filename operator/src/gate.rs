@@ -82,14 +82,39 @@ pub fn recorded(decision: &sandboxrun_core::Decision) -> Decision {
 }
 
 /// Where a person's approval of a run stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ApprovalState {
     /// Nobody answered yet (or the answer was part of the run as created, which does not count).
     Pending,
-    /// A person set `spec.approval.approved: true`.
-    Approved,
-    /// A person set `spec.approval.approved: false`.
-    Denied,
+    /// A person (`by`) set `spec.approval.approved: true`.
+    Approved {
+        /// Who approved (`spec.approval.by`).
+        by: String,
+    },
+    /// A person (`by`) set `spec.approval.approved: false`.
+    Denied {
+        /// Who denied (`spec.approval.by`).
+        by: String,
+    },
+}
+
+impl ApprovalState {
+    /// Who decided, if anyone did.
+    pub fn by(&self) -> Option<&str> {
+        match self {
+            Self::Pending => None,
+            Self::Approved { by } | Self::Denied { by } => Some(by),
+        }
+    }
+}
+
+/// Who decided, as recorded (an approval from before `by` existed names nobody).
+fn approver(approval: &Approval) -> String {
+    if approval.by.is_empty() {
+        "a person (spec.approval.by not set)".to_owned()
+    } else {
+        approval.by.clone()
+    }
 }
 
 /// The approval state of a run from its `spec.approval` and `metadata.generation`.
@@ -97,8 +122,8 @@ pub fn approval_state(approval: Option<&Approval>, generation: Option<i64>) -> A
     match approval {
         // Set at creation (generation 1): the creator cannot approve, nor deny, its own run.
         Some(_) if generation.unwrap_or(1) <= 1 => ApprovalState::Pending,
-        Some(a) if a.approved => ApprovalState::Approved,
-        Some(_) => ApprovalState::Denied,
+        Some(a) if a.approved => ApprovalState::Approved { by: approver(a) },
+        Some(a) => ApprovalState::Denied { by: approver(a) },
         None => ApprovalState::Pending,
     }
 }
@@ -137,11 +162,11 @@ pub fn gate(
             now,
         )),
         Verdict::Escalate => match approval {
-            ApprovalState::Approved => Gate::Proceed,
-            ApprovalState::Denied => Gate::Reject(rejected(
+            ApprovalState::Approved { .. } => Gate::Proceed,
+            ApprovalState::Denied { by } => Gate::Reject(rejected(
                 Reason::ApprovalDenied,
                 format!(
-                    "policy rule {} escalated the run ({}) and a person denied it (spec.approval.approved: false)",
+                    "policy rule {} escalated the run ({}) and {by} denied it (spec.approval.approved: false)",
                     decision.rule, decision.reason
                 ),
                 now,
@@ -237,14 +262,20 @@ pub fn awaiting_status(
     s
 }
 
-/// Marks the approval on a status (the condition `Approved=True`), before the run proceeds.
-pub fn mark_approved(status: &mut SandboxRunStatus, generation: Option<i64>, now: Timestamp) {
+/// Marks the approval by `by` on a status (the condition `Approved=True`), before the run
+/// proceeds.
+pub fn mark_approved(
+    status: &mut SandboxRunStatus,
+    by: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
     set_condition(
         &mut status.conditions,
         CONDITION_APPROVED,
         true,
         APPROVED,
-        "a person approved the run (spec.approval.approved: true)",
+        &format!("{by} approved the run (spec.approval.approved: true)"),
         generation,
         now,
     );
@@ -269,10 +300,12 @@ pub fn mark_not_approved(
     );
 }
 
-/// The one-liner that approves a run.
+/// The one-liner that approves a run, recording who runs it (`kubectl auth whoami`): the chart's
+/// identity policy admits an approval only when `by` is the writer's own name.
 pub fn approve_command(name: &str, namespace: &str) -> String {
+    let whoami = "$(kubectl auth whoami -o jsonpath='{.status.userInfo.username}')";
     format!(
-        "kubectl patch sandboxrun {name} -n {namespace} --type merge -p '{{\"spec\":{{\"approval\":{{\"approved\":true}}}}}}'"
+        r#"kubectl patch sandboxrun {name} -n {namespace} --type merge -p "{{\"spec\":{{\"approval\":{{\"approved\":true,\"by\":\"{whoami}\"}}}}}}""#
     )
 }
 

@@ -62,7 +62,7 @@ fn block_rejects_with_the_policy_reason() {
     let g = gate(
         &decision(Verdict::Block),
         // Even an approval cannot override a block.
-        ApprovalState::Approved,
+        ApprovalState::Approved { by: "alice".into() },
         t(T0),
         TIMEOUT,
         t(T0),
@@ -107,7 +107,7 @@ fn escalate_times_out() {
 fn escalate_approved_proceeds_even_late() {
     let g = gate(
         &decision(Verdict::Escalate),
-        ApprovalState::Approved,
+        ApprovalState::Approved { by: "alice".into() },
         t(T0),
         TIMEOUT,
         t(T0),
@@ -119,26 +119,38 @@ fn escalate_approved_proceeds_even_late() {
 fn escalate_denied_rejects() {
     let g = gate(
         &decision(Verdict::Escalate),
-        ApprovalState::Denied,
+        ApprovalState::Denied { by: "bob".into() },
         t(T0),
         TIMEOUT,
         t(T0),
     );
-    let (reason, _) = rejected_reason(g);
+    let (reason, message) = rejected_reason(g);
     assert_eq!(reason, "ApprovalDenied");
+    assert!(message.contains("bob denied it"), "{message}");
 }
 
 #[test]
 fn approval_counts_only_after_creation() {
-    let yes = Approval { approved: true };
-    let no = Approval { approved: false };
+    let yes = Approval {
+        approved: true,
+        by: "alice".into(),
+    };
+    let no = Approval {
+        approved: false,
+        by: "bob".into(),
+    };
     assert_eq!(approval_state(None, Some(3)), ApprovalState::Pending);
     // Set by whoever created the run: not an approval.
     assert_eq!(approval_state(Some(&yes), Some(1)), ApprovalState::Pending);
     assert_eq!(approval_state(Some(&no), Some(1)), ApprovalState::Pending);
     assert_eq!(approval_state(Some(&yes), None), ApprovalState::Pending);
-    assert_eq!(approval_state(Some(&yes), Some(2)), ApprovalState::Approved);
-    assert_eq!(approval_state(Some(&no), Some(2)), ApprovalState::Denied);
+    let approved = approval_state(Some(&yes), Some(2));
+    assert_eq!(approved, ApprovalState::Approved { by: "alice".into() });
+    assert_eq!(approved.by(), Some("alice"));
+    let denied = approval_state(Some(&no), Some(2));
+    assert_eq!(denied, ApprovalState::Denied { by: "bob".into() });
+    assert_eq!(denied.by(), Some("bob"));
+    assert_eq!(approval_state(Some(&yes), Some(1)).by(), None);
 }
 
 #[test]
@@ -161,7 +173,7 @@ fn awaiting_status_records_the_wait_and_keeps_its_start() {
         t(T0)
     );
     let mut approved = again.clone();
-    mark_approved(&mut approved, Some(2), t("2026-11-29T08:06:00Z"));
+    mark_approved(&mut approved, "alice", Some(2), t("2026-11-29T08:06:00Z"));
     let c = approved
         .conditions
         .iter()
@@ -276,5 +288,36 @@ fn allowed_limits_never_exceed_the_request() {
     assert_eq!(
         small.limits,
         spec("e2e", Environment::Sandbox).limits.effective()
+    );
+}
+
+#[test]
+fn the_approve_command_is_shell_that_writes_the_approvers_name() {
+    // Run the one-liner with a stand-in `kubectl` that names the user "alice" and prints the
+    // patch it was given: the quoting must survive a real shell and yield the approval JSON.
+    let command = approve_command("run-1", "runs");
+    let script = format!(
+        r#"kubectl() {{ if [ "$1" = auth ]; then printf alice; else printf '%s\n' "$@"; fi; }}
+{command}"#
+    );
+    let out = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let args: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(
+        args[..4],
+        ["patch", "sandboxrun", "run-1", "-n"],
+        "{args:?}"
+    );
+    let patch: serde_json::Value = serde_json::from_str(args.last().unwrap()).unwrap();
+    assert_eq!(
+        patch,
+        serde_json::json!({"spec": {"approval": {"approved": true, "by": "alice"}}})
     );
 }
