@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, ResourceQuota};
 use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use sandboxrun_core::Phase;
@@ -256,6 +256,16 @@ async fn upgrade_with_a_new_policy_keeps_in_flight_runs_and_applies_to_new_ones(
             run_phase(&now) == Some(Phase::Running),
             "the long run was no longer running after the upgrade: {:?}",
             now.status
+        );
+        // The upgrade kept the operator's count limit in the chart's quota (a field the chart
+        // does not set, owned by the operator's own field manager).
+        let quota = Api::<ResourceQuota>::namespaced(client.clone(), RUNS_NAMESPACE)
+            .get("sandboxrun-runs")
+            .await?;
+        let hard = quota.spec.and_then(|s| s.hard).unwrap_or_default();
+        ensure!(
+            hard.contains_key("count/sandboxruns.sandboxrun.dev") && hard.contains_key("pods"),
+            "the upgrade changed the runs quota: {hard:?}"
         );
         // New runs of the agent are rejected by the new rule, once the operator has it.
         let deadline = Instant::now() + POLICY_PROPAGATION;

@@ -93,6 +93,23 @@ pub struct Config {
     /// seconds, or a duration such as 90s, 15m, 1h.
     #[arg(long, env = "SANDBOXRUN_APPROVAL_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
     pub approval_timeout: SignedDuration,
+
+    /// Most SandboxRuns stored in the watched namespace at once (finished ones count until their
+    /// TTL): the operator adds `count/sandboxruns.sandboxrun.dev` to the ResourceQuota named by
+    /// --run-count-quota once the quota controller counts SandboxRuns (see run_quota.rs). 0: no
+    /// count limit.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_STORED_RUNS",
+        default_value_t = 0,
+        requires = "run_count_quota"
+    )]
+    pub max_stored_runs: u32,
+
+    /// The ResourceQuota in the watched namespace that gets the count limit (created if
+    /// missing); with --max-stored-runs.
+    #[arg(long, env = "SANDBOXRUN_RUN_COUNT_QUOTA", requires = "namespace")]
+    pub run_count_quota: Option<String>,
 }
 
 /// A URL that may carry credentials: its `Debug` (the start-up log prints the configuration)

@@ -13,6 +13,7 @@ mod outcome;
 mod policy;
 mod python;
 mod query;
+mod run_quota;
 mod ttl;
 
 use std::sync::Arc;
@@ -158,6 +159,16 @@ async fn main() -> anyhow::Result<()> {
         .with_prometheus(prometheus),
     );
 
+    let run_quota = match (&config.run_count_quota, config.max_stored_runs, namespace) {
+        (Some(quota), max_runs, Some(ns)) if max_runs > 0 => Some(run_quota::RunQuota {
+            namespace: ns.to_owned(),
+            quota: quota.clone(),
+            max_runs,
+            probe_namespace: config.lease_namespace.clone(),
+        }),
+        _ => None,
+    };
+
     if config.leader_election {
         let lease = leader::LeaseConfig {
             name: config.lease_name.clone(),
@@ -165,14 +176,23 @@ async fn main() -> anyhow::Result<()> {
             identity,
         };
         let namespace = namespace.map(str::to_owned);
-        leader::run_while_leader(client, lease, stop_rx.clone(), |stop| {
+        leader::run_while_leader(client.clone(), lease, stop_rx.clone(), |stop| {
             let ctx = ctx.clone();
             let namespace = namespace.clone();
-            async move { controller::run(ctx, namespace.as_deref(), stop).await }
+            let quota = run_quota.clone();
+            let client = client.clone();
+            async move {
+                // Only the leader edits the quota, so two replicas never race on the probe.
+                let keeper = quota.map(|q| tokio::spawn(run_quota::keep(client, q)));
+                controller::run(ctx, namespace.as_deref(), stop).await;
+                keeper.inspect(tokio::task::JoinHandle::abort);
+            }
         })
         .await?;
     } else {
+        let keeper = run_quota.map(|q| tokio::spawn(run_quota::keep(client.clone(), q)));
         controller::run(ctx, namespace, until_true(stop_rx.clone())).await;
+        keeper.inspect(tokio::task::JoinHandle::abort);
     }
 
     // The metrics server stops with the same signal; wait so the port is released cleanly.
