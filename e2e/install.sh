@@ -43,7 +43,7 @@ helm upgrade --install "$RELEASE" charts/sandboxrun "${helm_args[@]}" "$@" >&2
 kubectl -n "$RELEASE_NAMESPACE" rollout status deployment --timeout=120s >&2
 # A new ResourceQuota refuses every create of a resource it counts ("status unknown for quota")
 # until the quota controller reports usage for it: wait until every counted resource has a usage,
-# so the first run passes (see values.yaml on why count/sandboxruns is not counted by default).
+# so the first run passes (the SandboxRun count limit is added later by the operator: run_quota.rs).
 for _ in $(seq 180); do
   pending="$(kubectl get resourcequota -A -l "app.kubernetes.io/instance=$RELEASE" \
     -o go-template='{{range .items}}{{$used := .status.used}}{{range $k, $v := .spec.hard}}{{if not (and $used (index $used $k))}}{{$k}} {{end}}{{end}}{{end}}')"
