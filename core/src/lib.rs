@@ -30,7 +30,8 @@ pub use query::{
     load_databases_file, redact_url,
 };
 pub use runner::{
-    EnvelopeError, Observed, RUNNER_SCRIPT, RunnerResult, parse_envelope, runner_argv,
+    EnvelopeError, NO_PROGRAM_EXIT, Observed, PROGRAM_RECEIVED, RUNNER_SCRIPT, RunnerResult,
+    parse_envelope, program_frame, runner_argv,
 };
 pub use sql::{
     Columns, GuardViolation, GuardedQuery, SqlDialect, SqlRules, TableRule, ViolationKind, guard,

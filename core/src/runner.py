@@ -1,7 +1,12 @@
 # sandboxrun runner: the only program the sandbox container starts.
 #
 # Invoked without any shell as
-#     python3 -I -S -c <this file> OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS CODE
+#     python3 -I -S -c <this file> OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS
+# with the program on stdin, framed as `<byte count>\n<CODE as UTF-8>`: the code never travels in
+# a command line or a Pod spec (one argv string is capped at 128 KiB: execve fails with E2BIG),
+# and a program cut short (the sender died mid-write) is refused, never run truncated (exit 126,
+# no envelope). The runner reads exactly the announced bytes, then closes stdin and prints
+# `sandboxrun-program-received <bytes>` (the sender's cue to hang up).
 # It forks a child that sets itself up as `python3 -I -c CODE` would (never a shell), with a
 # minimal environment, cwd /tmp and stdin /dev/null, and executes CODE as `__main__`; reads the
 # child's stdout and stderr concurrently, keeping at most OUTPUT_BYTES of each (cut on a UTF-8
@@ -263,6 +268,44 @@ PR_SET_DUMPABLE = 4
 PR_GET_DUMPABLE = 3
 # Exit status when the result channel cannot be protected: the code never runs.
 UNPROTECTED = 125
+# Exit code when stdin did not carry one complete framed program.
+NO_PROGRAM = 126
+# Largest program accepted on stdin (the SandboxRun schema allows 256 KiB of code).
+MAX_PROGRAM_BYTES = 1 << 20
+
+
+def read_program():
+    """The framed program from stdin, or None (with the reason on stderr) when it is incomplete."""
+    stdin = os.fdopen(0, "rb", buffering=0, closefd=False)
+    header = b""
+    while not header.endswith(b"\n"):
+        byte = stdin.read(1)
+        if not byte or len(header) > 20:
+            sys.stderr.write("runner: no program on stdin (expected '<byte count>\\n<code>')\n")
+            return None
+        header += byte
+    try:
+        size = int(header)
+    except ValueError:
+        size = -1
+    if size < 0 or size > MAX_PROGRAM_BYTES:
+        sys.stderr.write("runner: bad program header on stdin: %r\n" % header[:20])
+        return None
+    chunks = []
+    left = size
+    while left > 0:
+        chunk = stdin.read(min(left, 65536))
+        if not chunk:
+            sys.stderr.write("runner: the program ended after %d of %d bytes; not running it\n"
+                             % (size - left, size))
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    # Nothing more is read: whatever follows the program is not part of it.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return b"".join(chunks).decode("utf-8", errors="surrogateescape")
 
 
 def make_unreachable():
@@ -304,13 +347,19 @@ def restore_signals(replaced):
 
 
 def main(argv):
-    if len(argv) != 5:
-        sys.stderr.write("usage: runner OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS CODE\n")
+    if len(argv) != 4:
+        sys.stderr.write("usage: runner OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS < framed program\n")
         return 2
     cap = int(argv[1])
     max_procs = int(argv[2])
     timeout = float(argv[3])
-    code = argv[4]
+    code = read_program()
+    if code is None:
+        return NO_PROGRAM
+    # Tells whoever sent the program (the operator, over the Pod's attach stream) that all of it
+    # arrived, so it can hang up; it is not an envelope, so result readers skip it.
+    sys.stdout.buffer.write(b"sandboxrun-program-received %d\n" % len(code.encode("utf-8", "surrogateescape")))
+    sys.stdout.buffer.flush()
 
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
     out_r, out_w = os.pipe()

@@ -1,7 +1,8 @@
 //! The sandbox runner protocol. The sandbox container runs [`RUNNER_SCRIPT`] with the argv from
-//! [`runner_argv`], without any shell; the script runs the user code in a child interpreter,
-//! captures its stdout and stderr separately (each capped), and prints one JSON envelope line.
-//! [`parse_envelope`] recovers the result from the container log.
+//! [`runner_argv`], without any shell, and reads the program from its stdin, framed by
+//! [`program_frame`]; the script runs the user code in a child interpreter, captures its stdout
+//! and stderr separately (each capped), and prints one JSON envelope line. [`parse_envelope`]
+//! recovers the result from the container log.
 
 use serde::{Deserialize, Serialize};
 
@@ -14,10 +15,12 @@ pub const RUNNER_SCRIPT: &str = include_str!("runner.py");
 pub const ENVELOPE_VERSION: u64 = 1;
 
 /// The sandbox container's full command line:
-/// `python3 -I -S -c RUNNER OUTPUT_BYTES PIDS TIMEOUT_SECONDS CODE`.
+/// `python3 -I -S -c RUNNER OUTPUT_BYTES PIDS TIMEOUT_SECONDS`.
 /// `-I` ignores the environment and the user site, `-S` skips `site` so nothing from the image
-/// is imported before the runner; the code is a plain argument, never parsed by a shell.
-pub fn runner_argv(code: &str, limits: &Limits) -> Vec<String> {
+/// is imported before the runner. The code is not in it: it goes to stdin ([`program_frame`]),
+/// so it never travels in a command line or a Pod spec, and its size is not bounded by the 128
+/// KiB an argv string may hold.
+pub fn runner_argv(limits: &Limits) -> Vec<String> {
     vec![
         "python3".to_owned(),
         "-I".to_owned(),
@@ -27,9 +30,23 @@ pub fn runner_argv(code: &str, limits: &Limits) -> Vec<String> {
         limits.output_bytes.to_string(),
         limits.pids.to_string(),
         limits.timeout_seconds.to_string(),
-        code.to_owned(),
     ]
 }
+
+/// What the runner reads from stdin: `<byte count>\n` and the code. The count lets the runner
+/// refuse a program cut short (a sender that died mid-write) instead of running a prefix of it.
+pub fn program_frame(code: &str) -> Vec<u8> {
+    let mut frame = format!("{}\n", code.len()).into_bytes();
+    frame.extend_from_slice(code.as_bytes());
+    frame
+}
+
+/// The runner's exit code when stdin did not carry one complete program (no envelope).
+pub const NO_PROGRAM_EXIT: i32 = 126;
+
+/// The start of the line the runner prints once it has the whole program
+/// (`sandboxrun-program-received <bytes>`): the sender's cue to hang up.
+pub const PROGRAM_RECEIVED: &str = "sandboxrun-program-received";
 
 /// What the runner reported about one execution of user code.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,9 +273,16 @@ mod tests {
             timeout_seconds: 9,
             ..Limits::default()
         };
-        let argv = runner_argv("print('a; rm -rf /')", &limits);
+        let argv = runner_argv(&limits);
         assert_eq!(argv[..4], ["python3", "-I", "-S", "-c"]);
         assert_eq!(argv[4], RUNNER_SCRIPT);
-        assert_eq!(argv[5..], ["123", "7", "9", "print('a; rm -rf /')"]);
+        assert_eq!(argv[5..], ["123", "7", "9"]);
+    }
+
+    #[test]
+    fn the_frame_counts_bytes_not_characters() {
+        assert_eq!(program_frame("print(1)"), b"8\nprint(1)");
+        assert_eq!(program_frame("é"), "2\né".as_bytes());
+        assert_eq!(program_frame(""), b"0\n");
     }
 }

@@ -60,6 +60,20 @@ async fn print_one_succeeds() {
 }
 
 #[tokio::test]
+async fn two_hundred_kib_of_code_runs() {
+    // More than one argv string may hold (128 KiB): the program goes to the runner's stdin.
+    let _serial = serial().await;
+    let filler = format!("# {}\n", "x".repeat(1000)).repeat(210);
+    let code = format!("{filler}print(len(open('/proc/self/cmdline','rb').read()) < 65536)");
+    assert!(code.len() > 200 * 1024);
+    on_each_engine(&code, &limits(), |engine, r| {
+        assert_eq!(r.outcome, Phase::Succeeded, "{engine}: {r:?}");
+        assert_eq!(r.result.stdout, "True\n", "{engine}: {r:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn exit_code_and_streams_are_separate() {
     let _serial = serial().await;
     let code = "import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)";

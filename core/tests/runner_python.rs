@@ -8,7 +8,9 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use sandboxrun_core::{Limits, RunnerResult, parse_envelope, runner_argv};
+use sandboxrun_core::{
+    Limits, NO_PROGRAM_EXIT, RunnerResult, parse_envelope, program_frame, runner_argv,
+};
 
 fn run(code: &str, output_bytes: u32) -> (RunnerResult, Output) {
     run_with(
@@ -20,14 +22,28 @@ fn run(code: &str, output_bytes: u32) -> (RunnerResult, Output) {
     )
 }
 
-fn run_with(code: &str, limits: Limits) -> (RunnerResult, Output) {
-    let argv = runner_argv(code, &limits);
-    let out = Command::new(&argv[0])
+/// The runner as the sandbox starts it, given `stdin`; its output once it exits.
+fn runner(limits: &Limits, stdin: &[u8]) -> Output {
+    use std::io::Write;
+    let argv = runner_argv(limits);
+    let mut child = Command::new(&argv[0])
         .args(&argv[1..])
         // Must not reach the child: the runner hands it a fixed, minimal environment.
         .env("SANDBOXRUN_TEST_SECRET", "leaked")
-        .output()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .expect("python3 on PATH");
+    let mut pipe = child.stdin.take().unwrap();
+    // The runner may stop reading early (a bad header): a broken pipe is its answer, not ours.
+    let _ = pipe.write_all(stdin);
+    drop(pipe);
+    child.wait_with_output().unwrap()
+}
+
+fn run_with(code: &str, limits: Limits) -> (RunnerResult, Output) {
+    let out = runner(&limits, &program_frame(code));
     let log = String::from_utf8(out.stdout.clone()).expect("runner output is UTF-8");
     let result = parse_envelope(&log).unwrap_or_else(|e| {
         panic!(
@@ -229,4 +245,50 @@ fn the_timeout_kills_the_code_and_keeps_its_output() {
     assert_eq!(out.status.code(), Some(137));
     let ms = r.duration_millis.unwrap();
     assert!((1000..5000).contains(&ms), "{ms}");
+}
+
+#[test]
+fn code_larger_than_an_argv_string_runs() {
+    // One argv string holds at most 128 KiB (MAX_ARG_STRLEN); the program comes on stdin.
+    let filler = format!("# {}\n", "x".repeat(1000)).repeat(210);
+    let code = format!("{filler}print(len(open('/proc/self/cmdline','rb').read()) < 65536)");
+    assert!(code.len() > 200 * 1024);
+    let (r, _) = run(&code, 65_536);
+    assert_eq!((r.exit_code, r.stdout.as_str()), (0, "True\n"), "{r:?}");
+}
+
+#[test]
+fn a_program_cut_short_or_missing_is_refused_not_run() {
+    let limits = Limits::default();
+    let frame = program_frame("import sys\nprint('ran')\nsys.exit(0)");
+    // Every prefix of the frame: missing, a bare or partial header, a truncated program.
+    for cut in [0, 1, 2, 3, 10, frame.len() - 1] {
+        let out = runner(&limits, &frame[..cut]);
+        assert_eq!(
+            out.status.code(),
+            Some(NO_PROGRAM_EXIT),
+            "cut at {cut}: {out:?}"
+        );
+        assert!(out.stdout.is_empty(), "cut at {cut}: {out:?}");
+        assert!(
+            !String::from_utf8_lossy(&out.stderr).is_empty(),
+            "cut at {cut}"
+        );
+    }
+    // Not a header at all, a negative or an absurd size.
+    for bad in [
+        &b"print(1)\n"[..],
+        b"-5\nprint(1)",
+        b"99999999999\n",
+        b"12345678901234567890123\n",
+    ] {
+        let out = runner(&limits, bad);
+        assert_eq!(out.status.code(), Some(NO_PROGRAM_EXIT), "{bad:?}: {out:?}");
+    }
+    // Bytes after the announced program are not part of it, and the code cannot read them.
+    let mut extra = program_frame("import sys\nprint(repr(sys.stdin.read()))");
+    extra.extend_from_slice(b"\nprint('smuggled')");
+    let out = runner(&limits, &extra);
+    let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert_eq!(r.stdout, "''\n", "{r:?}");
 }

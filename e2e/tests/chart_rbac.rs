@@ -175,6 +175,7 @@ async fn operator_can_do_what_it_needs() -> Result<()> {
         ("watch", "", "pods", "", RUNS_NAMESPACE),
         ("delete", "", "pods", "", RUNS_NAMESPACE),
         ("get", "", "pods", "log", RUNS_NAMESPACE),
+        ("create", "", "pods", "attach", RUNS_NAMESPACE),
         ("watch", "sandboxrun.dev", "sandboxruns", "", RUNS_NAMESPACE),
         (
             "delete",

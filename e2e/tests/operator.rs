@@ -389,6 +389,27 @@ print(json.dumps(out))
 }
 
 #[tokio::test]
+async fn two_hundred_kib_of_code_runs_and_the_pod_spec_holds_none_of_it() -> Result<()> {
+    // More than an argv string may hold (128 KiB): the operator sends the code to the runner's
+    // stdin over the attach stream; the Pod spec carries none of it.
+    let client = client().await?;
+    let marker = unique_name("code-marker");
+    let filler = format!("# {marker} {}\n", "x".repeat(1000)).repeat(210);
+    let code = format!("{filler}import time\ntime.sleep(3)\nprint(len(open('/proc/self/cmdline','rb').read()) < 65536)");
+    ensure!(code.len() > 200 * 1024);
+    let name = create(&client, &python_run("e2e-bigcode", &code, json!({}))).await?;
+    wait_for(&client, &name, RUN_TIMEOUT, |p| p == Phase::Running).await?;
+    let pods = pods_of(&client, &name).await?;
+    let spec = serde_json::to_string(&pods.first().context("no pod")?.spec)?;
+    ensure!(!spec.contains(&marker), "the code is in the Pod spec");
+    let run = wait_terminal(&client, &name, RUN_TIMEOUT).await?;
+    let st = status(&run);
+    ensure!(st.phase == Some(Phase::Succeeded), "{st:?}");
+    ensure!(st.stdout.as_deref() == Some("True\n"), "{st:?}");
+    Ok(())
+}
+
+#[tokio::test]
 async fn output_over_the_cap_is_truncated_and_flagged() -> Result<()> {
     let client = client().await?;
     let run = run_to_end(

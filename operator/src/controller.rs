@@ -139,6 +139,15 @@ pub enum Error {
         /// The API error.
         source: kube::Error,
     },
+    /// The program could not be handed to the started sandbox yet (retried; the Pod's deadline
+    /// bounds the retries).
+    #[error("sending the program to Pod {pod}: {source}")]
+    Feed {
+        /// The Pod.
+        pod: String,
+        /// What failed.
+        source: crate::python::feed::FeedError,
+    },
 }
 
 impl Error {
@@ -149,6 +158,7 @@ impl Error {
             Error::NoNamespace => "NoNamespace",
             Error::Build(_) => "Build",
             Error::LogUnreadable { .. } => "LogUnreadable",
+            Error::Feed { .. } => "Feed",
         }
     }
 }
@@ -524,7 +534,15 @@ impl<'a> Reconcile<'a> {
 #[tracing::instrument(skip_all, fields(run = %run.name_any(), namespace = %run.namespace().unwrap_or_default()))]
 pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciles.inc();
-    let action = Reconcile::new(&run, &ctx)?.stages().await?;
+    let started = std::time::Instant::now();
+    let result = match Reconcile::new(&run, &ctx) {
+        Ok(r) => r.stages().await,
+        Err(e) => Err(e),
+    };
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    let action = result?;
     ctx.failures
         .lock()
         .expect("not poisoned")

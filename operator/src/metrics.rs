@@ -61,6 +61,10 @@ pub struct Metrics {
     pub run_duration: Histogram,
     /// Time from a run's creation to its code starting, seconds.
     pub queue_to_start: Histogram,
+    /// Time to hand a started sandbox its program over the attach stream, seconds.
+    pub program_feed: Histogram,
+    /// Time of one reconciliation (its API calls included; an sql or metrics run's query too).
+    pub reconcile_duration: Histogram,
 }
 
 impl Default for Metrics {
@@ -78,6 +82,24 @@ impl Default for Metrics {
         let queue_to_start = Histogram::new([
             0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0,
         ]);
+        // Milliseconds when the stream is warm; seconds would mean the API server or kubelet is
+        // struggling.
+        let program_feed = Histogram::new([
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ]);
+        let reconcile_duration = Histogram::new([
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ]);
+        registry.register(
+            "program_feed_seconds",
+            "Time to hand a started sandbox its program (attach, send, confirmation)",
+            program_feed.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time of one reconciliation of a SandboxRun",
+            reconcile_duration.clone(),
+        );
         registry.register(
             "reconciles",
             "Reconciliations of SandboxRuns",
@@ -118,6 +140,8 @@ impl Default for Metrics {
             tool_calls,
             run_duration,
             queue_to_start,
+            program_feed,
+            reconcile_duration,
         }
     }
 }

@@ -66,11 +66,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use crate::limits::Limits;
-use crate::runner::{Observed, RunnerResult, parse_envelope, runner_argv};
+use crate::runner::{Observed, RunnerResult, parse_envelope, program_frame, runner_argv};
 
 pub use crate::quantity::{cpu_millis, memory_bytes};
 pub use rootfs::MARKER as ROOTFS_MARKER;
@@ -527,7 +527,7 @@ impl LocalSandbox {
             value: limits.cpu.clone(),
             example: "500m",
         })?;
-        let argv = runner_argv(code, &limits);
+        let argv = runner_argv(&limits);
         let id = new_id();
         let started = Instant::now();
         let mut cleanup = Cleanup::default();
@@ -633,7 +633,9 @@ impl LocalSandbox {
                 "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             )
             .current_dir("/")
-            .stdin(Stdio::null())
+            // The program goes to the runner's stdin (through bwrap, or runsc, which hands the
+            // container its own stdio), never on a command line.
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
@@ -643,16 +645,24 @@ impl LocalSandbox {
             .spawn()
             .map_err(io_err(format!("cannot start {}", inner.engine.display())))?;
         cleanup.pgid = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok());
+        let mut stdin = child.stdin.take().expect("stdin is piped");
         let mut stdout = child.stdout.take().expect("stdout is piped");
         let mut stderr = child.stderr.take().expect("stderr is piped");
+        let frame = program_frame(code);
         // The envelope escapes at most 6 bytes per byte of output, for both streams.
         let envelope_max = 12 * limits.output_bytes as usize + 4096;
         let mut out = TailBuffer::new(envelope_max);
         let mut err = Vec::new();
         let deadline = Duration::from_secs(u64::from(limits.timeout_seconds)) + START_GRACE;
         let waited = tokio::time::timeout(deadline, async {
-            let (status, (), ()) = tokio::join!(
+            let feed = async move {
+                // A runner that died first makes this a broken pipe: its own result says why.
+                let _ = stdin.write_all(&frame).await;
+                drop(stdin);
+            };
+            let (status, (), (), ()) = tokio::join!(
                 child.wait(),
+                feed,
                 read_tail(&mut stdout, &mut out),
                 read_head(&mut stderr, &mut err, ENGINE_STDERR_BYTES),
             );

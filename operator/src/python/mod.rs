@@ -2,6 +2,7 @@
 //! what to do next from the run's status and its Pod (pure; the end of a sandbox is classified by
 //! core), [`log`] reads a finished sandbox's log; the stage below does the I/O in between.
 
+pub mod feed;
 pub mod log;
 pub mod phase;
 pub mod pod;
@@ -55,7 +56,18 @@ impl Reconcile<'_> {
         let pod_name = pod_name.as_str();
         match phase::next(&prev, pod.as_ref(), &limits, self.now) {
             Next::CreatePod => self.create_pod(&prev, decided, pod_name).await,
-            Next::Progress(progress) => self.progress_to(&prev, &progress, pod_name).await,
+            Next::Progress(progress) => {
+                // Started: the runner waits for its program. Sent before Running is recorded, so
+                // an operator that dies in between sends it again (stdinOnce makes that a no-op
+                // if the first one arrived).
+                if progress.phase == Phase::Running
+                    && prev.phase != Some(Phase::Running)
+                    && pod.as_ref().is_some_and(pod::takes_program_on_stdin)
+                {
+                    self.feed(pod_name).await?;
+                }
+                self.progress_to(&prev, &progress, pod_name).await
+            }
             Next::Collect(exited) => self.collect(&prev, &exited, &limits, pod_name).await,
             Next::Finish(outcome) => {
                 self.end(&prev, Some(Tool::Python), &outcome, Some(pod_name))
@@ -159,6 +171,28 @@ impl Reconcile<'_> {
             self.apply(&status).await?;
         }
         Ok(Action::requeue(QUOTA_RETRY.min(until(deadline, self.now))))
+    }
+
+    /// Sends the run's code to the runner of its started Pod (feed.rs).
+    async fn feed(&self, pod_name: &str) -> Result<(), Error> {
+        let code = self
+            .run
+            .spec
+            .python
+            .as_ref()
+            .map_or("", |p| p.code.as_str());
+        let started = std::time::Instant::now();
+        feed::feed(&self.pods, pod_name, code)
+            .await
+            .map_err(|source| Error::Feed {
+                pod: pod_name.to_owned(),
+                source,
+            })?;
+        self.ctx
+            .metrics
+            .program_feed
+            .observe(started.elapsed().as_secs_f64());
+        Ok(())
     }
 
     /// Records a non-terminal state (only when it changed) and waits for the Pod to move.

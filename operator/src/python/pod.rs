@@ -155,6 +155,15 @@ pub fn build(run: &SandboxRun, config: &SandboxConfig) -> Result<Pod, BuildError
     build_with_limits(run, config, &run.spec.limits.effective())
 }
 
+/// Whether the sandbox of `pod` waits for its program on stdin (every Pod this operator builds;
+/// not those of an operator from before, whose code was in the command line).
+pub fn takes_program_on_stdin(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == CONTAINER))
+        .is_some_and(|c| c.stdin == Some(true) && c.stdin_once == Some(true))
+}
+
 /// The limits a sandbox Pod was built with, from its annotation.
 pub fn limits_of(pod: &Pod) -> Option<Limits> {
     let raw = pod.metadata.annotations.as_ref()?.get(LIMITS_ANNOTATION)?;
@@ -169,7 +178,8 @@ pub fn build_with_limits(
     config: &SandboxConfig,
     limits: &Limits,
 ) -> Result<Pod, BuildError> {
-    let python = run.spec.python.as_ref().ok_or(BuildError::NotPython)?;
+    // The code is not in the Pod: the operator sends it to the runner's stdin (feed.rs).
+    run.spec.python.as_ref().ok_or(BuildError::NotPython)?;
     let owner = owner_reference(run).ok_or(BuildError::Unidentified)?;
     let namespace = run.namespace().ok_or(BuildError::Unidentified)?;
     let limits: Limits = limits.clamped();
@@ -187,8 +197,13 @@ pub fn build_with_limits(
         name: CONTAINER.to_owned(),
         image: Some(config.image.clone()),
         image_pull_policy: Some("IfNotPresent".to_owned()),
-        // The code is an argv element: no shell ever parses it.
-        command: Some(runner_argv(&python.code, &limits)),
+        // No shell parses anything, and the code is not here: the runner waits for it on stdin,
+        // which the operator writes once over the Pod's attach stream (stdinOnce closes it when
+        // that session ends, so nobody can send a second program).
+        command: Some(runner_argv(&limits)),
+        stdin: Some(true),
+        stdin_once: Some(true),
+        tty: Some(false),
         working_dir: Some("/tmp".to_owned()),
         resources: Some(ResourceRequirements {
             // requests = limits: the Pod is Guaranteed QoS and never overcommits the node.
@@ -218,8 +233,6 @@ pub fn build_with_limits(
             mount_path: "/tmp".to_owned(),
             ..Default::default()
         }]),
-        stdin: Some(false),
-        tty: Some(false),
         ..Default::default()
     };
 
@@ -385,6 +398,7 @@ mod tests {
     #[test]
     fn container_isolation_resources_and_command() {
         let pod = build(&run(), &config()).unwrap();
+        let spec = serde_json::to_string(&pod).unwrap();
         let c = &pod.spec.unwrap().containers[0];
         assert_eq!(c.name, "sandbox");
         assert_eq!(
@@ -415,11 +429,17 @@ mod tests {
         assert_eq!(mounts[0].mount_path, "/tmp");
         assert_eq!(mounts[0].name, "tmp");
 
-        // No shell: python3 runs the runner directly, the code is the last argv element.
+        // No shell: python3 runs the runner directly; the code is nowhere in the Pod (it comes
+        // on stdin, once).
         let cmd = c.command.as_ref().unwrap();
         assert_eq!(cmd[..4], ["python3", "-I", "-S", "-c"]);
         assert_eq!(cmd[4], RUNNER_SCRIPT);
-        assert_eq!(cmd[5..], ["1000", "32", "5", "print('hi'); import os"]);
+        assert_eq!(cmd[5..], ["1000", "32", "5"]);
+        assert_eq!(
+            (c.stdin, c.stdin_once, c.tty),
+            (Some(true), Some(true), Some(false))
+        );
+        assert!(!spec.contains("print('hi'); import os"), "{spec}");
         assert!(c.args.is_none());
         assert!(c.env.is_none());
         assert!(c.env_from.is_none());
