@@ -131,6 +131,9 @@ pub enum Phase {
     TimedOut,
     /// The run was refused before anything executed (policy, or a tool not available).
     Rejected,
+    /// The caller went away (the MCP request was cancelled or its connection dropped) before the
+    /// run ended; whatever was executing was stopped.
+    Cancelled,
 }
 
 impl Phase {
@@ -138,12 +141,12 @@ impl Phase {
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            Phase::Succeeded | Phase::Failed | Phase::TimedOut | Phase::Rejected
+            Phase::Succeeded | Phase::Failed | Phase::TimedOut | Phase::Rejected | Phase::Cancelled
         )
     }
 
     /// Every phase, in lifecycle order (for metrics that report each one).
-    pub const ALL: [Phase; 7] = [
+    pub const ALL: [Phase; 8] = [
         Phase::Pending,
         Phase::AwaitingApproval,
         Phase::Running,
@@ -151,6 +154,7 @@ impl Phase {
         Phase::Failed,
         Phase::TimedOut,
         Phase::Rejected,
+        Phase::Cancelled,
     ];
 
     /// The name as it appears in the API.
@@ -163,6 +167,7 @@ impl Phase {
             Phase::Failed => "Failed",
             Phase::TimedOut => "TimedOut",
             Phase::Rejected => "Rejected",
+            Phase::Cancelled => "Cancelled",
         }
     }
 }
@@ -218,6 +223,8 @@ pub enum Reason {
     NoQuery,
     /// The run needs a policy and the operator has none.
     PolicyRequired,
+    /// The caller cancelled the call (`spec.cancelled`) before the run ended.
+    CallCancelled,
     /// A query returned its result.
     QueryCompleted,
     /// A query ran past its statement timeout.
@@ -254,6 +261,7 @@ impl Reason {
             Reason::NoTool => "NoTool",
             Reason::NoQuery => "NoQuery",
             Reason::PolicyRequired => "PolicyRequired",
+            Reason::CallCancelled => "CallCancelled",
             Reason::QueryCompleted => "QueryCompleted",
             Reason::QueryTimedOut => "QueryTimedOut",
             Reason::QueryFailed => "QueryFailed",

@@ -40,7 +40,7 @@ const ONE_TOOL_RULE: &str =
 const SAME_TOOL_RULE: &str = "has(self.python) == has(oldSelf.python) && has(self.sql) == has(oldSelf.sql) && has(self.metrics) == has(oldSelf.metrics)";
 
 /// A tool call to execute: exactly one of `python`, `sql` or `metrics`. Everything but
-/// `approval` is immutable once created.
+/// `approval` and `cancelled` is immutable once created.
 // Clippy reads the repeated `type_ = ...` inside separate printcolumn(...) groups as duplicates.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -111,9 +111,18 @@ pub struct SandboxRunSpec {
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("ttlSecondsAfterFinished is immutable"))]
     pub ttl_seconds_after_finished: u32,
 
-    /// Approval of an escalated run, set by a person with RBAC rights; the only mutable field.
+    /// Approval of an escalated run, set by a person with RBAC rights; mutable, like
+    /// `cancelled`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Approval>,
+
+    /// Stops the run: set by its caller (the frontend, when the MCP request is cancelled or its
+    /// connection drops) or a person. The operator ends an unfinished run `Cancelled` (reason
+    /// `CallCancelled`), stops its sandbox and writes its audit line; a finished run keeps its
+    /// result. It can be set, never unset.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[x_kube(validation = kube::core::Rule::new("self || !oldSelf").message("a cancelled run stays cancelled"))]
+    pub cancelled: bool,
 }
 
 fn default_ttl() -> u32 {

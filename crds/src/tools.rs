@@ -37,6 +37,7 @@ fn spec(agent: &str, environment: Environment, limits: Limits) -> SandboxRunSpec
         limits: LimitsSpec::from(limits),
         ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
         approval: None,
+        cancelled: false,
     }
 }
 

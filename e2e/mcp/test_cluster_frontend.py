@@ -61,3 +61,48 @@ def test_the_cluster_frontend_refuses_calls_without_a_valid_key():
                                              "Accept": "application/json, text/event-stream"},
                                json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=30)
         assert response.status_code == 401, response.text
+
+
+def test_a_cancelled_call_ends_its_run_cancelled_with_one_audit_line_and_no_pod():
+    """The caller gives up mid-run (the SDK sends notifications/cancelled): the frontend cancels
+    the run, which ends Cancelled with its audit line; its sandbox Pod goes, the run stays."""
+    from operator_audit import the_audit_line
+    marker = "cancel-me-" + os.urandom(6).hex()
+
+    async def main():
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=180) as client:
+            async with streamable_http_client(URL, http_client=client) as streams:
+                async with ClientSession(streams[0], streams[1]) as session:
+                    await session.initialize()
+                    with anyio.move_on_after(8):
+                        await session.call_tool(
+                            "run_python", {"code": f"# {marker}\nimport time\ntime.sleep(120)"})
+                    # The session survives and serves the next call.
+                    r = await session.call_tool("run_python", {"code": "print(2)"})
+                    assert r.structured_content["stdout"] == "2\n", r
+
+    anyio.run(main)
+
+    def the_run():
+        runs = json.loads(subprocess.run(
+            [KUBECTL, "-n", "sandboxrun-runs", "get", "sandboxruns", "-o", "json"],
+            check=True, capture_output=True, text=True).stdout)["items"]
+        found = [r for r in runs if marker in (r["spec"].get("python") or {}).get("code", "")]
+        assert len(found) == 1, f"one run for the call: {[r['metadata']['name'] for r in found]}"
+        return found[0]
+
+    run = the_run()
+    for _ in range(60):
+        if run.get("status", {}).get("phase") == "Cancelled":
+            break
+        anyio.run(anyio.sleep, 1)
+        run = the_run()
+    assert run["spec"]["cancelled"] is True, run["spec"]
+    assert (run["status"]["phase"], run["status"]["reason"]) == ("Cancelled", "CallCancelled"), run["status"]
+    name = run["metadata"]["name"]
+    line = the_audit_line(name)
+    assert (line["phase"], line["phase_reason"]) == ("Cancelled", "CallCancelled"), line
+    pods = json.loads(subprocess.run(
+        [KUBECTL, "-n", "sandboxrun-runs", "get", "pods", "-l", f"sandboxrun.dev/run={name}", "-o", "json"],
+        check=True, capture_output=True, text=True).stdout)["items"]
+    assert [p for p in pods if not p["metadata"].get("deletionTimestamp")] == [], pods

@@ -100,8 +100,9 @@ async fn frontend_cannot_create_pods_or_read_secrets() -> Result<()> {
         own.get(API_KEYS_SECRET).await,
         "frontend reads its API-key Secret",
     )?;
-    // It cannot forge a result or approve its own escalated run (status and spec are the
-    // operator's and a person's), nor exec into a sandbox.
+    // It cannot forge a result (the status is the operator's), delete a run (the audit trail),
+    // nor exec into a sandbox. It may patch runs, to cancel them; the identity admission policy
+    // narrows that to spec.cancelled on its own unfinished runs (tests/identity.rs).
     ensure!(
         !can_i(
             &fe,
@@ -117,14 +118,14 @@ async fn frontend_cannot_create_pods_or_read_secrets() -> Result<()> {
     ensure!(
         !can_i(
             &fe,
-            "patch",
+            "delete",
             "sandboxrun.dev",
             "sandboxruns",
             "",
             RUNS_NAMESPACE
         )
         .await?,
-        "frontend may patch sandboxruns (it could approve its own escalated runs)"
+        "frontend may delete sandboxruns (the audit trail)"
     );
     ensure!(
         !can_i(&fe, "create", "", "pods", "exec", RUNS_NAMESPACE).await?,
@@ -145,7 +146,7 @@ async fn frontend_can_create_and_follow_sandboxruns() -> Result<()> {
     )
     .await?;
     runs.list(&ListParams::default().limit(1)).await?;
-    for verb in ["watch", "delete"] {
+    for verb in ["watch", "patch"] {
         ensure!(
             can_i(
                 &fe,

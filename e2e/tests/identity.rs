@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Error};
-use sandboxrun_core::Environment;
+use sandboxrun_core::{Environment, Phase};
 use sandboxrun_e2e::identity::{client_as, whoami};
 use sandboxrun_e2e::runs::{RUNS_NAMESPACE, python_run, runs};
 use sandboxrun_e2e::{client, unique_name};
@@ -190,10 +190,12 @@ async fn runs_record_their_creator_and_an_agent_cannot_approve_its_own_run() -> 
     outcome
 }
 
-/// The frontend deletes the runs of calls that went away; it may delete nothing else: not a run
-/// someone else created, not a finished run (the audit trail). Checked with server-side dry runs.
+/// The frontend cancels the runs of calls that went away (`spec.cancelled`), which then end
+/// `Cancelled` with no Pod left; it may change nothing else (not the approval, not the metadata),
+/// not on a run someone else created, not on a finished run (the audit trail), and it deletes
+/// nothing.
 #[tokio::test]
-async fn the_frontend_deletes_only_the_unfinished_runs_it_created() -> Result<()> {
+async fn the_frontend_only_cancels_the_unfinished_runs_it_created() -> Result<()> {
     let admin = client().await?;
     let frontend = client_as(
         &admin,
@@ -201,25 +203,44 @@ async fn the_frontend_deletes_only_the_unfinished_runs_it_created() -> Result<()
         "sandboxrun-mcp",
     )
     .await?;
-    let dry = DeleteParams {
+    let dry = PatchParams {
         dry_run: true,
-        ..DeleteParams::background()
+        ..PatchParams::default()
     };
-    // A run of someone else (no frontend label), blocked by nothing but not the frontend's.
+    let cancel = json!({"spec": {"cancelled": true}});
+    let long = |agent: &str| {
+        python_run(
+            "e2e-cancel",
+            "import time\ntime.sleep(120)",
+            json!({"agent": agent}),
+        )
+    };
+    // A run of someone else (no frontend label).
     let foreign = runs(&admin)
-        .create(&PostParams::default(), &run_of("someone-else"))
+        .create(&PostParams::default(), &long("someone-else"))
         .await?;
     let foreign_name = foreign.metadata.name.clone().unwrap_or_default();
     let message = refused(
-        runs(&frontend).delete(&foreign_name, &dry).await,
-        "the frontend deleting a run it did not create",
+        runs(&frontend)
+            .patch(&foreign_name, &dry, &Patch::Merge(&cancel))
+            .await,
+        "the frontend cancelling a run it did not create",
     )?;
-    ensure!(
-        message.contains("only the unfinished runs it created"),
-        "{message}"
-    );
-    // One labelled as the frontend's: deletable while it runs.
-    let mut own = run_of("someone-else");
+    ensure!(message.contains("may only cancel"), "{message}");
+    refused(
+        runs(&frontend)
+            .delete(
+                &foreign_name,
+                &DeleteParams {
+                    dry_run: true,
+                    ..DeleteParams::background()
+                },
+            )
+            .await,
+        "the frontend deleting a run",
+    )?;
+    // One labelled as the frontend's.
+    let mut own = long("someone-else");
     own.metadata.labels = Some(
         [(
             "app.kubernetes.io/created-by".to_owned(),
@@ -229,80 +250,76 @@ async fn the_frontend_deletes_only_the_unfinished_runs_it_created() -> Result<()
     );
     let own = runs(&admin).create(&PostParams::default(), &own).await?;
     let own_name = own.metadata.name.clone().unwrap_or_default();
-    let unfinished = runs(&admin).get(&own_name).await?;
-    let finished = unfinished
-        .status
-        .as_ref()
-        .and_then(|s| s.phase)
-        .is_some_and(sandboxrun_core::Phase::is_terminal);
-    if !finished {
-        runs(&frontend).delete(&own_name, &dry).await?;
-    }
-    // Once it has finished, not even its own.
-    let done = sandboxrun_e2e::runs::wait_for(
+    sandboxrun_e2e::runs::wait_for(
         &admin,
         &own_name,
         std::time::Duration::from_secs(120),
-        |p| p.is_terminal(),
+        |p| p == Phase::Running,
     )
     .await?;
+    // Anything but the cancellation: refused, even on its own run.
+    for (what, patch) in [
+        (
+            "approving it",
+            json!({"spec": {"approval": {"approved": true, "by": "system:serviceaccount:sandboxrun-system:sandboxrun-mcp"}}}),
+        ),
+        (
+            "relabelling it",
+            json!({"metadata": {"labels": {"team": "x"}}}),
+        ),
+        (
+            "adding a finalizer",
+            json!({"metadata": {"finalizers": ["example.com/keep"]}}),
+        ),
+    ] {
+        let message = refused(
+            runs(&frontend)
+                .patch(&own_name, &dry, &Patch::Merge(&patch))
+                .await,
+            &format!("the frontend {what}"),
+        )?;
+        ensure!(message.contains("may only cancel"), "{what}: {message}");
+    }
+    // The cancellation: the run ends Cancelled, its sandbox goes.
+    runs(&frontend)
+        .patch(&own_name, &PatchParams::default(), &Patch::Merge(&cancel))
+        .await?;
+    let done =
+        sandboxrun_e2e::runs::wait_terminal(&admin, &own_name, std::time::Duration::from_secs(60))
+            .await?;
+    let status = done.status.clone().unwrap_or_default();
     ensure!(
-        done.status
-            .as_ref()
-            .and_then(|s| s.phase)
-            .is_some_and(|p| p.is_terminal()),
-        "{done:?}"
+        status.phase == Some(Phase::Cancelled) && status.reason.as_deref() == Some("CallCancelled"),
+        "{status:?}"
     );
+    sandboxrun_e2e::runs::wait_no_pods(&admin, &own_name, std::time::Duration::from_secs(60))
+        .await?;
+    // Once cancelled, it stays so; once finished, not even the frontend's own run is touched.
     let message = refused(
-        runs(&frontend).delete(&own_name, &dry).await,
-        "the frontend deleting a finished run",
+        runs(&admin)
+            .patch(
+                &own_name,
+                &dry,
+                &Patch::Merge(&json!({"spec": {"cancelled": false}})),
+            )
+            .await,
+        "un-cancelling a run",
     )?;
     ensure!(
-        message.contains("only the unfinished runs it created"),
+        message.contains("a cancelled run stays cancelled"),
         "{message}"
     );
+    let message = refused(
+        runs(&frontend)
+            .patch(&own_name, &dry, &Patch::Merge(&cancel))
+            .await,
+        "the frontend touching a finished run",
+    )?;
+    ensure!(message.contains("may only cancel"), "{message}");
     for name in [foreign_name, own_name] {
         let _ = runs(&admin)
             .delete(&name, &DeleteParams::background())
             .await;
     }
-    Ok(())
-}
-
-/// The frontend's NetworkPolicy lets it reach the API server's own addresses only (the
-/// endpoints of the `kubernetes` Service, looked up at install), not any address on 443.
-#[tokio::test]
-async fn the_frontend_may_reach_only_the_api_servers_addresses() -> Result<()> {
-    use k8s_openapi::api::core::v1::Endpoints;
-    use k8s_openapi::api::networking::v1::NetworkPolicy;
-    let admin = client().await?;
-    let endpoints = Api::<Endpoints>::namespaced(admin.clone(), "default")
-        .get("kubernetes")
-        .await?;
-    let mut api_server: Vec<String> = endpoints
-        .subsets
-        .unwrap_or_default()
-        .into_iter()
-        .flat_map(|s| s.addresses.unwrap_or_default())
-        .map(|a| format!("{}/32", a.ip))
-        .collect();
-    api_server.sort();
-    let policy =
-        Api::<NetworkPolicy>::namespaced(admin.clone(), sandboxrun_e2e::runs::SYSTEM_NAMESPACE)
-            .get("sandboxrun-mcp")
-            .await?;
-    let spec = policy.spec.unwrap_or_default();
-    let mut allowed: Vec<String> = spec
-        .egress
-        .unwrap_or_default()
-        .into_iter()
-        .flat_map(|rule| rule.to.unwrap_or_default())
-        .filter_map(|peer| peer.ip_block.map(|b| b.cidr))
-        .collect();
-    allowed.sort();
-    ensure!(
-        !api_server.is_empty() && allowed == api_server,
-        "egress {allowed:?}, API server {api_server:?}"
-    );
     Ok(())
 }

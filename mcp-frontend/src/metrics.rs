@@ -39,6 +39,7 @@ impl Outcome {
             Phase::TimedOut => Outcome::TimedOut,
             Phase::Rejected | Phase::AwaitingApproval => Outcome::Rejected,
             Phase::Pending | Phase::Running | Phase::Failed => Outcome::Failed,
+            Phase::Cancelled => Outcome::Cancelled,
         }
     }
 

@@ -233,6 +233,9 @@ impl<'a> Reconcile<'a> {
         if is_terminal(&prev) {
             return self.finished(&prev).await;
         }
+        if self.run.spec.cancelled {
+            return self.cancel(&prev).await;
+        }
         let Some(tool) = self.run.spec.tool() else {
             let outcome = outcome::rejected(
                 Reason::NoTool,
@@ -458,10 +461,32 @@ impl<'a> Reconcile<'a> {
         Ok(after_ttl(self.run, &status, self.now))
     }
 
+    /// An unfinished run its caller cancelled: it ends `Cancelled`, with its audit line, and its
+    /// sandbox (if any) is deleted. What ran until now ran; nothing more will.
+    async fn cancel(&self, prev: &SandboxRunStatus) -> Result<Action, Error> {
+        let tool = self.run.spec.tool();
+        let outcome = Outcome::of(
+            Phase::Cancelled,
+            Reason::CallCancelled,
+            "the caller cancelled the call before the run ended (spec.cancelled)".to_owned(),
+            prev.start_time.as_ref().map(|t| t.0),
+            self.now,
+        );
+        let pod = (tool == Some(Tool::Python)).then(|| crate::python::pod::pod_name(&self.name));
+        self.end(prev, tool, &outcome, pod.as_deref()).await
+    }
+
     /// A run in a terminal phase: make sure its Pod is gone, delete the run once its TTL passed.
     pub async fn finished(&self, status: &SandboxRunStatus) -> Result<Action, Error> {
-        if let Some(pod) = &status.pod_name {
-            // Covers a crash between recording the result and deleting the Pod.
+        if let Some(pod) = status
+            .pod_name
+            .as_ref()
+            .filter(|_| recently_finished(status, self.now))
+        {
+            // Covers a crash between recording the result and deleting the Pod. Only soon after
+            // the end: otherwise every relist of the operator would send one DELETE per stored
+            // run for Pods long gone. A Pod that outlived the window anyway stops at its own
+            // activeDeadlineSeconds and is garbage-collected with its run at the TTL.
             self.delete_pod(pod).await?;
         }
         match ttl_left(self.run, status, self.now) {
@@ -548,6 +573,17 @@ pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         .expect("not poisoned")
         .remove(&ObjectRef::from_obj(run.as_ref()));
     Ok(action)
+}
+
+/// How long after its end a run's Pod is still deleted on every reconcile of the run.
+const POD_CLEANUP_WINDOW: jiff::SignedDuration = jiff::SignedDuration::from_secs(600);
+
+/// Whether `status` ended within [`POD_CLEANUP_WINDOW`] of `now` (or says not when).
+fn recently_finished(status: &SandboxRunStatus, now: Timestamp) -> bool {
+    status
+        .completion_time
+        .as_ref()
+        .is_none_or(|done| now.duration_since(done.0) < POD_CLEANUP_WINDOW)
 }
 
 /// Time left before a finished run is deleted (`None`: due now). Counted from its completion

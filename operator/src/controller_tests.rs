@@ -552,3 +552,64 @@ fn the_cache_keeps_no_managed_fields_and_no_output_of_finished_runs() {
     assert_eq!(st.pod_name.as_deref(), Some("p"));
     assert!(run.spec.python.as_ref().unwrap().code.is_empty());
 }
+
+#[tokio::test]
+async fn a_cancelled_run_ends_cancelled_once_with_its_audit_line_and_no_pod() {
+    let (audit, _guard) = Captured::audit();
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, None);
+    // Decided and its Pod created.
+    reconcile_as(cached(&api), &ctx).await;
+    api.take_requests();
+    assert!(api.with(|s| s.pod.is_some()));
+
+    // The caller goes away: the frontend sets spec.cancelled.
+    api.with(|s| {
+        let run = s.run.as_mut().unwrap();
+        run["spec"]["cancelled"] = json!(true);
+        run["metadata"]["generation"] = json!(2);
+    });
+    let stale = cached(&api);
+    reconcile_as(stale.clone(), &ctx).await;
+    let requests = api.take_requests();
+    // The terminal check, the status, then the sandbox goes.
+    assert_eq!(
+        requests,
+        [get_run(), patch_status(), delete_pod()],
+        "{requests:?}"
+    );
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Cancelled"), &json!("CallCancelled"))
+    );
+    assert!(api.with(|s| s.pod.is_none()));
+    // Again from the stale copy: nothing is ended twice.
+    reconcile_as(stale, &ctx).await;
+    assert!(!api.take_requests().contains(&patch_status()));
+
+    let lines = audit.lines();
+    assert_eq!(lines.len(), 1, "one audit line: {lines:?}");
+    assert_eq!(lines[0]["fields"]["phase"], "Cancelled");
+    assert_eq!(lines[0]["fields"]["phase_reason"], "CallCancelled");
+}
+
+#[tokio::test]
+async fn a_finished_run_of_long_ago_sends_no_delete_for_its_pod() {
+    // A relist reconciles every stored run: those that ended long ago must cost no API call
+    // (their Pods went with them), only those that ended just now get their Pod deleted again.
+    let mut run = run_json(python());
+    let long_ago = Timestamp::now() - SignedDuration::from_mins(30);
+    run["status"] = json!({"phase": "Succeeded", "reason": "Succeeded", "podName": POD,
+        "completionTime": long_ago.to_string()});
+    let api = FakeApi::start(run).await;
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.take_requests(), Vec::<String>::new());
+
+    api.with(|s| {
+        s.run.as_mut().unwrap()["status"]["completionTime"] = json!(Timestamp::now().to_string());
+    });
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.take_requests(), [delete_pod()]);
+}

@@ -42,6 +42,7 @@ fn spec(agent: &str, environment: Environment) -> SandboxRunSpec {
         limits: LimitsSpec::default(),
         ttl_seconds_after_finished: 60,
         approval: None,
+        cancelled: false,
     }
 }
 

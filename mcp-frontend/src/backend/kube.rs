@@ -1,6 +1,8 @@
 //! The cluster backend: each call becomes a SandboxRun that the operator executes in a gVisor
 //! Pod. The frontend creates it, follows that one object with a watch (no polling) until its
-//! phase is terminal, and deletes it when the caller goes away.
+//! phase is terminal, and cancels it (`spec.cancelled`) when the caller goes away: the operator
+//! then ends it `Cancelled`, stops its sandbox and writes its audit line, so a cancelled call is
+//! on the audit trail like any other.
 //!
 //! A run that policy escalated waits in `AwaitingApproval` for a person. With an approval wait of
 //! zero (the default) the call returns at once with an "awaiting approval: <run>" result; with a
@@ -8,7 +10,7 @@
 //! notification (naming the run) when the wait starts and every [`APPROVAL_PROGRESS_INTERVAL`],
 //! and returns the final result when a person decides in time, else the "awaiting approval"
 //! result. Either way the run stays for the person to decide: once it awaits approval, a caller
-//! that goes away no longer deletes it (it is in a person's hands and on the audit trail, and
+//! that goes away no longer cancels it (it is in a person's hands and on the audit trail, and
 //! ends Rejected at the operator's approval timeout at the latest).
 
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use sandboxrun_api::{ClusterTool, SandboxRun, SandboxRunSpec, SandboxRunStatus};
@@ -85,7 +87,7 @@ impl KubeBackend {
         .await
     }
 
-    /// Creates `run`, follows it until `read` returns a result, and deletes it when the caller
+    /// Creates `run`, follows it until `read` returns a result, and cancels it when the caller
     /// goes away first.
     async fn create_and_follow<T>(
         &self,
@@ -117,8 +119,8 @@ impl KubeBackend {
         tracing::info!(run = %name, agent = %agent, "created SandboxRun");
         progress(Phase::Pending, &name);
         // From here on the run exists: whatever ends this future (cancellation, a dropped
-        // request, a shutdown) deletes it unless a result was read or it awaits approval.
-        let guard = DeleteOnDrop::new(self.api.clone(), name.clone());
+        // request, a shutdown) cancels it unless a result was read or it awaits approval.
+        let guard = CancelOnDrop::new(self.api.clone(), name.clone());
         let armed = guard.armed.clone();
         let keep = move || armed.store(false, Ordering::Relaxed);
         // An approval may come at the end of the wait; the run then still needs its own time.
@@ -249,16 +251,17 @@ fn deleted(name: &str) -> BackendError {
     ))
 }
 
-/// Deletes a SandboxRun when dropped while armed. Deletion cascades to its Pod through the
-/// ownerReference, so a cancelled call leaves nothing running.
-struct DeleteOnDrop {
+/// Cancels a SandboxRun (`spec.cancelled: true`) when dropped while armed: the operator ends it
+/// `Cancelled` and deletes its sandbox, so a cancelled call leaves nothing running and keeps its
+/// terminal phase and audit line (deleting the run would have lost both).
+struct CancelOnDrop {
     api: Api<SandboxRun>,
     name: String,
     /// Shared so that the watch can disarm the guard while the call still runs.
     armed: Arc<AtomicBool>,
 }
 
-impl DeleteOnDrop {
+impl CancelOnDrop {
     fn new(api: Api<SandboxRun>, name: String) -> Self {
         Self {
             api,
@@ -272,7 +275,7 @@ impl DeleteOnDrop {
     }
 }
 
-impl Drop for DeleteOnDrop {
+impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if !self.armed.load(Ordering::Relaxed) {
             return;
@@ -281,10 +284,14 @@ impl Drop for DeleteOnDrop {
         // Drop cannot await; outside a runtime (process exit) the run's TTL still applies.
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                match api.delete(&name, &DeleteParams::background()).await {
-                    Ok(_) => tracing::info!(run = %name, "deleted unfinished SandboxRun"),
+                let cancel = serde_json::json!({ "spec": { "cancelled": true } });
+                match api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&cancel))
+                    .await
+                {
+                    Ok(_) => tracing::info!(run = %name, "cancelled unfinished SandboxRun"),
                     Err(e) => {
-                        tracing::warn!(run = %name, error = %e, "could not delete SandboxRun")
+                        tracing::warn!(run = %name, error = %e, "could not cancel SandboxRun")
                     }
                 }
             });

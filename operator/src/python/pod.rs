@@ -330,6 +330,7 @@ mod tests {
                 },
                 ttl_seconds_after_finished: 30,
                 approval: None,
+                cancelled: false,
             },
         );
         run.metadata.namespace = Some("sandboxrun-runs".into());
