@@ -296,7 +296,8 @@ mod tests {
                 Phase::Succeeded,
                 Phase::Failed,
                 Phase::TimedOut,
-                Phase::Rejected
+                Phase::Rejected,
+                Phase::Cancelled
             ]
         );
     }

@@ -236,6 +236,12 @@ impl PythonOutput {
                     detail("no result was recorded")
                 ),
             },
+            // A person (or another client of the same run) stopped it; the caller itself is gone.
+            Phase::Cancelled => format!(
+                "the run was cancelled before it finished: {}{}",
+                detail("spec.cancelled was set"),
+                self.stdout_hint()
+            ),
             // Non-terminal phases never reach the agent; say so rather than panic.
             other => format!("the run ended in the unexpected phase {other}"),
         };
