@@ -62,6 +62,18 @@ pub struct Context {
     pub log_read_timeout: Duration,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
+    /// Terminal statuses whose write failed, by run uid, with their audit line still to write:
+    /// the write may have committed with its answer lost (a 504, a dropped connection), and then
+    /// the next reconcile finds the run already terminal (see [`Reconcile::finished`]).
+    unaudited: Mutex<HashMap<String, Unaudited>>,
+}
+
+/// An end whose terminal status write failed, as [`Context::unaudited`] keeps it.
+#[derive(Clone, Debug)]
+struct Unaudited {
+    status: SandboxRunStatus,
+    phase: Phase,
+    reason: String,
 }
 
 impl Context {
@@ -86,6 +98,7 @@ impl Context {
             prometheus: None,
             log_read_timeout: crate::python::log::LOG_READ_TIMEOUT,
             failures: Mutex::default(),
+            unaudited: Mutex::default(),
         }
     }
 
@@ -426,30 +439,29 @@ impl<'a> Reconcile<'a> {
             return self.finished(&done).await;
         }
         // The status first: the Pod (and its log) must outlive the only record of the result.
-        self.apply(&status).await?;
+        if let Err(e) = self.apply(&status).await {
+            // It may have committed all the same: then the reconcile that finds the run ended
+            // writes the audit line (`finished`); if it did not, this end is simply retried.
+            self.ctx.unaudited.lock().expect("not poisoned").insert(
+                self.uid(),
+                Unaudited {
+                    status: status.clone(),
+                    phase: outcome.phase,
+                    reason: outcome.reason.clone(),
+                },
+            );
+            return Err(e);
+        }
+        self.ctx
+            .unaudited
+            .lock()
+            .expect("not poisoned")
+            .remove(&self.uid());
         info!(run = %self.name, phase = %outcome.phase, reason = %outcome.reason, "run finished");
-        // The call's one audit line: the run is terminal from here on.
-        let tool = status.tool;
-        audit::record(
-            self.run,
-            tool,
-            &status,
-            outcome.phase,
-            &outcome.reason,
-            self.now,
-        );
-        let metrics = &self.ctx.metrics;
-        metrics.entered(outcome.phase);
-        metrics.finished_call(
-            tool,
-            &self.run.spec.agent,
-            self.run.spec.environment,
-            status.decision.as_ref().map(|d| d.verdict),
-            outcome.phase,
-        );
+        self.record_end(&status, outcome.phase, &outcome.reason);
         if let Some(start) = outcome.started_at {
             let secs = outcome.finished_at.duration_since(start).as_secs_f64();
-            metrics.run_duration.observe(secs.max(0.0));
+            self.ctx.metrics.run_duration.observe(secs.max(0.0));
         }
         self.ctx
             .events
@@ -476,8 +488,44 @@ impl<'a> Reconcile<'a> {
         self.end(prev, tool, &outcome, pod.as_deref()).await
     }
 
+    /// The call's one audit line and its metrics: the run is terminal from here on.
+    fn record_end(&self, status: &SandboxRunStatus, phase: Phase, reason: &str) {
+        let tool = status.tool;
+        audit::record(self.run, tool, status, phase, reason, self.now);
+        let metrics = &self.ctx.metrics;
+        metrics.entered(phase);
+        metrics.finished_call(
+            tool,
+            &self.run.spec.agent,
+            self.run.spec.environment,
+            status.decision.as_ref().map(|d| d.verdict),
+            phase,
+        );
+    }
+
+    fn uid(&self) -> String {
+        self.run.metadata.uid.clone().unwrap_or_default()
+    }
+
     /// A run in a terminal phase: make sure its Pod is gone, delete the run once its TTL passed.
     pub async fn finished(&self, status: &SandboxRunStatus) -> Result<Action, Error> {
+        let pending = self
+            .ctx
+            .unaudited
+            .lock()
+            .expect("not poisoned")
+            .remove(&self.uid());
+        if let Some(end) = pending.filter(|end| {
+            // Ours, committed although its answer was lost: the same end, to the second (the
+            // API server keeps whole seconds).
+            let second = |s: &SandboxRunStatus| s.completion_time.as_ref().map(|t| t.0.as_second());
+            end.status.phase == status.phase
+                && second(&end.status) == second(status)
+                && end.status.reason == status.reason
+        }) {
+            info!(run = %self.name, "the terminal status write committed although it failed; writing its audit line");
+            self.record_end(status, end.phase, &end.reason);
+        }
         if let Some(pod) = status
             .pod_name
             .as_ref()

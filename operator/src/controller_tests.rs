@@ -613,3 +613,42 @@ async fn a_finished_run_of_long_ago_sends_no_delete_for_its_pod() {
     reconcile_as(cached(&api), &ctx).await;
     assert_eq!(api.take_requests(), [delete_pod()]);
 }
+
+#[tokio::test]
+async fn a_terminal_write_that_committed_with_its_answer_lost_still_gets_one_audit_line() {
+    let (audit, _guard) = Captured::audit();
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    let (started, finished) = (
+        Timestamp::now() - SignedDuration::from_secs(2),
+        Timestamp::now(),
+    );
+    api.with(|s| {
+        let pod = s.pod.as_mut().unwrap();
+        pod["status"] = json!({"phase": "Succeeded", "containerStatuses": [{
+            "name": "sandbox", "image": "sandbox:test", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+            "startedAt": started.to_string(), "finishedAt": finished.to_string()}}}]});
+        s.log = OK_LOG.to_owned();
+        // Every answer to a status write is lost, however often the client retries it.
+        s.lose_status_responses = 100;
+    });
+    let stale = cached(&api);
+    assert!(
+        reconcile(Arc::new(stale.clone()), ctx.clone())
+            .await
+            .is_err()
+    );
+    // It committed: the API server has the terminal status, but no audit line was written.
+    assert_eq!(api.status()["phase"], "Succeeded");
+    assert!(audit.lines().is_empty());
+    api.with(|s| s.lose_status_responses = 0);
+
+    // The retry (from the stale cache, or the fresh one) finds the run ended and writes the line.
+    reconcile_as(stale, &ctx).await;
+    reconcile_as(cached(&api), &ctx).await;
+    let lines = audit.lines();
+    assert_eq!(lines.len(), 1, "one audit line: {lines:?}");
+    assert_eq!(lines[0]["fields"]["phase"], "Succeeded");
+}

@@ -30,6 +30,9 @@ pub struct ApiState {
     pub refuse_pods_with: Option<(u16, &'static str, &'static str)>,
     /// When set, a log read never answers (a stalled kubelet).
     pub stall_logs: bool,
+    /// Status writes that commit but answer 504 (the response lost on the way back), counted
+    /// down per write.
+    pub lose_status_responses: u32,
     /// Every request, as `METHOD path`, in order.
     pub requests: Vec<String>,
     /// The reasons of the Events published, in order.
@@ -59,6 +62,9 @@ impl FakeApi {
         let url: Uri = format!("http://{addr}").parse().unwrap();
         let mut config = kube::Config::new(url);
         config.default_namespace = NS.to_owned();
+        // A 5xx is answered at once by tests that script one; the client must not retry it for
+        // minutes.
+        config.default_retry = false;
         let client = kube::Client::try_from(config).unwrap();
         Self { state, client }
     }
@@ -139,7 +145,12 @@ async fn handle(
                     // Server-side apply with force by the one field manager: the status is
                     // exactly what was applied.
                     run["status"] = body["status"].clone();
-                    json_response(200, run)
+                    let answer = json_response(200, run);
+                    if s.lose_status_responses > 0 {
+                        s.lose_status_responses -= 1;
+                        return status(504, "Timeout");
+                    }
+                    answer
                 }
                 None => status(404, "NotFound"),
             },
