@@ -652,3 +652,48 @@ async fn a_terminal_write_that_committed_with_its_answer_lost_still_gets_one_aud
     assert_eq!(lines.len(), 1, "one audit line: {lines:?}");
     assert_eq!(lines[0]["fields"]["phase"], "Succeeded");
 }
+
+#[tokio::test]
+async fn a_started_pod_the_status_does_not_name_is_recorded_before_its_program_is_sent() {
+    // The operator stopped between creating the Pod and recording it; the Pod has started. It is
+    // recorded first (so that, should it vanish, the run ends PodDeleted rather than running the
+    // code in a second Pod), and only then attached to.
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    api.with(|s| {
+        let run = s.run.as_mut().unwrap();
+        run["status"]["podName"] = Value::Null;
+        run["status"]["phase"] = Value::Null;
+        let pod = s.pod.as_mut().unwrap();
+        pod["status"] = json!({"phase": "Running", "containerStatuses": [{
+            "name": "sandbox", "image": "sandbox:test", "imageID": "", "ready": true,
+            "restartCount": 0, "state": {"running": {"startedAt": Timestamp::now().to_string()}}}]});
+    });
+    api.take_requests();
+    // The fake API server has no attach stream: the feed fails, after the record.
+    assert!(
+        reconcile(Arc::new(cached(&api)), ctx.clone())
+            .await
+            .is_err()
+    );
+    let requests = api.take_requests();
+    let recorded = requests.iter().position(|r| *r == patch_status());
+    let attached = requests.iter().position(|r| r.contains("/attach"));
+    assert!(
+        matches!((recorded, attached), (Some(r), Some(a)) if r < a),
+        "{requests:?}"
+    );
+    assert_eq!(api.status()["podName"], POD);
+    assert_eq!(api.status()["phase"], "Pending");
+    // Now the Pod vanishes: the run ends PodDeleted, and no second Pod is made.
+    api.with(|s| s.pod = None);
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.status()["reason"], "PodDeleted");
+    assert!(api.with(|s| s.pod.is_none()));
+    assert!(
+        !api.take_requests()
+            .iter()
+            .any(|r| r.starts_with("POST /api/v1"))
+    );
+}

@@ -64,6 +64,27 @@ impl Reconcile<'_> {
                     && prev.phase != Some(Phase::Running)
                     && pod.as_ref().is_some_and(pod::takes_program_on_stdin)
                 {
+                    if prev.pod_name.as_deref() != Some(pod_name) {
+                        // The operator stopped between creating the Pod and recording it. Record
+                        // it before anything runs: a recorded Pod that goes missing ends the run
+                        // PodDeleted, so the code can never run in a second Pod.
+                        let created = Progress {
+                            phase: Phase::Pending,
+                            reason: Reason::PodCreated.as_str().to_owned(),
+                            message: format!("created sandbox Pod {pod_name}"),
+                            started_at: None,
+                            deadline: progress.deadline,
+                        };
+                        let recorded = phase::progress_status(
+                            &prev,
+                            &created,
+                            pod_name,
+                            self.generation,
+                            self.now,
+                        );
+                        self.apply(&recorded).await?;
+                        prev = recorded;
+                    }
                     self.feed(pod_name).await?;
                 }
                 self.progress_to(&prev, &progress, pod_name).await
