@@ -225,6 +225,11 @@ pub enum Reason {
     PolicyRequired,
     /// The caller cancelled the call (`spec.cancelled`) before the run ended.
     CallCancelled,
+    /// An operator replica claimed the query and is executing it.
+    QueryStarted,
+    /// The replica that claimed the query stopped before recording its result: the query ran at
+    /// most once, and may not have.
+    QueryInterrupted,
     /// A query returned its result.
     QueryCompleted,
     /// A query ran past its statement timeout.
@@ -262,6 +267,8 @@ impl Reason {
             Reason::NoQuery => "NoQuery",
             Reason::PolicyRequired => "PolicyRequired",
             Reason::CallCancelled => "CallCancelled",
+            Reason::QueryStarted => "QueryStarted",
+            Reason::QueryInterrupted => "QueryInterrupted",
             Reason::QueryCompleted => "QueryCompleted",
             Reason::QueryTimedOut => "QueryTimedOut",
             Reason::QueryFailed => "QueryFailed",

@@ -60,6 +60,8 @@ pub struct Context {
     pub prometheus: Option<PrometheusClient>,
     /// How long one read of a finished sandbox's log may take (`python::log::LOG_READ_TIMEOUT`).
     pub log_read_timeout: Duration,
+    /// This replica's name (the Pod's), recorded in the claim of a query it executes.
+    pub identity: String,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
     /// Terminal statuses whose write failed, by run uid, with their audit line still to write:
@@ -97,6 +99,7 @@ impl Context {
             databases: None,
             prometheus: None,
             log_read_timeout: crate::python::log::LOG_READ_TIMEOUT,
+            identity: "sandboxrun-operator".to_owned(),
             failures: Mutex::default(),
             unaudited: Mutex::default(),
         }
@@ -111,6 +114,12 @@ impl Context {
     /// The same context, executing metrics runs against `prometheus`.
     pub fn with_prometheus(mut self, prometheus: Option<PrometheusClient>) -> Self {
         self.prometheus = prometheus;
+        self
+    }
+
+    /// The same context, named `identity` (this replica) in the claims of queries.
+    pub fn with_identity(mut self, identity: String) -> Self {
+        self.identity = identity;
         self
     }
 
@@ -377,17 +386,57 @@ impl<'a> Reconcile<'a> {
     ) -> Result<Action, Error> {
         match tool {
             Tool::Python => self.python(prev, decided).await,
-            Tool::Sql | Tool::Metrics => self.query(prev, tool).await,
+            // The query starts from the run as the API server has it, not from `prev`.
+            Tool::Sql | Tool::Metrics => self.query(tool).await,
         }
     }
 
     /// Executes an sql or metrics run on core's executors, in this reconcile, and ends it.
-    async fn query(&self, prev: SandboxRunStatus, tool: Tool) -> Result<Action, Error> {
-        // A reconcile woken by our own earlier status write may still see the run before its
-        // terminal status: ask the API server first, so a query runs at most once.
-        if let Some(done) = self.terminal_now().await? {
-            return self.finished(&done).await;
+    ///
+    /// At most once, even with two operators acting at the same time (leaders overlapping for
+    /// a moment, or a cache that lags our own writes): the query runs only after this replica
+    /// claimed it, by a status write conditional on the run being unchanged since it was read
+    /// (its resourceVersion). A claim found afterwards is never executed again: its holder
+    /// finishes it, or, gone past the query's deadline, the run ends `QueryInterrupted`.
+    async fn query(&self, tool: Tool) -> Result<Action, Error> {
+        let Some(fresh) = self.runs.get_opt(&self.name).await? else {
+            return Ok(Action::await_change());
+        };
+        let current = fresh.status.clone().unwrap_or_default();
+        if is_terminal(&current) {
+            return self.finished(&current).await;
         }
+        let claim_message = format!(
+            "the query started on operator replica {}",
+            self.ctx.identity
+        );
+        if current.reason.as_deref() == Some(Reason::QueryStarted.as_str()) {
+            return self.claimed(&current, &claim_message).await;
+        }
+        let claim = SandboxRunStatus {
+            phase: Some(Phase::Running),
+            tool: Some(tool),
+            reason: Some(Reason::QueryStarted.as_str().to_owned()),
+            message: Some(claim_message),
+            start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                self.now,
+            )),
+            observed_generation: self.generation,
+            ..current.clone()
+        };
+        match self
+            .apply_if_unchanged(&claim, fresh.resource_version())
+            .await
+        {
+            Ok(()) => {}
+            // Someone wrote the run since we read it: look again rather than execute.
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {
+                info!(run = %self.name, "the run changed before the query was claimed; looking again");
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
+            Err(e) => return Err(e),
+        }
+        let prev = SandboxRunStatus { ..claim };
         let (ctx, now) = (self.ctx, Timestamp::now());
         let policy = ctx.policy.as_deref();
         let (outcome, result) = if tool == Tool::Sql {
@@ -400,6 +449,77 @@ impl<'a> Reconcile<'a> {
             ..self.terminal(&prev, Some(tool), &outcome, None)
         };
         self.finish(status, &outcome, None).await
+    }
+
+    /// A query someone claimed: ours, whose terminal write failed (written now), or another
+    /// replica's (waited for until the query's deadline, then ended `QueryInterrupted`: it ran at
+    /// most once, and may not have).
+    async fn claimed(&self, current: &SandboxRunStatus, ours: &str) -> Result<Action, Error> {
+        if current.message.as_deref() == Some(ours) {
+            let pending = self
+                .ctx
+                .unaudited
+                .lock()
+                .expect("not poisoned")
+                .get(&self.uid())
+                .cloned();
+            if let Some(end) = pending {
+                let outcome = Outcome::bare(
+                    end.phase,
+                    &end.reason,
+                    end.status.message.clone().unwrap_or_default(),
+                    end.status.start_time.as_ref().map(|t| t.0),
+                    end.status
+                        .completion_time
+                        .as_ref()
+                        .map_or(self.now, |t| t.0),
+                );
+                return self.finish(end.status, &outcome, None).await;
+            }
+        }
+        let started = current.start_time.as_ref().map_or(self.now, |t| t.0);
+        let limit =
+            SignedDuration::from_secs(i64::from(self.run.spec.limits.effective().timeout_seconds))
+                + CLAIM_SLACK;
+        let deadline = started.checked_add(limit).unwrap_or(started);
+        if self.now < deadline {
+            return Ok(Action::requeue(until(deadline, self.now)));
+        }
+        let outcome = Outcome::of(
+            Phase::Failed,
+            Reason::QueryInterrupted,
+            format!(
+                "{} but no result was recorded by its deadline: it ran at most once and may not \
+                 have; call again if you still need it",
+                current.message.as_deref().unwrap_or("the query started")
+            ),
+            Some(started),
+            self.now,
+        );
+        let status = self.terminal(current, current.tool, &outcome, None);
+        self.finish(status, &outcome, None).await
+    }
+
+    /// [`Self::apply`], only if the run is still at `resource_version` (409 Conflict otherwise).
+    async fn apply_if_unchanged(
+        &self,
+        status: &SandboxRunStatus,
+        resource_version: Option<String>,
+    ) -> Result<(), Error> {
+        let patch = json!({
+            "apiVersion": SandboxRun::api_version(&()),
+            "kind": SandboxRun::kind(&()),
+            "metadata": { "resourceVersion": resource_version },
+            "status": status,
+        });
+        self.runs
+            .patch_status(
+                &self.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        Ok(())
     }
 
     /// The terminal status of `outcome`, built on `prev`.
@@ -622,6 +742,10 @@ pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         .remove(&ObjectRef::from_obj(run.as_ref()));
     Ok(action)
 }
+
+/// How long past a query's own timeout its claim is waited for before the run ends
+/// `QueryInterrupted` (the claiming replica may be slow, not gone).
+const CLAIM_SLACK: SignedDuration = SignedDuration::from_secs(60);
 
 /// How long after its end a run's Pod is still deleted on every reconcile of the run.
 const POD_CLEANUP_WINDOW: jiff::SignedDuration = jiff::SignedDuration::from_secs(600);

@@ -339,13 +339,15 @@ async fn a_query_run_reads_the_api_server_before_executing() {
     let api = FakeApi::start(run_json(sql)).await;
     let ctx = context(&api, None);
     reconcile_as(cached(&api), &ctx).await;
-    // decide (fresh read, Allow recorded), the check before the query, the terminal check.
+    // decide (fresh read, Allow recorded), the fresh read and the claim before the query, the
+    // terminal check and the terminal status.
     assert_eq!(
         api.take_requests(),
         [
             get_run(),
             patch_status(),
             get_run(),
+            patch_status(),
             get_run(),
             patch_status()
         ]
@@ -696,4 +698,59 @@ async fn a_started_pod_the_status_does_not_name_is_recorded_before_its_program_i
             .iter()
             .any(|r| r.starts_with("POST /api/v1"))
     );
+}
+
+fn sql_run() -> Value {
+    run_json(json!({"sql": {"database": "demo", "query": "SELECT id FROM ledger"}}))
+}
+
+#[tokio::test]
+async fn a_query_another_replica_claimed_is_not_executed_again() {
+    let (audit, _guard) = Captured::audit();
+    let mut run = sql_run();
+    let claimed_at = Timestamp::now() - SignedDuration::from_secs(2);
+    run["status"] = json!({"phase": "Running", "tool": "sql", "reason": "QueryStarted",
+        "message": "the query started on operator replica other-leader",
+        "startTime": claimed_at.to_string(),
+        "decision": {"verdict": "Allow", "rule": "r", "reason": "x"}});
+    let api = FakeApi::start(run).await;
+    let ctx = context(&api, None);
+    // Within the query's deadline: waited for, nothing written, nothing executed.
+    let action = reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.take_requests(), [get_run()]);
+    assert!(action != Action::await_change());
+    assert_eq!(api.status()["reason"], "QueryStarted");
+    // Its holder never finished it: past the deadline the run ends QueryInterrupted, once.
+    api.with(|s| {
+        let past = Timestamp::now() - SignedDuration::from_mins(10);
+        s.run.as_mut().unwrap()["status"]["startTime"] = json!(past.to_string());
+    });
+    reconcile_as(cached(&api), &ctx).await;
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Failed"), &json!("QueryInterrupted"))
+    );
+    assert!(
+        status["message"].as_str().unwrap().contains("other-leader"),
+        "{status}"
+    );
+    assert_eq!(audit.lines().len(), 1);
+}
+
+#[tokio::test]
+async fn a_query_whose_run_changed_before_the_claim_is_not_executed() {
+    // Two leaders read the same run; the other one writes it first. Our claim carries the
+    // resourceVersion we read, is refused (409), and nothing is executed.
+    let mut run = sql_run();
+    run["metadata"]["resourceVersion"] = json!("5");
+    run["status"] = json!({"tool": "sql", "phase": "Pending",
+        "decision": {"verdict": "Allow", "rule": "r", "reason": "x"}});
+    let api = FakeApi::start(run).await;
+    let ctx = context(&api, None);
+    api.with(|s| s.write_after_reads = 1);
+    let action = reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.take_requests(), [get_run(), patch_status()]);
+    assert!(action != Action::await_change());
+    assert_eq!(api.status()["phase"], "Pending", "nothing claimed or ended");
 }

@@ -33,6 +33,9 @@ pub struct ApiState {
     /// Status writes that commit but answer 504 (the response lost on the way back), counted
     /// down per write.
     pub lose_status_responses: u32,
+    /// Reads of the run after which someone else writes it (its resourceVersion moves on),
+    /// counted down per read: a concurrent writer, such as a second leader.
+    pub write_after_reads: u32,
     /// Every request, as `METHOD path`, in order.
     pub requests: Vec<String>,
     /// The reasons of the Events published, in order.
@@ -106,6 +109,15 @@ fn status(code: u16, reason: &str) -> Response {
     )
 }
 
+/// A write: the object's resourceVersion moves on.
+fn bump(object: &mut Value) {
+    let rv = object["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1);
+    object["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+}
+
 fn found(object: Option<&Value>) -> Response {
     match object {
         Some(o) => json_response(200, o),
@@ -139,9 +151,27 @@ async fn handle(
     }
     if let Some(rest) = path.strip_prefix(&runs) {
         return match (method, rest.ends_with("/status")) {
-            (Method::GET, false) => found(s.run.as_ref()),
+            (Method::GET, false) => {
+                let answer = found(s.run.as_ref());
+                if s.write_after_reads > 0 {
+                    s.write_after_reads -= 1;
+                    if let Some(run) = s.run.as_mut() {
+                        bump(run);
+                    }
+                }
+                answer
+            }
             (Method::PATCH, true) => match s.run.as_mut() {
+                // A resourceVersion in the patch is a precondition, as on a real API server.
+                Some(run)
+                    if body["metadata"]["resourceVersion"].is_string()
+                        && body["metadata"]["resourceVersion"]
+                            != run["metadata"]["resourceVersion"] =>
+                {
+                    status(409, "Conflict")
+                }
                 Some(run) => {
+                    bump(run);
                     // Server-side apply with force by the one field manager: the status is
                     // exactly what was applied.
                     run["status"] = body["status"].clone();

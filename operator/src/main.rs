@@ -156,7 +156,8 @@ async fn main() -> anyhow::Result<()> {
         )
         .allowing_all_without_policy(config.allow_all_without_policy)
         .with_databases(databases)
-        .with_prometheus(prometheus),
+        .with_prometheus(prometheus)
+        .with_identity(identity.clone()),
     );
 
     let run_quota = match (&config.run_count_quota, config.max_stored_runs, namespace) {
