@@ -62,6 +62,9 @@ pub struct Context {
     pub log_read_timeout: Duration,
     /// This replica's name (the Pod's), recorded in the claim of a query it executes.
     pub identity: String,
+    /// Longest one reconciliation may take (a query run gets its own timeout on top): every API
+    /// call in it is bounded, whatever the client's retries of a 504 would wait.
+    pub reconcile_timeout: Duration,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
     /// Terminal statuses whose write failed, by run uid, with their audit line still to write:
@@ -100,6 +103,7 @@ impl Context {
             prometheus: None,
             log_read_timeout: crate::python::log::LOG_READ_TIMEOUT,
             identity: "sandboxrun-operator".to_owned(),
+            reconcile_timeout: RECONCILE_TIMEOUT,
             failures: Mutex::default(),
             unaudited: Mutex::default(),
         }
@@ -161,6 +165,10 @@ pub enum Error {
         /// The API error.
         source: kube::Error,
     },
+    /// The reconciliation took longer than its budget (a stalled API server, say); retried. What
+    /// it left half done is safe to redo: every step checks what the API server has first.
+    #[error("the reconciliation did not finish within {0:?}")]
+    Timeout(Duration),
     /// The program could not be handed to the started sandbox yet (retried; the Pod's deadline
     /// bounds the retries).
     #[error("sending the program to Pod {pod}: {source}")]
@@ -181,6 +189,7 @@ impl Error {
             Error::Build(_) => "Build",
             Error::LogUnreadable { .. } => "LogUnreadable",
             Error::Feed { .. } => "Feed",
+            Error::Timeout(_) => "Timeout",
         }
     }
 }
@@ -728,8 +737,18 @@ impl<'a> Reconcile<'a> {
 pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.metrics.reconciles.inc();
     let started = std::time::Instant::now();
+    // A query executes inside the reconciliation: it gets its own timeout on top.
+    let budget = match run.spec.tool() {
+        Some(Tool::Sql | Tool::Metrics) => {
+            ctx.reconcile_timeout
+                + Duration::from_secs(u64::from(run.spec.limits.effective().timeout_seconds))
+        }
+        _ => ctx.reconcile_timeout,
+    };
     let result = match Reconcile::new(&run, &ctx) {
-        Ok(r) => r.stages().await,
+        Ok(r) => tokio::time::timeout(budget, r.stages())
+            .await
+            .unwrap_or(Err(Error::Timeout(budget))),
         Err(e) => Err(e),
     };
     ctx.metrics
@@ -742,6 +761,9 @@ pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         .remove(&ObjectRef::from_obj(run.as_ref()));
     Ok(action)
 }
+
+/// Default [`Context::reconcile_timeout`].
+const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long past a query's own timeout its claim is waited for before the run ends
 /// `QueryInterrupted` (the claiming replica may be slow, not gone).

@@ -754,3 +754,15 @@ async fn a_query_whose_run_changed_before_the_claim_is_not_executed() {
     assert!(action != Action::await_change());
     assert_eq!(api.status()["phase"], "Pending", "nothing claimed or ended");
 }
+
+#[tokio::test]
+async fn a_stalled_api_server_fails_the_reconcile_in_time_instead_of_hanging_it() {
+    let api = FakeApi::start(run_json(python())).await;
+    let mut ctx = context(&api, None);
+    Arc::get_mut(&mut ctx).unwrap().reconcile_timeout = std::time::Duration::from_millis(300);
+    api.with(|s| s.stall_all = true);
+    let started = std::time::Instant::now();
+    let result = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    assert!(matches!(result, Err(Error::Timeout(_))), "{result:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}

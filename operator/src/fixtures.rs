@@ -30,6 +30,8 @@ pub struct ApiState {
     pub refuse_pods_with: Option<(u16, &'static str, &'static str)>,
     /// When set, a log read never answers (a stalled kubelet).
     pub stall_logs: bool,
+    /// When set, no request is ever answered (a stalled API server).
+    pub stall_all: bool,
     /// Status writes that commit but answer 504 (the response lost on the way back), counted
     /// down per write.
     pub lose_status_responses: u32,
@@ -135,7 +137,7 @@ async fn handle(
     let stall = {
         let mut s = state.lock().unwrap();
         s.requests.push(format!("{method} {path}"));
-        s.stall_logs && path.ends_with("/log")
+        s.stall_all || (s.stall_logs && path.ends_with("/log"))
     };
     if stall {
         return std::future::pending().await;
