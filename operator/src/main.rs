@@ -117,7 +117,17 @@ async fn main() -> anyhow::Result<()> {
         }
         _ => None,
     };
-    let client = kube::Client::try_default().await?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    // Every API request is counted (sandboxrun_api_requests_total), watches included.
+    let counted = metrics.clone();
+    let client = kube::client::ClientBuilder::try_from(kube::Config::infer().await?)?
+        .with_layer(&tower::util::MapRequestLayer::new(
+            move |request: http::Request<kube::client::Body>| {
+                counted.api_request(&request);
+                request
+            },
+        ))
+        .build();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -134,7 +144,6 @@ async fn main() -> anyhow::Result<()> {
         ));
     }
 
-    let metrics = Arc::new(metrics::Metrics::default());
     let server = tokio::spawn(metrics::serve(
         config.metrics_addr,
         metrics.clone(),

@@ -29,6 +29,13 @@ pub struct ErrorLabels {
     pub error: String,
 }
 
+/// Label set of a Kubernetes API request: its verb (`GET`, `WATCH`, `POST`, `PATCH`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabels {
+    /// The HTTP method, or `WATCH` for a watch.
+    pub verb: String,
+}
+
 /// Label set of a finished tool call: the same labels as the embedded frontend's
 /// `sandboxrun_tool_calls_total` (see `sandboxrun_core::metrics::CALLS_METRIC`), so one PromQL
 /// query answers in both modes.
@@ -65,6 +72,9 @@ pub struct Metrics {
     pub program_feed: Histogram,
     /// Time of one reconciliation (its API calls included; an sql or metrics run's query too).
     pub reconcile_duration: Histogram,
+    /// Requests to the Kubernetes API by verb. Per run: divide its rate by that of
+    /// `tool_calls_total` (e2e/BENCHMARKS.md has the query).
+    pub api_requests: Family<VerbLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -90,6 +100,12 @@ impl Default for Metrics {
         let reconcile_duration = Histogram::new([
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
         ]);
+        let api_requests = Family::<VerbLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "Requests the operator sent to the Kubernetes API, by verb",
+            api_requests.clone(),
+        );
         registry.register(
             "program_feed_seconds",
             "Time to hand a started sandbox its program (attach, send, confirmation)",
@@ -142,11 +158,31 @@ impl Default for Metrics {
             queue_to_start,
             program_feed,
             reconcile_duration,
+            api_requests,
         }
     }
 }
 
 impl Metrics {
+    /// Counts one request to the Kubernetes API (see [`Metrics::api_requests`]).
+    pub fn api_request<B>(&self, request: &http::Request<B>) -> &Self {
+        let watch = request
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true"));
+        let verb = if watch {
+            "WATCH"
+        } else {
+            request.method().as_str()
+        };
+        self.api_requests
+            .get_or_create(&VerbLabels {
+                verb: verb.to_owned(),
+            })
+            .inc();
+        self
+    }
+
     /// Counts a run entering a phase.
     pub fn entered(&self, phase: Phase) {
         self.runs
@@ -254,8 +290,36 @@ mod tests {
         );
         m.run_duration.observe(1.2);
         m.queue_to_start.observe(0.8);
+        m.program_feed.observe(0.04);
+        m.reconcile_duration.observe(0.003);
+        let request = |method: &str, uri: &str| {
+            http::Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(())
+                .unwrap()
+        };
+        m.api_request(&request("GET", "/api/v1/namespaces/r/pods/p"))
+            .api_request(&request(
+                "GET",
+                "/api/v1/namespaces/r/pods?watch=true&timeoutSeconds=290",
+            ))
+            .api_request(&request(
+                "GET",
+                "/api/v1/namespaces/r/pods?labelSelector=x&watch=true",
+            ))
+            .api_request(&request(
+                "PATCH",
+                "/apis/sandboxrun.dev/v1alpha1/namespaces/r/sandboxruns/x/status",
+            ))
+            .api_request(&request("GET", "/api/v1/namespaces/r/pods?watch=truely"));
         let text = m.render();
         for needle in [
+            "sandboxrun_api_requests_total{verb=\"GET\"} 2",
+            "sandboxrun_api_requests_total{verb=\"WATCH\"} 2",
+            "sandboxrun_api_requests_total{verb=\"PATCH\"} 1",
+            "sandboxrun_program_feed_seconds_count 1",
+            "sandboxrun_reconcile_duration_seconds_count 1",
             "sandboxrun_reconciles_total 1",
             "sandboxrun_reconcile_errors_total{error=\"Kube\"} 1",
             "sandboxrun_runs_total{phase=\"Succeeded\"} 1",
