@@ -509,26 +509,14 @@ impl<'a> Reconcile<'a> {
         self.finish(status, &outcome, None).await
     }
 
-    /// [`Self::apply`], only if the run is still at `resource_version` (409 Conflict otherwise).
+    /// [`Self::apply`], only if the run is still at `resource_version` (409 Conflict otherwise):
+    /// a resourceVersion in an applied object is a precondition.
     async fn apply_if_unchanged(
         &self,
         status: &SandboxRunStatus,
         resource_version: Option<String>,
     ) -> Result<(), Error> {
-        let patch = json!({
-            "apiVersion": SandboxRun::api_version(&()),
-            "kind": SandboxRun::kind(&()),
-            "metadata": { "resourceVersion": resource_version },
-            "status": status,
-        });
-        self.runs
-            .patch_status(
-                &self.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
-        Ok(())
+        self.apply_status(status, resource_version).await
     }
 
     /// The terminal status of `outcome`, built on `prev`.
@@ -707,11 +695,22 @@ impl<'a> Reconcile<'a> {
     /// Writes the whole status with server-side apply: fields the operator stops setting are
     /// removed.
     pub async fn apply(&self, status: &SandboxRunStatus) -> Result<(), Error> {
-        let patch = json!({
+        self.apply_status(status, None).await
+    }
+
+    async fn apply_status(
+        &self,
+        status: &SandboxRunStatus,
+        resource_version: Option<String>,
+    ) -> Result<(), Error> {
+        let mut patch = json!({
             "apiVersion": SandboxRun::api_version(&()),
             "kind": SandboxRun::kind(&()),
             "status": status,
         });
+        if let Some(rv) = resource_version {
+            patch["metadata"] = json!({ "resourceVersion": rv });
+        }
         self.runs
             .patch_status(
                 &self.name,

@@ -121,6 +121,14 @@ impl Captured {
     }
 }
 
+/// The status of a sandbox Pod whose container exited 0.
+fn succeeded(started: Timestamp, finished: Timestamp) -> Value {
+    json!({"phase": "Succeeded", "containerStatuses": [{
+        "name": "sandbox", "image": "sandbox:test", "imageID": "", "ready": false,
+        "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed",
+        "startedAt": started.to_string(), "finishedAt": finished.to_string()}}}]})
+}
+
 const OK_LOG: &str = "noise\n{\"sandboxrun\":1,\"exitCode\":0,\"stdout\":\"hello from sandboxrun\\n\",\"stderr\":\"\",\"stdoutTruncated\":false,\"stderrTruncated\":false,\"signal\":null,\"oomKill\":null,\"timedOut\":false,\"durationMillis\":42}\n";
 
 #[tokio::test]
@@ -162,11 +170,7 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
         Timestamp::now(),
     );
     api.with(|s| {
-        let pod = s.pod.as_mut().unwrap();
-        pod["status"] = json!({"phase": "Succeeded", "containerStatuses": [{
-            "name": "sandbox", "image": "sandbox:test", "imageID": "", "ready": false,
-            "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed",
-            "startedAt": started.to_string(), "finishedAt": finished.to_string()}}}]});
+        s.pod.as_mut().unwrap()["status"] = succeeded(started, finished);
         s.log = OK_LOG.to_owned();
     });
     reconcile_as(stale.clone(), &ctx).await;
@@ -627,11 +631,7 @@ async fn a_terminal_write_that_committed_with_its_answer_lost_still_gets_one_aud
         Timestamp::now(),
     );
     api.with(|s| {
-        let pod = s.pod.as_mut().unwrap();
-        pod["status"] = json!({"phase": "Succeeded", "containerStatuses": [{
-            "name": "sandbox", "image": "sandbox:test", "imageID": "", "ready": false,
-            "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed",
-            "startedAt": started.to_string(), "finishedAt": finished.to_string()}}}]});
+        s.pod.as_mut().unwrap()["status"] = succeeded(started, finished);
         s.log = OK_LOG.to_owned();
         // Every answer to a status write is lost, however often the client retries it.
         s.lose_status_responses = 100;
