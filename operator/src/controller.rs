@@ -62,6 +62,11 @@ pub struct Context {
     pub log_read_timeout: Duration,
     /// This replica's name (the Pod's), recorded in the claim of a query it executes.
     pub identity: String,
+    /// Programs being handed to sandboxes (`python/feed.rs`).
+    pub feeds: crate::python::feed::Feeds,
+    /// Whether a created sandbox is attached to as soon as its container runs, before the
+    /// kubelet reports it (on by default; reconcile tests turn it off to see each step).
+    pub early_feed: bool,
     /// Longest one reconciliation may take (a query run gets its own timeout on top): every API
     /// call in it is bounded, whatever the client's retries of a 504 would wait.
     pub reconcile_timeout: Duration,
@@ -103,6 +108,8 @@ impl Context {
             prometheus: None,
             log_read_timeout: crate::python::log::LOG_READ_TIMEOUT,
             identity: "sandboxrun-operator".to_owned(),
+            feeds: crate::python::feed::Feeds::default(),
+            early_feed: true,
             reconcile_timeout: RECONCILE_TIMEOUT,
             failures: Mutex::default(),
             unaudited: Mutex::default(),
@@ -118,6 +125,13 @@ impl Context {
     /// The same context, executing metrics runs against `prometheus`.
     pub fn with_prometheus(mut self, prometheus: Option<PrometheusClient>) -> Self {
         self.prometheus = prometheus;
+        self
+    }
+
+    /// The same context, attaching to a sandbox only once the kubelet reports it running.
+    #[cfg(test)]
+    pub fn without_early_feed(mut self) -> Self {
+        self.early_feed = false;
         self
     }
 
@@ -574,6 +588,7 @@ impl<'a> Reconcile<'a> {
             .lock()
             .expect("not poisoned")
             .remove(&self.uid());
+        self.ctx.feeds.forget(&self.uid());
         info!(run = %self.name, phase = %outcome.phase, reason = %outcome.reason, "run finished");
         self.record_end(&status, outcome.phase, &outcome.reason);
         if let Some(start) = outcome.started_at {
@@ -620,7 +635,8 @@ impl<'a> Reconcile<'a> {
         );
     }
 
-    fn uid(&self) -> String {
+    /// The run's uid (empty if the API server gave none).
+    pub(crate) fn uid(&self) -> String {
         self.run.metadata.uid.clone().unwrap_or_default()
     }
 

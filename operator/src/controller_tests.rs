@@ -52,7 +52,8 @@ fn context(api: &FakeApi, policy: Option<&str>) -> Arc<Context> {
             policy,
             SignedDuration::from_mins(15),
         )
-        .allowing_all_without_policy(true),
+        .allowing_all_without_policy(true)
+        .without_early_feed(),
     )
 }
 
@@ -765,4 +766,54 @@ async fn a_stalled_api_server_fails_the_reconcile_in_time_instead_of_hanging_it(
     let result = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
     assert!(matches!(result, Err(Error::Timeout(_))), "{result:?}");
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
+}
+
+#[tokio::test]
+async fn a_created_pod_is_attached_to_early_but_only_once_recorded() {
+    let api = FakeApi::start(run_json(python())).await;
+    let mut ctx = context(&api, None);
+    Arc::get_mut(&mut ctx).unwrap().early_feed = true;
+    reconcile_as(cached(&api), &ctx).await;
+    // The early feeder keeps trying while the container has not started (the fake never has
+    // an attach stream): its first attempt comes after the Pod was recorded.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let requests = api.take_requests();
+    let created = requests
+        .iter()
+        .position(|r| r.starts_with("POST /api/v1"))
+        .unwrap();
+    let recorded = created
+        + requests[created..]
+            .iter()
+            .position(|r| *r == patch_status())
+            .unwrap();
+    let attached = requests
+        .iter()
+        .position(|r| r.contains("/attach"))
+        .expect("attached");
+    assert!(recorded < attached, "{requests:?}");
+    assert!(
+        requests.iter().filter(|r| r.contains("/attach")).count() >= 2,
+        "retried: {requests:?}"
+    );
+    assert_eq!(
+        ctx.feeds.state("uid-1"),
+        Some(crate::python::feed::FeedState::Feeding)
+    );
+    // Meanwhile a reconcile that sees the container running waits instead of attaching too.
+    api.with(|s| {
+        s.pod.as_mut().unwrap()["status"] = json!({"phase": "Running", "containerStatuses": [{
+            "name": "sandbox", "image": "sandbox:test", "imageID": "", "ready": true,
+            "restartCount": 0, "state": {"running": {"startedAt": Timestamp::now().to_string()}}}]});
+    });
+    let action = reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(
+        action,
+        Action::requeue(std::time::Duration::from_millis(100))
+    );
+    assert_eq!(
+        api.status()["phase"],
+        "Pending",
+        "Running only once the program is in"
+    );
 }

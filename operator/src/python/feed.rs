@@ -10,6 +10,8 @@
 //! without a result, never as a prefix of the code. The runner prints
 //! [`PROGRAM_RECEIVED`] once it has the program; that is when the session is closed.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -21,6 +23,81 @@ use super::pod::CONTAINER;
 
 /// How long the runner may take to confirm a program, beyond the time to send it.
 const CONFIRM_WITHIN: Duration = Duration::from_secs(20);
+/// Between attempts to attach to a sandbox that has not started yet.
+const ATTACH_RETRY: Duration = Duration::from_millis(100);
+/// How long after its creation a sandbox is tried: its image and runtime start within this.
+const START_WITHIN: Duration = Duration::from_secs(120);
+
+/// Where handing a run's program over stands, by run uid (shared by the reconciles and the
+/// early feeders they start).
+#[derive(Clone, Debug, Default)]
+pub struct Feeds(Arc<Mutex<HashMap<String, FeedState>>>);
+
+/// The state of one run's program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FeedState {
+    /// An early feeder is trying to hand it over.
+    Feeding,
+    /// The runner confirmed it.
+    Fed,
+}
+
+impl Feeds {
+    /// The state of run `uid`'s program (`None`: nobody is at it, e.g. after a restart).
+    pub fn state(&self, uid: &str) -> Option<FeedState> {
+        self.0.lock().expect("not poisoned").get(uid).copied()
+    }
+
+    fn set(&self, uid: &str, state: Option<FeedState>) {
+        let mut map = self.0.lock().expect("not poisoned");
+        match state {
+            Some(s) => map.insert(uid.to_owned(), s),
+            None => map.remove(uid),
+        };
+    }
+
+    /// Forgets run `uid` (it ended).
+    pub fn forget(&self, uid: &str) {
+        self.set(uid, None);
+    }
+
+    /// Hands `code` to the sandbox `pod` of run `uid` as soon as its container runs, in the
+    /// background: the kubelet reports a started container only at its next relist (up to a
+    /// second later), and the code should not wait for that. Attaching to a container that has
+    /// not started fails at once and is retried; an attach that opened but did not end in a
+    /// confirmation is not repeated (stdinOnce closed the container's stdin with it), and the
+    /// reconcile that sees the container running takes over.
+    pub fn start_early(&self, pods: Api<Pod>, pod: String, uid: String, code: String) {
+        self.set(&uid, Some(FeedState::Feeding));
+        let feeds = self.clone();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + START_WITHIN;
+            loop {
+                match feed(&pods, &pod, &code).await {
+                    Ok(()) => {
+                        // Only if still wanted: the run may have ended meanwhile.
+                        if feeds.state(&uid) == Some(FeedState::Feeding) {
+                            feeds.set(&uid, Some(FeedState::Fed));
+                        }
+                        return;
+                    }
+                    Err(FeedError::Attach(_) | FeedError::NotStarted(_))
+                        if tokio::time::Instant::now() < deadline =>
+                    {
+                        tokio::time::sleep(ATTACH_RETRY).await;
+                    }
+                    Err(e) => {
+                        tracing::info!(pod = %pod, error = %e, "early program hand-over did not complete; the reconcile takes over");
+                        if feeds.state(&uid) == Some(FeedState::Feeding) {
+                            feeds.set(&uid, None);
+                        }
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
 
 /// Why a program could not be handed over.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +111,10 @@ pub enum FeedError {
     /// The stream ended, or time ran out, before the runner confirmed the program.
     #[error("the runner did not confirm the program ({0})")]
     Unconfirmed(String),
+    /// The kubelet could not reach the container (not started yet): nothing was attached, so
+    /// its stdin is still open and trying again is safe.
+    #[error("the sandbox container is not reachable yet: {0}")]
+    NotStarted(String),
 }
 
 /// Sends `code` to the runner of `pod` and waits until it confirms all of it.
@@ -44,6 +125,7 @@ pub async fn feed(pods: &Api<Pod>, pod: &str, code: &str) -> Result<(), FeedErro
         .stdout(true)
         .stderr(false);
     let mut attached = pods.attach(pod, &params).await?;
+    let status = attached.take_status();
     let result = tokio::time::timeout(CONFIRM_WITHIN, async {
         let mut stdin = attached
             .stdin()
@@ -64,7 +146,32 @@ pub async fn feed(pods: &Api<Pod>, pod: &str, code: &str) -> Result<(), FeedErro
     });
     // Hang up either way: stdinOnce closes the container's stdin with this session.
     attached.abort();
-    result
+    match result {
+        // The stream ended early: the kubelet's own words say why (say, not running yet).
+        Err(FeedError::Unconfirmed(why)) => {
+            let said = match status {
+                Some(status) => tokio::time::timeout(Duration::from_millis(200), status)
+                    .await
+                    .ok()
+                    .flatten(),
+                None => None,
+            };
+            let message = said
+                .as_ref()
+                .and_then(|s| s.message.clone())
+                .unwrap_or_default();
+            // The API server could not open the stream to the container at all.
+            if message.contains("unable to upgrade connection") {
+                return Err(FeedError::NotStarted(message));
+            }
+            Err(FeedError::Unconfirmed(if message.is_empty() {
+                why
+            } else {
+                format!("{why}: {message}")
+            }))
+        }
+        other => other,
+    }
 }
 
 /// Reads the stream until the runner's confirmation of `bytes` bytes.

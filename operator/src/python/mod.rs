@@ -14,6 +14,7 @@ use sandboxrun_api::SandboxRunStatus;
 use sandboxrun_core::{Decision, Limits, Phase, Reason, Tool};
 use tracing::info;
 
+use self::feed::FeedState;
 use self::phase::{Exited, Next, Progress};
 use crate::controller::{Error, Reconcile, is_terminal, until};
 use crate::outcome::Outcome;
@@ -85,7 +86,14 @@ impl Reconcile<'_> {
                         self.apply(&recorded).await?;
                         prev = recorded;
                     }
-                    self.feed(pod_name).await?;
+                    match self.ctx.feeds.state(&self.uid()) {
+                        Some(FeedState::Fed) => {}
+                        // Almost there: look again in a moment rather than attach twice.
+                        Some(FeedState::Feeding) => {
+                            return Ok(Action::requeue(std::time::Duration::from_millis(100)));
+                        }
+                        None => self.feed(pod_name).await?,
+                    }
                 }
                 self.progress_to(&prev, &progress, pod_name).await
             }
@@ -148,7 +156,17 @@ impl Reconcile<'_> {
             started_at: None,
             deadline: created_deadline(&limits, now),
         };
-        self.progress_to(prev, &progress, pod_name).await
+        let action = self.progress_to(prev, &progress, pod_name).await?;
+        // Recorded: the program may go as soon as the container runs.
+        if let Some(python) = run.spec.python.as_ref().filter(|_| ctx.early_feed) {
+            ctx.feeds.start_early(
+                self.pods.clone(),
+                pod_name.to_owned(),
+                self.uid(),
+                python.code.clone(),
+            );
+        }
+        Ok(action)
     }
 
     /// A run whose Pod the quota refused: Pending with reason `WaitingForQuota`, retried every
