@@ -23,8 +23,12 @@ use super::pod::CONTAINER;
 
 /// How long the runner may take to confirm a program, beyond the time to send it.
 const CONFIRM_WITHIN: Duration = Duration::from_secs(20);
-/// Between attempts to attach to a sandbox that has not started yet.
+/// Between attempts to attach to a sandbox that has not started yet: often at first, when a
+/// gVisor sandbox usually starts, then less often for one that takes long (an image pull).
 const ATTACH_RETRY: Duration = Duration::from_millis(100);
+const ATTACH_RETRY_SLOW: Duration = Duration::from_millis(500);
+/// How long after the Pod's creation attempts are [`ATTACH_RETRY`] apart.
+const FAST_FOR: Duration = Duration::from_secs(5);
 /// How long after its creation a sandbox is tried: its image and runtime start within this.
 const START_WITHIN: Duration = Duration::from_secs(120);
 
@@ -71,8 +75,13 @@ impl Feeds {
         self.set(&uid, Some(FeedState::Feeding));
         let feeds = self.clone();
         tokio::spawn(async move {
-            let deadline = tokio::time::Instant::now() + START_WITHIN;
+            let started = tokio::time::Instant::now();
+            let deadline = started + START_WITHIN;
             loop {
+                // The run ended (or a reconcile took over): nothing left to hand over.
+                if feeds.state(&uid) != Some(FeedState::Feeding) {
+                    return;
+                }
                 match feed(&pods, &pod, &code).await {
                     Ok(()) => {
                         // Only if still wanted: the run may have ended meanwhile.
@@ -84,7 +93,9 @@ impl Feeds {
                     Err(FeedError::Attach(_) | FeedError::NotStarted(_))
                         if tokio::time::Instant::now() < deadline =>
                     {
-                        tokio::time::sleep(ATTACH_RETRY).await;
+                        let slow = started.elapsed() > FAST_FOR;
+                        tokio::time::sleep(if slow { ATTACH_RETRY_SLOW } else { ATTACH_RETRY })
+                            .await;
                     }
                     Err(e) => {
                         tracing::info!(pod = %pod, error = %e, "early program hand-over did not complete; the reconcile takes over");
