@@ -816,4 +816,11 @@ async fn a_created_pod_is_attached_to_early_but_only_once_recorded() {
         "Pending",
         "Running only once the program is in"
     );
+    // The run ends: the early feeder stops trying.
+    ctx.feeds.forget("uid-1");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    api.take_requests();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let later = api.take_requests();
+    assert!(!later.iter().any(|r| r.contains("/attach")), "{later:?}");
 }

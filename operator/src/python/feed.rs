@@ -94,8 +94,12 @@ impl Feeds {
                         if tokio::time::Instant::now() < deadline =>
                     {
                         let slow = started.elapsed() > FAST_FOR;
-                        tokio::time::sleep(if slow { ATTACH_RETRY_SLOW } else { ATTACH_RETRY })
-                            .await;
+                        tokio::time::sleep(if slow {
+                            ATTACH_RETRY_SLOW
+                        } else {
+                            ATTACH_RETRY
+                        })
+                        .await;
                     }
                     Err(e) => {
                         tracing::info!(pod = %pod, error = %e, "early program hand-over did not complete; the reconcile takes over");
