@@ -205,6 +205,8 @@ pub enum Reason {
     WaitingForQuota,
     /// The sandbox Pod was created and waits to start.
     PodCreated,
+    /// The run claimed an idle, started sandbox of a SandboxPool.
+    WarmSandboxClaimed,
     /// The sandbox's container started.
     ContainerStarted,
     /// Policy blocked the run.
@@ -257,6 +259,7 @@ impl Reason {
             Reason::PodCreationFailed => "PodCreationFailed",
             Reason::WaitingForQuota => "WaitingForQuota",
             Reason::PodCreated => "PodCreated",
+            Reason::WarmSandboxClaimed => "WarmSandboxClaimed",
             Reason::ContainerStarted => "ContainerStarted",
             Reason::PolicyBlocked => "PolicyBlocked",
             Reason::ApprovalDenied => "ApprovalDenied",

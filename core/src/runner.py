@@ -2,7 +2,9 @@
 #
 # Invoked without any shell as
 #     python3 -I -S -c <this file> OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS
-# with the program on stdin, framed as `<byte count>\n<CODE as UTF-8>`: the code never travels in
+# with the program on stdin, framed as `<byte count> <timeout> <output bytes>\n<CODE as UTF-8>`
+# (the run's timeout and output cap; the lower of these and the argv's apply, so a sandbox
+# started before its run was known keeps its ceilings): the code never travels in
 # a command line or a Pod spec (one argv string is capped at 128 KiB: execve fails with E2BIG),
 # and a program cut short (the sender died mid-write) is refused, never run truncated (exit 126,
 # no envelope). The runner reads exactly the announced bytes, then closes stdin and prints
@@ -275,21 +277,27 @@ MAX_PROGRAM_BYTES = 1 << 20
 
 
 def read_program():
-    """The framed program from stdin, or None (with the reason on stderr) when it is incomplete."""
+    """The framed program from stdin as (code, timeout, cap), or None (with the reason on stderr)
+    when it is incomplete. The header is `<byte count> <timeout seconds> <output bytes>`; the
+    bare `<byte count>` of older senders is accepted (no per-run limits then)."""
     stdin = os.fdopen(0, "rb", buffering=0, closefd=False)
     header = b""
     while not header.endswith(b"\n"):
         byte = stdin.read(1)
-        if not byte or len(header) > 20:
+        if not byte or len(header) > 64:
             sys.stderr.write("runner: no program on stdin (expected '<byte count>\\n<code>')\n")
             return None
         header += byte
+    fields = header.split()
+    size, timeout, cap = -1, None, None
     try:
-        size = int(header)
+        size = int(fields[0]) if len(fields) in (1, 3) else -1
+        timeout = float(fields[1]) if len(fields) == 3 else None
+        cap = int(fields[2]) if len(fields) == 3 else None
     except ValueError:
         size = -1
-    if size < 0 or size > MAX_PROGRAM_BYTES:
-        sys.stderr.write("runner: bad program header on stdin: %r\n" % header[:20])
+    if size < 0 or size > MAX_PROGRAM_BYTES or (timeout is not None and (timeout <= 0 or cap < 0)):
+        sys.stderr.write("runner: bad program header on stdin: %r\n" % header[:64])
         return None
     chunks = []
     left = size
@@ -305,7 +313,7 @@ def read_program():
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    return b"".join(chunks).decode("utf-8", errors="surrogateescape")
+    return b"".join(chunks).decode("utf-8", errors="surrogateescape"), timeout, cap
 
 
 def make_unreachable():
@@ -353,9 +361,15 @@ def main(argv):
     cap = int(argv[1])
     max_procs = int(argv[2])
     timeout = float(argv[3])
-    code = read_program()
-    if code is None:
+    program = read_program()
+    if program is None:
         return NO_PROGRAM
+    code, run_timeout, run_cap = program
+    # The run's own limits may only tighten the sandbox's (a warm sandbox's argv holds its
+    # pool's ceilings).
+    if run_timeout is not None:
+        timeout = min(timeout, run_timeout)
+        cap = min(cap, run_cap)
     # Tells whoever sent the program (the operator, over the Pod's attach stream) that all of it
     # arrived, so it can hang up; it is not an envelope, so result readers skip it.
     sys.stdout.buffer.write(b"sandboxrun-program-received %d\n" % len(code.encode("utf-8", "surrogateescape")))

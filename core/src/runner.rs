@@ -33,10 +33,19 @@ pub fn runner_argv(limits: &Limits) -> Vec<String> {
     ]
 }
 
-/// What the runner reads from stdin: `<byte count>\n` and the code. The count lets the runner
-/// refuse a program cut short (a sender that died mid-write) instead of running a prefix of it.
-pub fn program_frame(code: &str) -> Vec<u8> {
-    let mut frame = format!("{}\n", code.len()).into_bytes();
+/// What the runner reads from stdin: `<byte count> <timeout seconds> <output bytes>\n` and the
+/// code. The count lets the runner refuse a program cut short (a sender that died mid-write)
+/// instead of running a prefix of it. The timeout and the output cap are this run's: a sandbox
+/// started before its run was known (a warm one) has only its profile's ceilings in its argv,
+/// and the runner takes the lower of the two, so a frame can tighten a limit, never loosen it.
+pub fn program_frame(code: &str, limits: &Limits) -> Vec<u8> {
+    let mut frame = format!(
+        "{} {} {}\n",
+        code.len(),
+        limits.timeout_seconds,
+        limits.output_bytes
+    )
+    .into_bytes();
     frame.extend_from_slice(code.as_bytes());
     frame
 }
@@ -281,8 +290,13 @@ mod tests {
 
     #[test]
     fn the_frame_counts_bytes_not_characters() {
-        assert_eq!(program_frame("print(1)"), b"8\nprint(1)");
-        assert_eq!(program_frame("é"), "2\né".as_bytes());
-        assert_eq!(program_frame(""), b"0\n");
+        let limits = Limits {
+            timeout_seconds: 7,
+            output_bytes: 100,
+            ..Limits::default()
+        };
+        assert_eq!(program_frame("print(1)", &limits), b"8 7 100\nprint(1)");
+        assert_eq!(program_frame("é", &limits), "2 7 100\né".as_bytes());
+        assert_eq!(program_frame("", &limits), b"0 7 100\n");
     }
 }

@@ -43,7 +43,7 @@ fn runner(limits: &Limits, stdin: &[u8]) -> Output {
 }
 
 fn run_with(code: &str, limits: Limits) -> (RunnerResult, Output) {
-    let out = runner(&limits, &program_frame(code));
+    let out = runner(&limits, &program_frame(code, &limits));
     let log = String::from_utf8(out.stdout.clone()).expect("runner output is UTF-8");
     let result = parse_envelope(&log).unwrap_or_else(|e| {
         panic!(
@@ -260,7 +260,7 @@ fn code_larger_than_an_argv_string_runs() {
 #[test]
 fn a_program_cut_short_or_missing_is_refused_not_run() {
     let limits = Limits::default();
-    let frame = program_frame("import sys\nprint('ran')\nsys.exit(0)");
+    let frame = program_frame("import sys\nprint('ran')\nsys.exit(0)", &limits);
     // Every prefix of the frame: missing, a bare or partial header, a truncated program.
     for cut in [0, 1, 2, 3, 10, frame.len() - 1] {
         let out = runner(&limits, &frame[..cut]);
@@ -281,14 +281,53 @@ fn a_program_cut_short_or_missing_is_refused_not_run() {
         b"-5\nprint(1)",
         b"99999999999\n",
         b"12345678901234567890123\n",
+        // Per-run limits that are not numbers, not positive, or half there.
+        b"8 x 100\nprint(1)",
+        b"8 0 100\nprint(1)",
+        b"8 5 -1\nprint(1)",
+        b"8 5\nprint(1)",
     ] {
         let out = runner(&limits, bad);
         assert_eq!(out.status.code(), Some(NO_PROGRAM_EXIT), "{bad:?}: {out:?}");
     }
     // Bytes after the announced program are not part of it, and the code cannot read them.
-    let mut extra = program_frame("import sys\nprint(repr(sys.stdin.read()))");
+    let mut extra = program_frame("import sys\nprint(repr(sys.stdin.read()))", &limits);
     extra.extend_from_slice(b"\nprint('smuggled')");
     let out = runner(&limits, &extra);
     let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
     assert_eq!(r.stdout, "''\n", "{r:?}");
+}
+
+#[test]
+fn the_frame_tightens_the_sandboxs_limits_and_never_loosens_them() {
+    // A warm sandbox: its argv has its pool's ceilings (60 s, 1000 bytes).
+    let ceilings = Limits {
+        timeout_seconds: 60,
+        output_bytes: 1000,
+        ..Limits::default()
+    };
+    let code = "import time\nprint('x' * 5000, flush=True)\ntime.sleep(30)";
+    let tighter = Limits {
+        timeout_seconds: 1,
+        output_bytes: 10,
+        ..Limits::default()
+    };
+    let out = runner(&ceilings, &program_frame(code, &tighter));
+    let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert!(r.timed_out, "{r:?}");
+    assert_eq!(r.stdout.len(), 10, "{r:?}");
+    // Asking for more than the ceilings gets the ceilings.
+    let looser = Limits {
+        timeout_seconds: 3600,
+        output_bytes: 1_000_000,
+        ..Limits::default()
+    };
+    let fast = Limits {
+        timeout_seconds: 1,
+        ..ceilings.clone()
+    };
+    let out = runner(&fast, &program_frame(code, &looser));
+    let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert!(r.timed_out, "{r:?}");
+    assert_eq!(r.stdout.len(), 1000, "{r:?}");
 }

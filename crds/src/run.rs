@@ -18,11 +18,11 @@ fn quantity_rule(field: &str, min: &str, max: &str, example: &str) -> kube::core
     )))
 }
 
-fn cpu_rule() -> kube::core::Rule {
+pub(crate) fn cpu_rule() -> kube::core::Rule {
     quantity_rule("cpu", lim::MIN_CPU, lim::MAX_CPU, lim::DEFAULT_CPU)
 }
 
-fn memory_rule() -> kube::core::Rule {
+pub(crate) fn memory_rule() -> kube::core::Rule {
     quantity_rule(
         "memory",
         lim::MIN_MEMORY,
@@ -58,6 +58,12 @@ const SAME_TOOL_RULE: &str = "has(self.python) == has(oldSelf.python) && has(sel
     printcolumn(name = "Tool", type_ = "string", json_path = ".status.tool"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Exit", type_ = "integer", json_path = ".status.exitCode"),
+    printcolumn(
+        name = "Path",
+        type_ = "string",
+        json_path = ".status.path",
+        priority = 1
+    ),
     printcolumn(
         name = "Duration(ms)",
         type_ = "integer",

@@ -52,6 +52,13 @@ pub struct SandboxRunStatus {
     /// Name of the sandbox Pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_name: Option<String>,
+    /// How the python run got its sandbox: `Warm` (claimed from a pool, already started) or
+    /// `Cold` (started for this run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<SandboxPath>,
+    /// The SandboxPool a warm sandbox came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// Machine-readable reason of the current phase (for example `OOMKilled`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -76,6 +83,15 @@ impl SandboxRunStatus {
             .as_ref()
             .map(|v| serde_json::from_value(v.clone()))
     }
+}
+
+/// How a python run got its sandbox.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum SandboxPath {
+    /// Claimed from a SandboxPool: started before the run, used by it alone.
+    Warm,
+    /// Started for this run.
+    Cold,
 }
 
 /// Policy's judgement of a run.

@@ -8,19 +8,26 @@
 use std::path::PathBuf;
 
 use kube::CustomResourceExt;
-use sandboxrun_api::{SandboxRun, SandboxRunStatus, crd_yaml};
+use sandboxrun_api::{SandboxRun, SandboxRunStatus, crd_yaml, pool_crd_yaml};
 use sandboxrun_core::{Phase, Tool};
 use serde_json::{Value, json};
 
-const REGENERATE: &str = "cargo run -p sandboxrun-api --bin crdgen > crds/sandboxrun.dev_sandboxruns.yaml && cp crds/sandboxrun.dev_sandboxruns.yaml charts/sandboxrun/crds/";
+const REGENERATE: &str = "cargo run -p sandboxrun-api --bin crdgen > crds/sandboxrun.dev_sandboxruns.yaml && cargo run -p sandboxrun-api --bin crdgen -- pool > crds/sandboxrun.dev_sandboxpools.yaml && cp crds/*.yaml charts/sandboxrun/crds/";
 
 #[test]
 fn crd_is_up_to_date() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let generated = crd_yaml();
-    for path in [
-        "crds/sandboxrun.dev_sandboxruns.yaml",
-        "charts/sandboxrun/crds/sandboxrun.dev_sandboxruns.yaml",
+    for (path, generated) in [
+        ("crds/sandboxrun.dev_sandboxruns.yaml", crd_yaml()),
+        (
+            "charts/sandboxrun/crds/sandboxrun.dev_sandboxruns.yaml",
+            crd_yaml(),
+        ),
+        ("crds/sandboxrun.dev_sandboxpools.yaml", pool_crd_yaml()),
+        (
+            "charts/sandboxrun/crds/sandboxrun.dev_sandboxpools.yaml",
+            pool_crd_yaml(),
+        ),
     ] {
         let checked_in = std::fs::read_to_string(root.join(path))
             .unwrap_or_else(|e| panic!("{path}: {e}; regenerate with: {REGENERATE}"));

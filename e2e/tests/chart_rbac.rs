@@ -177,6 +177,21 @@ async fn operator_can_do_what_it_needs() -> Result<()> {
         ("delete", "", "pods", "", RUNS_NAMESPACE),
         ("get", "", "pods", "log", RUNS_NAMESPACE),
         ("create", "", "pods", "attach", RUNS_NAMESPACE),
+        ("patch", "", "pods", "", RUNS_NAMESPACE),
+        (
+            "watch",
+            "sandboxrun.dev",
+            "sandboxpools",
+            "",
+            RUNS_NAMESPACE,
+        ),
+        (
+            "patch",
+            "sandboxrun.dev",
+            "sandboxpools",
+            "status",
+            RUNS_NAMESPACE,
+        ),
         ("watch", "sandboxrun.dev", "sandboxruns", "", RUNS_NAMESPACE),
         (
             "delete",
@@ -250,6 +265,18 @@ async fn operator_is_confined_to_the_sandbox_namespace_and_reads_no_secrets() ->
             )
             .await?,
             "operator may {verb} sandboxruns (the approval privilege is for people)"
+        );
+        ensure!(
+            !can_i(
+                &op,
+                verb,
+                "sandboxrun.dev",
+                "sandboxpools",
+                "",
+                RUNS_NAMESPACE
+            )
+            .await?,
+            "operator may {verb} sandboxpools (their spec is for people)"
         );
     }
     ensure!(

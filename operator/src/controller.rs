@@ -70,6 +70,10 @@ pub struct Context {
     /// Longest one reconciliation may take (a query run gets its own timeout on top): every API
     /// call in it is bounded, whatever the client's retries of a 504 would wait.
     pub reconcile_timeout: Duration,
+    /// The warm pools, as the pool controller's watch has them (`pool.rs`); empty without one.
+    pub pools: kube::runtime::reflector::Store<sandboxrun_api::SandboxPool>,
+    /// Claims not yet counted in their pool's status.
+    pub pool_claims: crate::pool::Claims,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
     /// Terminal statuses whose write failed, by run uid, with their audit line still to write:
@@ -111,6 +115,8 @@ impl Context {
             feeds: crate::python::feed::Feeds::default(),
             early_feed: true,
             reconcile_timeout: RECONCILE_TIMEOUT,
+            pools: kube::runtime::reflector::store().0,
+            pool_claims: crate::pool::Claims::default(),
             failures: Mutex::default(),
             unaudited: Mutex::default(),
         }
@@ -132,6 +138,15 @@ impl Context {
     #[cfg(test)]
     pub fn without_early_feed(mut self) -> Self {
         self.early_feed = false;
+        self
+    }
+
+    /// The same context, claiming warm sandboxes from the pools in `pools`.
+    pub fn with_pools(
+        mut self,
+        pools: kube::runtime::reflector::Store<sandboxrun_api::SandboxPool>,
+    ) -> Self {
+        self.pools = pools;
         self
     }
 
@@ -616,7 +631,11 @@ impl<'a> Reconcile<'a> {
             prev.start_time.as_ref().map(|t| t.0),
             self.now,
         );
-        let pod = (tool == Some(Tool::Python)).then(|| crate::python::pod::pod_name(&self.name));
+        let pod = (tool == Some(Tool::Python)).then(|| {
+            prev.pod_name
+                .clone()
+                .unwrap_or_else(|| crate::python::pod::pod_name(&self.name))
+        });
         self.end(prev, tool, &outcome, pod.as_deref()).await
     }
 

@@ -63,7 +63,10 @@ fn cached(api: &FakeApi) -> SandboxRun {
 }
 
 async fn reconcile_as(run: SandboxRun, ctx: &Arc<Context>) -> Action {
-    reconcile(Arc::new(run), ctx.clone()).await.unwrap()
+    let action = reconcile(Arc::new(run), ctx.clone()).await.unwrap();
+    // Events go out in the background; the tests read them.
+    ctx.events.settled().await;
+    action
 }
 
 fn get_run() -> String {
@@ -823,4 +826,150 @@ async fn a_created_pod_is_attached_to_early_but_only_once_recorded() {
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let later = api.take_requests();
     assert!(!later.iter().any(|r| r.contains("/attach")), "{later:?}");
+}
+
+/// A ready idle sandbox of pool `default`, as the pool controller starts it.
+fn pool_pod(name: &str, rv: &str) -> Value {
+    let pool = pool_object(2);
+    let mut pod = serde_json::to_value(crate::pool::build(&pool, &ctx_sandbox()).unwrap()).unwrap();
+    pod["metadata"]["name"] = json!(name);
+    pod["metadata"]["resourceVersion"] = json!(rv);
+    pod["metadata"]["creationTimestamp"] = json!(Timestamp::now().to_string());
+    pod["status"] = json!({"phase": "Running", "startTime": Timestamp::now().to_string(),
+        "containerStatuses": [{"name": "sandbox", "image": "img", "imageID": "", "ready": true,
+            "restartCount": 0, "state": {"running": {"startedAt": Timestamp::now().to_string()}}}]});
+    pod
+}
+
+fn ctx_sandbox() -> SandboxConfig {
+    SandboxConfig {
+        runtime_class: "gvisor".into(),
+        image: "sandbox:test".into(),
+        tmp_size: "16Mi".into(),
+    }
+}
+
+fn pool_object(replicas: i32) -> sandboxrun_api::SandboxPool {
+    let mut pool = sandboxrun_api::SandboxPool::new(
+        "default",
+        serde_json::from_value(json!({"replicas": replicas})).unwrap(),
+    );
+    pool.metadata.namespace = Some(NS.into());
+    pool.metadata.uid = Some("pool-uid".into());
+    pool
+}
+
+/// The context of [`context`], with pool `default` in its store of pools.
+fn context_with_pool(api: &FakeApi) -> Arc<Context> {
+    let (reader, mut writer) = kube::runtime::reflector::store();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
+    let ctx = context(api, None);
+    let ctx = Arc::try_unwrap(ctx).ok().expect("not shared yet");
+    Arc::new(ctx.with_pools(reader))
+}
+
+/// A run with the default limits (which the default pool fits).
+fn default_limits_run() -> Value {
+    let mut run = run_json(python());
+    run["spec"]["limits"] = json!({});
+    run
+}
+
+#[tokio::test]
+async fn a_fitting_run_claims_a_ready_sandbox_and_records_it_before_sending_code() {
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| s.pool_pods = vec![pool_pod("default-aaaaa", "7")]);
+    let ctx = context_with_pool(&api);
+    // The fake has no attach stream: the hand-over fails after the claim is recorded.
+    let err = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    assert!(matches!(err, Err(Error::Feed { .. })), "{err:?}");
+    let requests = api.take_requests();
+    let claim = format!("PATCH /api/v1/namespaces/{NS}/pods/default-aaaaa");
+    let at = |r: &str| requests.iter().position(|x| x == r);
+    let (claimed, recorded) = (
+        at(&claim),
+        requests.iter().rposition(|x| *x == patch_status()),
+    );
+    assert!(claimed.is_some() && recorded > claimed, "{requests:?}");
+    // Never a cold Pod next to the warm one.
+    assert!(
+        !requests.iter().any(|r| r.starts_with("POST /api/v1")),
+        "{requests:?}"
+    );
+    let status = api.status();
+    assert_eq!(status["podName"], "default-aaaaa", "{status}");
+    assert_eq!(
+        (&status["path"], &status["pool"]),
+        (&json!("Warm"), &json!("default"))
+    );
+    assert_eq!(status["reason"], "WarmSandboxClaimed");
+    // The Pod is the run's now, out of the pool, with the run's deadline.
+    let pod = api.with(|s| s.pod.clone()).unwrap();
+    let owners = pod["metadata"]["ownerReferences"].as_array().unwrap();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(
+        (&owners[0]["kind"], &owners[0]["uid"]),
+        (&json!("SandboxRun"), &json!("uid-1"))
+    );
+    assert!(
+        pod["metadata"]["labels"]
+            .get(crate::pool::LABEL_POOL)
+            .is_none(),
+        "{pod}"
+    );
+    assert!(
+        pod["spec"]["activeDeadlineSeconds"].as_i64().unwrap() <= 40,
+        "{pod}"
+    );
+    assert!(api.with(|s| s.pool_pods.is_empty()));
+}
+
+#[tokio::test]
+async fn a_run_that_loses_every_claim_goes_cold() {
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| {
+        s.pool_pods = vec![
+            pool_pod("default-aaaaa", "7"),
+            pool_pod("default-bbbbb", "8"),
+        ];
+        s.lose_claims = 2;
+    });
+    let ctx = context_with_pool(&api);
+    reconcile_as(cached(&api), &ctx).await;
+    let requests = api.take_requests();
+    let claims = requests
+        .iter()
+        .filter(|r| r.starts_with(&format!("PATCH /api/v1/namespaces/{NS}/pods/")))
+        .count();
+    assert_eq!(claims, 2, "{requests:?}");
+    assert!(
+        requests.contains(&format!("POST /api/v1/namespaces/{NS}/pods")),
+        "{requests:?}"
+    );
+    let status = api.status();
+    assert_eq!(
+        (&status["podName"], &status["path"]),
+        (&json!(POD), &json!("Cold"))
+    );
+    // The pool's Pods are untouched: a lost claim changes nothing.
+    assert_eq!(api.with(|s| s.pool_pods.len()), 2);
+}
+
+#[tokio::test]
+async fn a_run_of_other_limits_never_touches_a_pool() {
+    // timeoutSeconds 5 fits; cpu 250m does not.
+    let mut run = run_json(python());
+    run["spec"]["limits"] = json!({"cpu": "250m"});
+    let api = FakeApi::start(run).await;
+    api.with(|s| s.pool_pods = vec![pool_pod("default-aaaaa", "7")]);
+    let ctx = context_with_pool(&api);
+    reconcile_as(cached(&api), &ctx).await;
+    let requests = api.take_requests();
+    assert!(
+        !requests
+            .iter()
+            .any(|r| r.contains("/pods?") || r.contains("default-aaaaa")),
+        "{requests:?}"
+    );
+    assert_eq!(api.status()["path"], "Cold");
 }

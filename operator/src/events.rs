@@ -9,6 +9,8 @@ use sandboxrun_core::{Phase, Reason, Verdict};
 #[derive(Clone)]
 pub struct Events {
     recorder: Recorder,
+    /// Events still being sent (they go in the background).
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Events {
@@ -20,6 +22,15 @@ impl Events {
         };
         Self {
             recorder: Recorder::new(client, reporter),
+            in_flight: std::sync::Arc::default(),
+        }
+    }
+
+    /// Waits until every Event published so far was sent (or failed).
+    #[cfg(test)]
+    pub async fn settled(&self) {
+        while self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 
@@ -39,9 +50,20 @@ impl Events {
             action: action.to_owned(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &run.object_ref(&())).await {
-            tracing::warn!(error = %e, reason, "could not publish event");
-        }
+        // In the background: an Event must not add its round trip to the call it describes.
+        let (recorder, object, reason) = (
+            self.recorder.clone(),
+            run.object_ref(&()),
+            reason.to_owned(),
+        );
+        let in_flight = self.in_flight.clone();
+        in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &object).await {
+                tracing::warn!(error = %e, reason, "could not publish event");
+            }
+            in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        });
     }
 
     /// The sandbox Pod was created.

@@ -38,6 +38,11 @@ pub struct ApiState {
     /// Reads of the run after which someone else writes it (its resourceVersion moves on),
     /// counted down per read: a concurrent writer, such as a second leader.
     pub write_after_reads: u32,
+    /// Idle sandboxes of warm pools (listed by label selector, claimed by a patch that the
+    /// resourceVersion precondition guards; a claimed one becomes [`ApiState::pod`]).
+    pub pool_pods: Vec<Value>,
+    /// Claims answered 409 Conflict (another run took the Pod first), counted down per claim.
+    pub lose_claims: u32,
     /// Every request, as `METHOD path`, in order.
     pub requests: Vec<String>,
     /// The reasons of the Events published, in order.
@@ -118,6 +123,24 @@ fn bump(object: &mut Value) {
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(1);
     object["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+}
+
+/// A JSON merge patch (RFC 7386), as the API server applies `Patch::Merge`.
+fn merge(target: &mut Value, patch: &Value) {
+    let Some(fields) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    for (k, v) in fields {
+        if v.is_null() {
+            target.as_object_mut().unwrap().remove(k);
+        } else {
+            merge(&mut target[k], v);
+        }
+    }
 }
 
 fn found(object: Option<&Value>) -> Response {
@@ -212,6 +235,47 @@ async fn handle(
         pod["status"] = json!({"phase": "Pending"});
         s.pod = Some(pod.clone());
         return json_response(201, &pod);
+    }
+    if path == pods && method == Method::GET {
+        let selector = uri
+            .query()
+            .unwrap_or_default()
+            .replace("%2F", "/")
+            .replace("%3D", "=")
+            .replace("%2C", ",");
+        let items: Vec<Value> = if selector.contains("sandboxrun.dev/pool=") {
+            s.pool_pods.clone()
+        } else {
+            s.pod.iter().cloned().collect()
+        };
+        return json_response(
+            200,
+            &json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items}),
+        );
+    }
+    if let Some(name) = path.strip_prefix(&format!("{pods}/"))
+        && method == Method::PATCH
+    {
+        let Some(i) = s
+            .pool_pods
+            .iter()
+            .position(|p| p["metadata"]["name"] == name)
+        else {
+            return status(404, "NotFound");
+        };
+        if s.lose_claims > 0 {
+            s.lose_claims -= 1;
+            return status(409, "Conflict");
+        }
+        let mut pod = s.pool_pods[i].clone();
+        if body["metadata"]["resourceVersion"] != pod["metadata"]["resourceVersion"] {
+            return status(409, "Conflict");
+        }
+        merge(&mut pod, &body);
+        bump(&mut pod);
+        s.pool_pods.remove(i);
+        s.pod = Some(pod.clone());
+        return json_response(200, &pod);
     }
     if let Some(rest) = path.strip_prefix(&format!("{pods}/")) {
         return match (method, rest.ends_with("/log")) {

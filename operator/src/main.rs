@@ -11,6 +11,7 @@ mod leader;
 mod metrics;
 mod outcome;
 mod policy;
+mod pool;
 mod python;
 mod query;
 mod run_quota;
@@ -19,6 +20,7 @@ mod ttl;
 use std::sync::Arc;
 
 use clap::Parser;
+use futures::FutureExt;
 use tokio::sync::watch;
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -150,6 +152,22 @@ async fn main() -> anyhow::Result<()> {
         until_true(stop_rx.clone()),
     ));
 
+    // The pools runs claim from; the pool controller itself runs with the run controller.
+    let (pool_store, pool_writer) = kube::runtime::reflector::store();
+    let pools_api = || -> kube::Api<sandboxrun_api::SandboxPool> {
+        match namespace {
+            Some(ns) => kube::Api::namespaced(client.clone(), ns),
+            None => kube::Api::all(client.clone()),
+        }
+    };
+    let pods_api = || -> kube::Api<k8s_openapi::api::core::v1::Pod> {
+        match namespace {
+            Some(ns) => kube::Api::namespaced(client.clone(), ns),
+            None => kube::Api::all(client.clone()),
+        }
+    };
+    tokio::spawn(pool::mirror(pools_api(), pool_writer));
+
     let ctx = Arc::new(
         Context::new(
             client.clone(),
@@ -166,7 +184,8 @@ async fn main() -> anyhow::Result<()> {
         .allowing_all_without_policy(config.allow_all_without_policy)
         .with_databases(databases)
         .with_prometheus(prometheus)
-        .with_identity(identity.clone()),
+        .with_identity(identity.clone())
+        .with_pools(pool_store),
     );
 
     let run_quota = match (&config.run_count_quota, config.max_stored_runs, namespace) {
@@ -191,17 +210,25 @@ async fn main() -> anyhow::Result<()> {
             let namespace = namespace.clone();
             let quota = run_quota.clone();
             let client = client.clone();
+            let (pools, pods) = (pools_api(), pods_api());
             async move {
                 // Only the leader edits the quota, so two replicas never race on the probe.
                 let keeper = quota.map(|q| tokio::spawn(run_quota::keep(client, q)));
-                controller::run(ctx, namespace.as_deref(), stop).await;
+                let stop = stop.shared();
+                tokio::join!(
+                    controller::run(ctx.clone(), namespace.as_deref(), stop.clone()),
+                    pool::run(ctx, pools, pods, stop),
+                );
                 keeper.inspect(tokio::task::JoinHandle::abort);
             }
         })
         .await?;
     } else {
         let keeper = run_quota.map(|q| tokio::spawn(run_quota::keep(client.clone(), q)));
-        controller::run(ctx, namespace, until_true(stop_rx.clone())).await;
+        tokio::join!(
+            controller::run(ctx.clone(), namespace, until_true(stop_rx.clone())),
+            pool::run(ctx, pools_api(), pods_api(), until_true(stop_rx.clone())),
+        );
         keeper.inspect(tokio::task::JoinHandle::abort);
     }
 

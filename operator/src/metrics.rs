@@ -36,6 +36,23 @@ pub struct VerbLabels {
     pub verb: String,
 }
 
+/// Label set of a warm-sandbox claim: `hit` (a run took a pool's sandbox), `miss` (a pool
+/// fits the run but had no ready sandbox, or lost the race for it: the run went cold).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClaimLabels {
+    /// The pool.
+    pub pool: String,
+    /// hit or miss.
+    pub result: String,
+}
+
+/// Label set naming a pool.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    /// The pool, as namespace/name.
+    pub pool: String,
+}
+
 /// Label set of a finished tool call: the same labels as the embedded frontend's
 /// `sandboxrun_tool_calls_total` (see `sandboxrun_core::metrics::CALLS_METRIC`), so one PromQL
 /// query answers in both modes.
@@ -75,6 +92,12 @@ pub struct Metrics {
     /// Requests to the Kubernetes API by verb. Per run: divide its rate by that of
     /// `tool_calls_total` (e2e/BENCHMARKS.md has the query).
     pub api_requests: Family<VerbLabels, Counter>,
+    /// Warm-sandbox claims by pool and result (hit, miss).
+    pub warm_claims: Family<ClaimLabels, Counter>,
+    /// Time to claim a warm sandbox (list the pool's idle Pods, claim one), seconds.
+    pub warm_claim: Histogram,
+    /// Ready idle sandboxes per pool, as of its last reconcile.
+    pub pool_ready: Family<PoolLabels, prometheus_client::metrics::gauge::Gauge>,
 }
 
 impl Default for Metrics {
@@ -101,6 +124,25 @@ impl Default for Metrics {
             0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
         ]);
         let api_requests = Family::<VerbLabels, Counter>::default();
+        let warm_claims = Family::<ClaimLabels, Counter>::default();
+        let warm_claim =
+            Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]);
+        let pool_ready = Family::<PoolLabels, prometheus_client::metrics::gauge::Gauge>::default();
+        registry.register(
+            "warm_claims",
+            "Python runs that a warm pool fitted, by pool and result (hit: took a ready sandbox; miss: went cold)",
+            warm_claims.clone(),
+        );
+        registry.register(
+            "warm_claim_seconds",
+            "Time to claim a warm sandbox",
+            warm_claim.clone(),
+        );
+        registry.register(
+            "pool_ready_sandboxes",
+            "Ready idle sandboxes per pool, as of its last reconcile",
+            pool_ready.clone(),
+        );
         registry.register(
             "api_requests",
             "Requests the operator sent to the Kubernetes API, by verb",
@@ -159,11 +201,24 @@ impl Default for Metrics {
             program_feed,
             reconcile_duration,
             api_requests,
+            warm_claims,
+            warm_claim,
+            pool_ready,
         }
     }
 }
 
 impl Metrics {
+    /// Counts one python run that pool `pool` fitted: `hit` when it took a sandbox.
+    pub fn warm_claim_result(&self, pool: &str, hit: bool) {
+        self.warm_claims
+            .get_or_create(&ClaimLabels {
+                pool: pool.to_owned(),
+                result: if hit { "hit" } else { "miss" }.to_owned(),
+            })
+            .inc();
+    }
+
     /// Counts one request to the Kubernetes API (see [`Metrics::api_requests`]).
     pub fn api_request<B>(&self, request: &http::Request<B>) -> &Self {
         let watch = request

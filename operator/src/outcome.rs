@@ -122,6 +122,9 @@ pub fn base(
         decision: prev.decision.clone(),
         conditions: prev.conditions.clone(),
         observed_generation: generation,
+        // How the run got its sandbox stays true to its end.
+        path: prev.path,
+        pool: prev.pool.clone(),
         ..Default::default()
     }
 }

@@ -648,7 +648,7 @@ impl LocalSandbox {
         let mut stdin = child.stdin.take().expect("stdin is piped");
         let mut stdout = child.stdout.take().expect("stdout is piped");
         let mut stderr = child.stderr.take().expect("stderr is piped");
-        let frame = program_frame(code);
+        let frame = program_frame(code, &limits);
         // The envelope escapes at most 6 bytes per byte of output, for both streams.
         let envelope_max = 12 * limits.output_bytes as usize + 4096;
         let mut out = TailBuffer::new(envelope_max);

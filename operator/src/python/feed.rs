@@ -16,13 +16,19 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams};
-use sandboxrun_core::{PROGRAM_RECEIVED, program_frame};
+use sandboxrun_core::{Limits, PROGRAM_RECEIVED, parse_envelope, program_frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::pod::CONTAINER;
 
 /// How long the runner may take to confirm a program, beyond the time to send it.
 const CONFIRM_WITHIN: Duration = Duration::from_secs(20);
+/// The same for the early feeder. An attach that opened while the container was still being
+/// started can hold the program until the session ends (seen under gVisor, rarely): hanging up
+/// then delivers it, and the log shows whether it arrived.
+const EARLY_CONFIRM_WITHIN: Duration = Duration::from_secs(3);
+/// How long the early feeder looks in the log for a confirmation it did not see on the stream.
+const LOG_CONFIRM_WITHIN: Duration = Duration::from_secs(3);
 /// Between attempts to attach to a sandbox that has not started yet: often at first, when a
 /// gVisor sandbox usually starts, then less often for one that takes long (an image pull).
 const ATTACH_RETRY: Duration = Duration::from_millis(100);
@@ -60,6 +66,11 @@ impl Feeds {
         };
     }
 
+    /// Records that run `uid`'s program was handed over (by the warm path, inline).
+    pub fn mark_fed(&self, uid: &str) {
+        self.set(uid, Some(FeedState::Fed));
+    }
+
     /// Forgets run `uid` (it ended).
     pub fn forget(&self, uid: &str) {
         self.set(uid, None);
@@ -71,7 +82,14 @@ impl Feeds {
     /// not started fails at once and is retried; an attach that opened but did not end in a
     /// confirmation is not repeated (stdinOnce closed the container's stdin with it), and the
     /// reconcile that sees the container running takes over.
-    pub fn start_early(&self, pods: Api<Pod>, pod: String, uid: String, code: String) {
+    pub fn start_early(
+        &self,
+        pods: Api<Pod>,
+        pod: String,
+        uid: String,
+        code: String,
+        limits: Limits,
+    ) {
         self.set(&uid, Some(FeedState::Feeding));
         let feeds = self.clone();
         tokio::spawn(async move {
@@ -82,7 +100,8 @@ impl Feeds {
                 if feeds.state(&uid) != Some(FeedState::Feeding) {
                     return;
                 }
-                match feed(&pods, &pod, &code).await {
+                let sent = session(&pods, &pod, &code, &limits, None, EARLY_CONFIRM_WITHIN).await;
+                match confirmed_in_log(&pods, &pod, sent).await {
                     Ok(()) => {
                         // Only if still wanted: the run may have ended meanwhile.
                         if feeds.state(&uid) == Some(FeedState::Feeding) {
@@ -114,6 +133,43 @@ impl Feeds {
     }
 }
 
+/// Whether the runner of `pod` already confirmed a program (its log starts with the
+/// confirmation): then a program was handed over, by an operator that stopped before recording
+/// it, and sending another is pointless (stdinOnce closed the runner's stdin with that session).
+pub async fn already_received(pods: &Api<Pod>, pod: &str) -> Result<bool, kube::Error> {
+    let params = kube::api::LogParams {
+        container: Some(CONTAINER.to_owned()),
+        limit_bytes: Some(256),
+        ..Default::default()
+    };
+    let head = tokio::time::timeout(CONFIRM_WITHIN, pods.logs(pod, &params))
+        .await
+        .map_err(|_| kube::Error::Service("reading the log timed out".into()))??;
+    Ok(head
+        .lines()
+        .any(|l| l.starts_with(&format!("{PROGRAM_RECEIVED} "))))
+}
+
+/// The early feeder's result: a confirmation missing on the stream may still be in the log (the
+/// program went through when the session ended).
+async fn confirmed_in_log(
+    pods: &Api<Pod>,
+    pod: &str,
+    sent: Result<Option<String>, FeedError>,
+) -> Result<(), FeedError> {
+    let Err(FeedError::Unconfirmed(why)) = sent else {
+        return sent.map(|_| ());
+    };
+    let deadline = tokio::time::Instant::now() + LOG_CONFIRM_WITHIN;
+    while tokio::time::Instant::now() < deadline {
+        if already_received(pods, pod).await.unwrap_or(false) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(FeedError::Unconfirmed(why))
+}
+
 /// Why a program could not be handed over.
 #[derive(Debug, thiserror::Error)]
 pub enum FeedError {
@@ -133,7 +189,42 @@ pub enum FeedError {
 }
 
 /// Sends `code` to the runner of `pod` and waits until it confirms all of it.
-pub async fn feed(pods: &Api<Pod>, pod: &str, code: &str) -> Result<(), FeedError> {
+pub async fn feed(
+    pods: &Api<Pod>,
+    pod: &str,
+    code: &str,
+    limits: &Limits,
+) -> Result<(), FeedError> {
+    session(pods, pod, code, limits, None, CONFIRM_WITHIN)
+        .await
+        .map(|_| ())
+}
+
+/// Sends `code` to the runner of `pod`, then keeps the stream open and reads the runner's
+/// output until it exits (at most `within`): what it returns is the container's log, envelope
+/// included, without waiting for the kubelet to notice that the container ended (it looks once
+/// a second). `Ok(None)`: the program was handed over but the output did not end in time or
+/// the stream broke; the kubelet's view and the log then decide, as for any run.
+pub async fn feed_and_read(
+    pods: &Api<Pod>,
+    pod: &str,
+    code: &str,
+    limits: &Limits,
+    within: Duration,
+) -> Result<Option<String>, FeedError> {
+    session(pods, pod, code, limits, Some(within), CONFIRM_WITHIN).await
+}
+
+/// One attach session: send the framed program, wait for its confirmation and, with `read_for`,
+/// read the output that follows until the stream ends.
+async fn session(
+    pods: &Api<Pod>,
+    pod: &str,
+    code: &str,
+    limits: &Limits,
+    read_for: Option<Duration>,
+    confirm_within: Duration,
+) -> Result<Option<String>, FeedError> {
     let params = AttachParams::default()
         .container(CONTAINER)
         .stdin(true)
@@ -141,27 +232,38 @@ pub async fn feed(pods: &Api<Pod>, pod: &str, code: &str) -> Result<(), FeedErro
         .stderr(false);
     let mut attached = pods.attach(pod, &params).await?;
     let status = attached.take_status();
-    let result = tokio::time::timeout(CONFIRM_WITHIN, async {
+    let mut stdout = attached.stdout();
+    let result = tokio::time::timeout(confirm_within, async {
         let mut stdin = attached
             .stdin()
             .ok_or_else(|| FeedError::Unconfirmed("no stdin stream".into()))?;
-        let mut stdout = attached
-            .stdout()
+        let stdout = stdout
+            .as_mut()
             .ok_or_else(|| FeedError::Unconfirmed("no stdout stream".into()))?;
-        stdin.write_all(&program_frame(code)).await?;
+        stdin.write_all(&program_frame(code, limits)).await?;
         stdin.shutdown().await?;
         drop(stdin);
-        confirmation(&mut stdout, code.len()).await
+        confirmation(stdout, code.len()).await
     })
     .await
     .unwrap_or_else(|_| {
         Err(FeedError::Unconfirmed(format!(
-            "nothing within {CONFIRM_WITHIN:?}"
+            "nothing within {confirm_within:?}"
         )))
     });
+    let output = match (&result, read_for, stdout.as_mut()) {
+        (Ok(seen), Some(within), Some(stdout)) => {
+            tokio::time::timeout(within, until_envelope(stdout, seen.clone()))
+                .await
+                .ok()
+                .flatten()
+        }
+        _ => None,
+    };
     // Hang up either way: stdinOnce closes the container's stdin with this session.
     attached.abort();
     match result {
+        Ok(_) => Ok(output),
         // The stream ended early: the kubelet's own words say why (say, not running yet).
         Err(FeedError::Unconfirmed(why)) => {
             let said = match status {
@@ -185,15 +287,42 @@ pub async fn feed(pods: &Api<Pod>, pod: &str, code: &str) -> Result<(), FeedErro
                 format!("{why}: {message}")
             }))
         }
-        other => other,
+        Err(other) => Err(other),
     }
 }
 
-/// Reads the stream until the runner's confirmation of `bytes` bytes.
+/// Reads the runner's output after `seen` until it holds the envelope (the runner's last line;
+/// the code cannot write to the runner's stdout, so the first complete envelope is the one) or
+/// the stream ends: `None` when it ended without one. Waiting for the end of the stream instead
+/// would add the sandbox's teardown to every call.
+async fn until_envelope(
+    stdout: &mut (impl tokio::io::AsyncRead + Unpin),
+    mut seen: Vec<u8>,
+) -> Option<String> {
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        if seen.ends_with(b"\n") {
+            let text = String::from_utf8_lossy(&seen);
+            if parse_envelope(&text).is_ok() {
+                return Some(text.into_owned());
+            }
+        }
+        match stdout.read(&mut chunk).await {
+            Ok(0) | Err(_) => {
+                let text = String::from_utf8_lossy(&seen).into_owned();
+                return parse_envelope(&text).is_ok().then_some(text);
+            }
+            Ok(n) => seen.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Reads the stream until the runner's confirmation of `bytes` bytes; returns what it read (the
+/// confirmation and whatever the runner printed after it in the same reads).
 async fn confirmation(
     stdout: &mut (impl tokio::io::AsyncRead + Unpin),
     bytes: usize,
-) -> Result<(), FeedError> {
+) -> Result<Vec<u8>, FeedError> {
     let expected = format!("{PROGRAM_RECEIVED} {bytes}");
     let mut seen = Vec::new();
     let mut chunk = [0u8; 512];
@@ -207,7 +336,7 @@ async fn confirmation(
             .lines()
             .any(|l| l.trim_end() == expected)
         {
-            return Ok(());
+            return Ok(seen);
         }
         // The confirmation is the runner's first line; anything long without it is not ours.
         if seen.len() > 4096 {

@@ -6,13 +6,17 @@ pub mod feed;
 pub mod log;
 pub mod phase;
 pub mod pod;
+pub mod warm;
 
 use jiff::SignedDuration;
+use kube::ResourceExt;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
-use sandboxrun_api::SandboxRunStatus;
+use sandboxrun_api::{SandboxPath, SandboxRunStatus};
 use sandboxrun_core::{Decision, Limits, Phase, Reason, Tool};
 use tracing::info;
+
+use crate::pool::FROM_POOL_ANNOTATION;
 
 use self::feed::FeedState;
 use self::phase::{Exited, Next, Progress};
@@ -27,7 +31,11 @@ impl Reconcile<'_> {
         mut prev: SandboxRunStatus,
         decided: Option<Decision>,
     ) -> Result<Action, Error> {
-        let pod_name = pod::pod_name(&self.name);
+        // A warm sandbox has its pool's name for it; a cold one is named after the run.
+        let pod_name = prev
+            .pod_name
+            .clone()
+            .unwrap_or_else(|| pod::pod_name(&self.name));
         // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod.
         let pod = self.pods.get_opt(&pod_name).await?;
         if let Some(stale) = pod.as_ref().filter(|p| !pod::belongs_to(p, self.run)) {
@@ -37,6 +45,16 @@ impl Reconcile<'_> {
                 "a Pod of another run holds this run's name; deleting it");
             self.delete_pod(&pod_name).await?;
             return Ok(Action::requeue(std::time::Duration::from_secs(1)));
+        }
+        // How the run got its sandbox, if the status does not say yet (its first write was lost).
+        if let Some(p) = pod.as_ref().filter(|_| prev.path.is_none()) {
+            let pool = p.annotations().get(FROM_POOL_ANNOTATION).cloned();
+            prev.path = Some(if pool.is_some() {
+                SandboxPath::Warm
+            } else {
+                SandboxPath::Cold
+            });
+            prev.pool = pool;
         }
         // The limits the Pod was built with (policy may have lowered the requested ones).
         let limits = pod
@@ -56,7 +74,16 @@ impl Reconcile<'_> {
         }
         let pod_name = pod_name.as_str();
         match phase::next(&prev, pod.as_ref(), &limits, self.now) {
-            Next::CreatePod => self.create_pod(&prev, decided, pod_name).await,
+            Next::CreatePod => {
+                let limits = match decided {
+                    Some(d) => d.limits,
+                    None => self.ctx.decide(self.run, Tool::Python).limits,
+                };
+                if let Some(claimed) = self.claim_warm(&limits).await? {
+                    return self.run_warm(&prev, &claimed, &limits).await;
+                }
+                self.create_pod(&prev, &limits, pod_name).await
+            }
             Next::Progress(progress) => {
                 // Started: the runner waits for its program. Sent before Running is recorded, so
                 // an operator that dies in between sends it again (stdinOnce makes that a no-op
@@ -92,7 +119,14 @@ impl Reconcile<'_> {
                         Some(FeedState::Feeding) => {
                             return Ok(Action::requeue(std::time::Duration::from_millis(100)));
                         }
-                        None => self.feed(pod_name).await?,
+                        // Nobody here sent it; an operator before a restart may have.
+                        None => {
+                            if feed::already_received(&self.pods, pod_name).await? {
+                                self.ctx.feeds.mark_fed(&self.uid());
+                            } else {
+                                self.feed(pod_name, &limits).await?;
+                            }
+                        }
                     }
                 }
                 self.progress_to(&prev, &progress, pod_name).await
@@ -110,15 +144,11 @@ impl Reconcile<'_> {
     async fn create_pod(
         &self,
         prev: &SandboxRunStatus,
-        decided: Option<Decision>,
+        limits: &Limits,
         pod_name: &str,
     ) -> Result<Action, Error> {
         let (run, ctx, now) = (self.run, self.ctx, self.now);
-        let limits = match decided {
-            Some(d) => d.limits,
-            None => ctx.decide(run, Tool::Python).limits,
-        };
-        let desired = pod::build_with_limits(run, &ctx.sandbox, &limits)?;
+        let desired = pod::build_with_limits(run, &ctx.sandbox, limits)?;
         match self.pods.create(&PostParams::default(), &desired).await {
             Ok(_) => {
                 info!(run = %self.name, namespace = %self.ns, pod = %pod_name, "created sandbox pod");
@@ -133,7 +163,7 @@ impl Reconcile<'_> {
             // The namespace's quota has no room now: the cluster is busy, not wrong. Wait, with
             // the reason in the status, until the run's own deadline.
             Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("exceeded quota") => {
-                return self.wait_for_quota(prev, &limits, &e.message).await;
+                return self.wait_for_quota(prev, limits, &e.message).await;
             }
             // Refused for good (admission, quota, Pod Security, unknown RuntimeClass): retrying
             // would fail the same way.
@@ -154,9 +184,13 @@ impl Reconcile<'_> {
             reason: Reason::PodCreated.as_str().to_owned(),
             message: format!("created sandbox Pod {pod_name}"),
             started_at: None,
-            deadline: created_deadline(&limits, now),
+            deadline: created_deadline(limits, now),
         };
-        let action = self.progress_to(prev, &progress, pod_name).await?;
+        let prev = SandboxRunStatus {
+            path: Some(SandboxPath::Cold),
+            ..prev.clone()
+        };
+        let action = self.progress_to(&prev, &progress, pod_name).await?;
         // Recorded: the program may go as soon as the container runs.
         if let Some(python) = run.spec.python.as_ref().filter(|_| ctx.early_feed) {
             ctx.feeds.start_early(
@@ -164,6 +198,7 @@ impl Reconcile<'_> {
                 pod_name.to_owned(),
                 self.uid(),
                 python.code.clone(),
+                limits.clone(),
             );
         }
         Ok(action)
@@ -213,7 +248,7 @@ impl Reconcile<'_> {
     }
 
     /// Sends the run's code to the runner of its started Pod (feed.rs).
-    async fn feed(&self, pod_name: &str) -> Result<(), Error> {
+    async fn feed(&self, pod_name: &str, limits: &Limits) -> Result<(), Error> {
         let code = self
             .run
             .spec
@@ -221,7 +256,7 @@ impl Reconcile<'_> {
             .as_ref()
             .map_or("", |p| p.code.as_str());
         let started = std::time::Instant::now();
-        feed::feed(&self.pods, pod_name, code)
+        feed::feed(&self.pods, pod_name, code, limits)
             .await
             .map_err(|source| Error::Feed {
                 pod: pod_name.to_owned(),

@@ -91,11 +91,13 @@ fn sandbox_container(pod: &Pod) -> Option<&ContainerStatus> {
 /// When the operator stops waiting for a Pod: its deadline counted from when the kubelet
 /// accepted it (or from its creation, if it never was), plus slack for the kubelet to act.
 pub fn operator_deadline(pod: &Pod, timeout_seconds: u32) -> Option<Timestamp> {
-    let base = pod
+    let accepted = pod
         .status
         .as_ref()
         .and_then(|s| ts(&s.start_time))
         .or_else(|| ts(&pod.metadata.creation_timestamp))?;
+    // A warm sandbox started long before its run: the run's time counts from its claim.
+    let base = crate::pool::claimed_at(pod).map_or(accepted, |claimed| claimed.max(accepted));
     let seconds = i64::from(timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS)
         + OPERATOR_DEADLINE_SLACK_SECONDS;
     base.checked_add(SignedDuration::from_secs(seconds)).ok()

@@ -48,7 +48,7 @@ pub struct SandboxConfig {
 }
 
 /// 32-bit FNV-1a, as 8 hex digits: a stable suffix that keeps shortened names unique.
-fn short_hash(s: &str) -> String {
+pub fn short_hash(s: &str) -> String {
     let mut h: u32 = 0x811c_9dc5;
     for b in s.bytes() {
         h ^= u32::from(b);
@@ -109,7 +109,7 @@ pub fn labels(run: &SandboxRun, tool: Tool) -> BTreeMap<String, String> {
 
 /// The owner reference that ties the Pod to its run: garbage collection deletes the Pod with
 /// the run, and the run cannot disappear from a foreground deletion before the Pod is gone.
-fn owner_reference(run: &SandboxRun) -> Option<OwnerReference> {
+pub fn owner_reference(run: &SandboxRun) -> Option<OwnerReference> {
     Some(OwnerReference {
         api_version: SandboxRun::api_version(&()).into_owned(),
         kind: SandboxRun::kind(&()).into_owned(),
@@ -183,7 +183,42 @@ pub fn build_with_limits(
     let owner = owner_reference(run).ok_or(BuildError::Unidentified)?;
     let namespace = run.namespace().ok_or(BuildError::Unidentified)?;
     let limits: Limits = limits.clamped();
+    let metadata = ObjectMeta {
+        name: Some(pod_name(&run.name_any())),
+        namespace: Some(namespace),
+        labels: Some(labels(run, Tool::Python)),
+        annotations: Some(limits_annotation(&limits)),
+        owner_references: Some(vec![owner]),
+        ..Default::default()
+    };
+    let deadline = i64::from(limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS);
+    Ok(sandbox_pod(
+        metadata,
+        config,
+        &limits,
+        deadline,
+        &limits.cpu,
+    ))
+}
 
+/// The [`LIMITS_ANNOTATION`] of a Pod built with `limits`.
+pub fn limits_annotation(limits: &Limits) -> BTreeMap<String, String> {
+    serde_json::to_string(limits)
+        .ok()
+        .map(|json| BTreeMap::from([(LIMITS_ANNOTATION.to_owned(), json)]))
+        .unwrap_or_default()
+}
+
+/// A sandbox Pod with `metadata`: every isolation setting, the runner waiting for its program on
+/// stdin, and `active_deadline_seconds` as its hard bound. Cold Pods (a run's) and warm ones (a
+/// pool's) are built here alike, so a warm sandbox is isolated exactly as a cold one.
+pub fn sandbox_pod(
+    metadata: ObjectMeta,
+    config: &SandboxConfig,
+    limits: &Limits,
+    active_deadline_seconds: i64,
+    cpu_request: &str,
+) -> Pod {
     let resources = BTreeMap::from([
         ("cpu".to_owned(), Quantity(limits.cpu.clone())),
         ("memory".to_owned(), Quantity(limits.memory.clone())),
@@ -200,14 +235,19 @@ pub fn build_with_limits(
         // No shell parses anything, and the code is not here: the runner waits for it on stdin,
         // which the operator writes once over the Pod's attach stream (stdinOnce closes it when
         // that session ends, so nobody can send a second program).
-        command: Some(runner_argv(&limits)),
+        command: Some(runner_argv(limits)),
         stdin: Some(true),
         stdin_once: Some(true),
         tty: Some(false),
         working_dir: Some("/tmp".to_owned()),
         resources: Some(ResourceRequirements {
-            // requests = limits: the Pod is Guaranteed QoS and never overcommits the node.
-            requests: Some(resources.clone()),
+            // requests = limits (a run's own Pod is Guaranteed QoS and never overcommits the
+            // node), but for the CPU a warm sandbox reserves while it idles (pool.rs).
+            requests: Some({
+                let mut requests = resources.clone();
+                requests.insert("cpu".to_owned(), Quantity(cpu_request.to_owned()));
+                requests
+            }),
             limits: Some(resources),
             ..Default::default()
         }),
@@ -236,25 +276,14 @@ pub fn build_with_limits(
         ..Default::default()
     };
 
-    Ok(Pod {
-        metadata: ObjectMeta {
-            name: Some(pod_name(&run.name_any())),
-            namespace: Some(namespace),
-            labels: Some(labels(run, Tool::Python)),
-            annotations: serde_json::to_string(&limits)
-                .ok()
-                .map(|json| BTreeMap::from([(LIMITS_ANNOTATION.to_owned(), json)])),
-            owner_references: Some(vec![owner]),
-            ..Default::default()
-        },
+    Pod {
+        metadata,
         spec: Some(PodSpec {
             runtime_class_name: Some(config.runtime_class.clone()),
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             restart_policy: Some("Never".to_owned()),
-            active_deadline_seconds: Some(i64::from(
-                limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
-            )),
+            active_deadline_seconds: Some(active_deadline_seconds),
             // Nothing to shut down cleanly: the result is read before the Pod is deleted.
             termination_grace_period_seconds: Some(1),
             host_network: Some(false),
@@ -293,7 +322,7 @@ pub fn build_with_limits(
             ..Default::default()
         }),
         status: None,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,140 @@
+"""Warm against cold: `run_python print(1)` through MCP over Streamable HTTP, with the frontend
+and the operator installed by the chart, in one run so the two paths share the machine's noise.
+
+Usage (MCP_URL, MCP_API_KEY and KUBECTL as for the e2e/mcp suite):
+    bench_warm.py [--sequential N] [--block B] [--think S] [--staggered N] [--rate R]
+                  [--burst K] [--rounds R] [--pool NAME] [--replicas N]
+
+- sequential: N calls per path, one at a time, in alternating blocks of B: warm blocks with the
+  pool at --replicas, cold blocks with the pool scaled to 0 (S seconds between calls, so the pool
+  can refill as it would between an agent's calls);
+- staggered: N calls arriving at random (Poisson, R per second) on one session, the pool at
+  --replicas, each call counted under the path it took;
+- burst: R rounds of K concurrent calls, each round with the pool at K and full.
+
+Each call's path is read from its SandboxRun (`status.path`), so a warm call that found the pool
+empty counts as cold. Prints p50/p95/p99 per path and phase, as a Markdown table. Restores the
+pool's replicas at the end. Not collected by pytest (the file name does not start with test_).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import time
+
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+URL = os.environ["MCP_URL"]
+KEY = os.environ["MCP_API_KEY"]
+KUBECTL = os.environ.get("KUBECTL", "kubectl")
+NAMESPACE = "sandboxrun-runs"
+
+
+def kubectl(*args: str) -> str:
+    return subprocess.run([KUBECTL, "-n", NAMESPACE, *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def pool_status(pool: str) -> dict:
+    return json.loads(kubectl("get", "sandboxpool", pool, "-o", "json"))
+
+
+def scale(pool: str, replicas: int, timeout: float = 300) -> None:
+    """Scales the pool and waits until it holds exactly `replicas` ready idle sandboxes."""
+    kubectl("scale", "sandboxpool", pool, f"--replicas={replicas}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = pool_status(pool).get("status", {})
+        if st.get("readyReplicas", 0) == replicas and st.get("replicas", 0) == replicas:
+            return
+        time.sleep(0.25)
+    raise SystemExit(f"pool {pool} did not reach {replicas} ready sandboxes in {timeout}s")
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+async def call(session: ClientSession) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    r = await session.call_tool("run_python", {"code": "print(1)"})
+    ms = (time.perf_counter() - t0) * 1000
+    out = r.structured_content or {}
+    assert out.get("stdout") == "1\n" and out.get("phase") == "Succeeded", r
+    return ms, out["runName"]
+
+
+def paths_of(names: list[str]) -> dict[str, str]:
+    runs = json.loads(kubectl("get", "sandboxruns", "-o", "json"))["items"]
+    return {r["metadata"]["name"]: r.get("status", {}).get("path", "?") for r in runs}
+
+
+async def main(a: argparse.Namespace) -> None:
+    original = pool_status(a.pool)["spec"]["replicas"]
+    results: dict[tuple[str, str], list[float]] = {}
+    calls: list[tuple[str, float, str]] = []  # (phase, ms, run name)
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=300) as http:
+        async with streamable_http_client(URL, http_client=http) as streams:
+            async with ClientSession(streams[0], streams[1]) as session:
+                await session.initialize()
+                try:
+                    if a.sequential:
+                        done = {"warm": 0, "cold": 0}
+                        while min(done.values()) < a.sequential:
+                            for path, replicas in (("warm", a.replicas), ("cold", 0)):
+                                scale(a.pool, replicas)
+                                await call(session)  # unmeasured: the first after a scale
+                                for _ in range(min(a.block, a.sequential - done[path])):
+                                    ms, name = await call(session)
+                                    calls.append(("sequential", ms, name))
+                                    done[path] += 1
+                                    await asyncio.sleep(a.think)
+                    if a.staggered:
+                        scale(a.pool, a.replicas)
+
+                        async def arrive(delay: float) -> None:
+                            await asyncio.sleep(delay)
+                            ms, name = await call(session)
+                            calls.append(("staggered", ms, name))
+
+                        t, delays = 0.0, []
+                        for _ in range(a.staggered):
+                            t += random.expovariate(a.rate)
+                            delays.append(t)
+                        await asyncio.gather(*(arrive(d) for d in delays))
+                    for _ in range(a.rounds if a.burst else 0):
+                        scale(a.pool, a.burst)
+                        burst = await asyncio.gather(*(call(session) for _ in range(a.burst)))
+                        calls.extend(("burst", ms, name) for ms, name in burst)
+                finally:
+                    scale(a.pool, original)
+    paths = paths_of([n for _, _, n in calls])
+    for phase, ms, name in calls:
+        results.setdefault((phase, paths.get(name, "?")), []).append(ms)
+    print("| phase | path | n | p50 | p95 | p99 | max |")
+    print("|---|---|---|---|---|---|---|")
+    for (phase, path), ms in sorted(results.items()):
+        print(f"| {phase} | {path} | {len(ms)} | {pct(ms, 50):.0f} ms | {pct(ms, 95):.0f} ms | "
+              f"{pct(ms, 99):.0f} ms | {max(ms):.0f} ms |")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sequential", type=int, default=200)
+    p.add_argument("--block", type=int, default=20)
+    p.add_argument("--think", type=float, default=0.5)
+    p.add_argument("--staggered", type=int, default=100)
+    p.add_argument("--rate", type=float, default=2.0)
+    p.add_argument("--burst", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--pool", default="default")
+    p.add_argument("--replicas", type=int, default=4)
+    asyncio.run(main(p.parse_args()))

@@ -1,0 +1,509 @@
+//! The warm pools: each `SandboxPool` is kept at `spec.replicas` idle, started sandbox Pods of
+//! its profile, whose runner waits for one program on stdin. A python run whose limits fit a
+//! pool claims one of them (`python/warm.rs`): the claim moves the Pod out of the pool (its
+//! labels and owner become the run's), so the pool never sees it again and starts a new one. An
+//! idle Pod is replaced when it is older than `maxIdleSeconds`, when the profile changes, and
+//! when it stopped for any reason; a claimed Pod is never given back.
+//!
+//! [`sort`] and [`plan`] are pure (what the pool holds, what to create and delete); [`reconcile`]
+//! does the API calls between them and records the status with server-side apply.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use sandboxrun_api::{CONDITION_READY, SandboxPool, SandboxPoolStatus};
+use sandboxrun_core::limits::MAX_TIMEOUT_SECONDS;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::controller::Context;
+use crate::outcome::set_condition;
+use crate::python::pod::{
+    self, ACTIVE_DEADLINE_GRACE_SECONDS, CONTAINER, LABEL_MANAGED_BY, LABEL_TOOL, MANAGER,
+    SandboxConfig,
+};
+
+/// Label of an idle sandbox: the pool it belongs to (removed when a run claims it).
+pub const LABEL_POOL: &str = "sandboxrun.dev/pool";
+/// Annotation of a claimed sandbox: the name of the pool it came from (kept for the run's whole
+/// life; an annotation, not a label, because a pool's name may be longer than a label value).
+pub const FROM_POOL_ANNOTATION: &str = "sandboxrun.dev/from-pool";
+/// Label of a pool's sandbox: the hash of the profile it was started with.
+pub const LABEL_PROFILE: &str = "sandboxrun.dev/profile";
+/// Field manager of the pool status.
+const FIELD_MANAGER: &str = "sandboxrun-operator";
+/// How often a pool is looked at without any change (to replace sandboxes past their age).
+const RESYNC: Duration = Duration::from_secs(30);
+/// Most sandboxes one reconcile starts: a large scale-up fills over a few reconciles instead of
+/// sending a burst of creates that the quota may refuse anyway.
+const MAX_CREATES_PER_RECONCILE: usize = 10;
+
+/// Claims counted since a pool's status was last written, by pool (`namespace/name`); the
+/// pool's reconcile adds them to `status.claimedTotal`.
+#[derive(Clone, Debug, Default)]
+pub struct Claims(Arc<Mutex<HashMap<String, i64>>>);
+
+impl Claims {
+    /// Counts one claim from `pool`.
+    pub fn add(&self, pool: &str) {
+        *self
+            .0
+            .lock()
+            .expect("not poisoned")
+            .entry(pool.to_owned())
+            .or_default() += 1;
+    }
+
+    fn take(&self, pool: &str) -> i64 {
+        self.0
+            .lock()
+            .expect("not poisoned")
+            .remove(pool)
+            .unwrap_or_default()
+    }
+
+    fn give_back(&self, pool: &str, n: i64) {
+        if n > 0 {
+            *self
+                .0
+                .lock()
+                .expect("not poisoned")
+                .entry(pool.to_owned())
+                .or_default() += n;
+        }
+    }
+}
+
+/// The sandbox settings of `pool`: its own where it sets them, else the operator's.
+pub fn sandbox_config(pool: &SandboxPool, operator: &SandboxConfig) -> SandboxConfig {
+    SandboxConfig {
+        runtime_class: pool
+            .spec
+            .runtime_class_name
+            .clone()
+            .unwrap_or_else(|| operator.runtime_class.clone()),
+        image: pool
+            .spec
+            .image
+            .clone()
+            .unwrap_or_else(|| operator.image.clone()),
+        tmp_size: pool
+            .spec
+            .tmp_size
+            .clone()
+            .unwrap_or_else(|| operator.tmp_size.clone()),
+    }
+}
+
+/// The hash of what a pool's sandboxes are started with: a sandbox with another hash is of an
+/// older profile and is replaced.
+pub fn profile_hash(pool: &SandboxPool, operator: &SandboxConfig) -> String {
+    let config = sandbox_config(pool, operator);
+    let limits = pool.spec.sandbox_limits();
+    pod::short_hash(&format!(
+        "{}|{}|{}|{}|{}|{}|{}|{}",
+        config.runtime_class,
+        config.image,
+        config.tmp_size,
+        limits.cpu,
+        limits.memory,
+        limits.pids,
+        pool.spec.max_idle_seconds,
+        pool.spec.cpu_request
+    ))
+}
+
+/// Whether a run may take a sandbox of `pool` at all: the pool starts sandboxes exactly as the
+/// operator would start the run's own (runtime class, image, /tmp), so a warm run is isolated
+/// as a cold one would be.
+pub fn same_isolation(pool: &SandboxPool, operator: &SandboxConfig) -> bool {
+    let config = sandbox_config(pool, operator);
+    config.runtime_class == operator.runtime_class
+        && config.image == operator.image
+        && config.tmp_size == operator.tmp_size
+}
+
+/// An idle sandbox Pod of `pool`, not yet created (the API server names it).
+pub fn build(pool: &SandboxPool, operator: &SandboxConfig) -> Option<Pod> {
+    let name = pool.metadata.name.clone()?;
+    let owner = OwnerReference {
+        api_version: SandboxPool::api_version(&()).into_owned(),
+        kind: SandboxPool::kind(&()).into_owned(),
+        name: name.clone(),
+        uid: pool.metadata.uid.clone()?,
+        controller: Some(true),
+        block_owner_deletion: None,
+    };
+    let limits = pool.spec.sandbox_limits();
+    let prefix: String = name.chars().take(40).collect();
+    let metadata = ObjectMeta {
+        generate_name: Some(format!("{}-", prefix.trim_end_matches(['-', '.']))),
+        namespace: pool.namespace(),
+        labels: Some(
+            [
+                (LABEL_MANAGED_BY, MANAGER.to_owned()),
+                (LABEL_POOL, pod::label_value(&name)),
+                (LABEL_PROFILE, profile_hash(pool, operator)),
+                (
+                    LABEL_TOOL,
+                    sandboxrun_core::Tool::Python.as_str().to_owned(),
+                ),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect(),
+        ),
+        annotations: Some(pod::limits_annotation(&limits)),
+        owner_references: Some(vec![owner]),
+        ..Default::default()
+    };
+    // Idle at most maxIdleSeconds, then one run of the longest timeout: a hard bound even if
+    // the operator is gone. A claim shortens it to the run's own deadline.
+    let deadline = i64::from(pool.spec.max_idle_seconds)
+        + i64::from(MAX_TIMEOUT_SECONDS + ACTIVE_DEADLINE_GRACE_SECONDS);
+    Some(pod::sandbox_pod(
+        metadata,
+        &sandbox_config(pool, operator),
+        &limits,
+        deadline,
+        &pool.spec.cpu_request,
+    ))
+}
+
+/// What a pool holds, from a fresh list of its Pods.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sorted {
+    /// Started: the runner waits for a program. Oldest first (claimed first).
+    pub ready: Vec<String>,
+    /// Not started yet.
+    pub starting: Vec<String>,
+    /// To delete, with why: another profile, too old, or stopped.
+    pub doomed: Vec<(String, String)>,
+}
+
+/// Whether `pod`'s sandbox container is running (the runner waits on stdin).
+pub fn is_ready(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    status.and_then(|s| s.phase.as_deref()) == Some("Running")
+        && status
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c.name == CONTAINER
+                    && c.state.as_ref().is_some_and(|s| s.running.is_some())
+                    && c.restart_count == 0
+            })
+}
+
+/// Sorts a pool's Pods: ready, starting, or to be deleted. Pods being deleted count as gone.
+pub fn sort(pods: &[Pod], profile: &str, max_idle_seconds: u32, now: Timestamp) -> Sorted {
+    let mut sorted = Sorted::default();
+    let mut ready: Vec<(Timestamp, String)> = Vec::new();
+    for p in pods {
+        let Some(name) = p.metadata.name.clone() else {
+            continue;
+        };
+        if p.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let created = p.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+        let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+        let terminated = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()));
+        let too_old = created
+            .checked_add(SignedDuration::from_secs(i64::from(max_idle_seconds)))
+            .is_ok_and(|end| now >= end);
+        let why = if p.labels().get(LABEL_PROFILE).map(String::as_str) != Some(profile) {
+            Some("its profile changed")
+        } else if matches!(phase, Some("Failed" | "Succeeded")) || terminated {
+            Some("it stopped while idle")
+        } else if too_old {
+            Some("it was idle for maxIdleSeconds")
+        } else {
+            None
+        };
+        match why {
+            Some(why) => sorted.doomed.push((name, why.to_owned())),
+            None if is_ready(p) => ready.push((created, name)),
+            None => sorted.starting.push(name),
+        }
+    }
+    ready.sort();
+    sorted.ready = ready.into_iter().map(|(_, n)| n).collect();
+    sorted
+}
+
+/// What to change so the pool holds `replicas` idle sandboxes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// How many sandboxes to start.
+    pub create: usize,
+    /// Which to delete (doomed ones, then the surplus: starting ones first, then the newest
+    /// ready ones).
+    pub delete: Vec<String>,
+}
+
+/// The changes that bring `sorted` to `replicas`.
+pub fn plan(sorted: &Sorted, replicas: i32) -> Plan {
+    let want = usize::try_from(replicas.max(0)).unwrap_or(0);
+    let mut delete: Vec<String> = sorted.doomed.iter().map(|(n, _)| n.clone()).collect();
+    let have = sorted.ready.len() + sorted.starting.len();
+    let mut surplus = have.saturating_sub(want);
+    for name in sorted
+        .starting
+        .iter()
+        .rev()
+        .chain(sorted.ready.iter().rev())
+    {
+        if surplus == 0 {
+            break;
+        }
+        delete.push(name.clone());
+        surplus -= 1;
+    }
+    Plan {
+        create: want.saturating_sub(have).min(MAX_CREATES_PER_RECONCILE),
+        delete,
+    }
+}
+
+/// Why a pool's reconciliation failed (retried).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The pool has no namespace, name or uid.
+    #[error("the pool has no namespace, name or uid")]
+    Unidentified,
+}
+
+/// The key of a pool in [`Claims`] and metrics.
+pub fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// One reconciliation of a pool: list its Pods, delete what must go, start what is missing,
+/// record the status.
+pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let (Some(ns), Some(name)) = (pool.namespace(), pool.metadata.name.clone()) else {
+        return Err(Error::Unidentified);
+    };
+    if pool.metadata.deletion_timestamp.is_some() {
+        // Garbage collection removes the idle Pods through their ownerReference.
+        return Ok(Action::await_change());
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let selector = format!("{LABEL_POOL}={}", pod::label_value(&name));
+    // From the API server, not a cache: a Pod created a moment ago must count, or every
+    // reconcile would start another.
+    let listed = pods.list(&ListParams::default().labels(&selector)).await?;
+    let profile = profile_hash(&pool, &ctx.sandbox);
+    let now = Timestamp::now();
+    let sorted = sort(&listed.items, &profile, pool.spec.max_idle_seconds, now);
+    let plan = plan(&sorted, pool.spec.replicas);
+    for (doomed, why) in &sorted.doomed {
+        info!(pool = %name, pod = %doomed, why = %why, "replacing an idle sandbox");
+    }
+    for victim in &plan.delete {
+        match pods.delete(victim, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut refill_error = None;
+    let mut created = 0;
+    if plan.create > 0 {
+        let Some(desired) = build(&pool, &ctx.sandbox) else {
+            return Err(Error::Unidentified);
+        };
+        for _ in 0..plan.create {
+            match pods.create(&PostParams::default(), &desired).await {
+                Ok(_) => created += 1,
+                // Refused (quota, admission, an unknown RuntimeClass): say why in the status
+                // and try again at the next resync, not in a tight loop.
+                Err(kube::Error::Api(e)) => {
+                    warn!(pool = %name, error = %e.message, "cannot start a warm sandbox");
+                    refill_error = Some(e.message);
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    let deleted_live = plan
+        .delete
+        .iter()
+        .filter(|n| sorted.ready.contains(n) || sorted.starting.contains(n))
+        .count();
+    let ready = sorted
+        .ready
+        .iter()
+        .filter(|n| !plan.delete.contains(n))
+        .count();
+    let idle = sorted.ready.len() + sorted.starting.len() - deleted_live + created;
+    let starting = idle - ready;
+    let pool_key = key(&ns, &name);
+    ctx.metrics
+        .pool_ready
+        .get_or_create(&crate::metrics::PoolLabels {
+            pool: pool_key.clone(),
+        })
+        .set(i64::try_from(ready).unwrap_or(i64::MAX));
+
+    let prev = pool.status.clone().unwrap_or_default();
+    let claimed = ctx.pool_claims.take(&pool_key);
+    let mut status = SandboxPoolStatus {
+        replicas: i32::try_from(idle).unwrap_or(i32::MAX),
+        ready_replicas: i32::try_from(ready).unwrap_or(i32::MAX),
+        starting_replicas: i32::try_from(starting).unwrap_or(i32::MAX),
+        claimed_total: prev.claimed_total + claimed,
+        selector: Some(selector),
+        last_refill_error: refill_error.clone().or_else(|| {
+            // Kept until a sandbox could be added again.
+            (created == 0 && plan.create > 0)
+                .then(|| prev.last_refill_error.clone())
+                .flatten()
+        }),
+        observed_generation: pool.metadata.generation,
+        conditions: prev.conditions.clone(),
+    };
+    let want = pool.spec.replicas.max(0);
+    let (is_ready, reason, message) = if want == 0 {
+        (
+            true,
+            "Off",
+            "replicas is 0: no warm sandboxes are kept".to_owned(),
+        )
+    } else if status.ready_replicas >= want {
+        (true, "Filled", format!("{want} ready sandboxes"))
+    } else if let Some(e) = &status.last_refill_error {
+        (
+            false,
+            "RefillFailed",
+            format!("cannot start warm sandboxes: {e}"),
+        )
+    } else {
+        (
+            false,
+            "Filling",
+            format!("{} of {want} sandboxes ready", status.ready_replicas),
+        )
+    };
+    set_condition(
+        &mut status.conditions,
+        CONDITION_READY,
+        is_ready,
+        reason,
+        &message,
+        pool.metadata.generation,
+        now,
+    );
+    if status != prev {
+        let api: Api<SandboxPool> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = json!({
+            "apiVersion": SandboxPool::api_version(&()),
+            "kind": SandboxPool::kind(&()),
+            "status": status,
+        });
+        if let Err(e) = api
+            .patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+        {
+            ctx.pool_claims.give_back(&pool_key, claimed);
+            return Err(e.into());
+        }
+    }
+    // Starting sandboxes report through their Pods' watch; age is only seen by looking.
+    Ok(Action::requeue(if refill_error.is_some() {
+        Duration::from_secs(10)
+    } else {
+        RESYNC
+    }))
+}
+
+fn error_policy(pool: Arc<SandboxPool>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(pool = %pool.name_any(), error = %error, "pool reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// Keeps `writer` (the store behind `Context::pools`) in step with the pools in `pools`, for as
+/// long as the process runs: only the leader reconciles runs, but its store of pools must be
+/// current the moment it becomes the leader.
+pub async fn mirror(
+    pools: Api<SandboxPool>,
+    writer: kube::runtime::reflector::store::Writer<SandboxPool>,
+) {
+    use kube::runtime::WatchStreamExt;
+    watcher(pools, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .reflect(writer)
+        .for_each(|_| async {})
+        .await;
+}
+
+/// Runs the pool controller until `shutdown`: pools, and their Pods (idle ones by their owner,
+/// claimed ones by the pool they came from: a claim is what makes a pool start a new sandbox).
+pub async fn run(
+    ctx: Arc<Context>,
+    pools: Api<SandboxPool>,
+    pods: Api<Pod>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let pod_watch = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGER}"));
+    Controller::new(pools, watcher::Config::default().any_semantic())
+        .watches(pods, pod_watch, |pod: Pod| {
+            let ns = pod.namespace()?;
+            let owner = pod
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true) && o.kind == SandboxPool::kind(&()))
+                .map(|o| o.name.clone());
+            let pool = owner.or_else(|| pod.annotations().get(FROM_POOL_ANNOTATION).cloned())?;
+            Some(ObjectRef::<SandboxPool>::new(&pool).within(&ns))
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "pool reconcile error");
+            }
+        })
+        .await;
+}
+
+/// When a claimed sandbox was claimed, from its annotation.
+pub fn claimed_at(pod: &Pod) -> Option<Timestamp> {
+    pod.annotations()
+        .get(CLAIMED_AT_ANNOTATION)
+        .and_then(|t| t.parse().ok())
+}
+
+/// Annotation of a claimed sandbox: when its run claimed it (its run's deadline counts from
+/// here, not from when the Pod started).
+pub const CLAIMED_AT_ANNOTATION: &str = "sandboxrun.dev/claimed-at";
+
+#[cfg(test)]
+#[path = "pool_tests.rs"]
+mod tests;

@@ -1,0 +1,306 @@
+//! The warm path of a python run: claim one idle sandbox of a pool that fits the run, hand it
+//! the program, read the result from the same attach stream, end the run.
+//!
+//! Single use, whatever happens:
+//! - A claim is one Pod patch with the Pod's resourceVersion as precondition: of two runs that
+//!   race for a Pod, one patch commits and the other gets 409 Conflict and tries the next Pod
+//!   (or goes cold). The patch moves the Pod out of its pool (the pool label goes, the owner
+//!   becomes the run), so the pool never counts or hands it out again.
+//! - The claimed Pod is recorded in the run's status before its program is sent; from then on
+//!   the run's ordinary Pod state machine applies, and the Pod is deleted when the run ends.
+//! - Its runner takes exactly one program (stdinOnce); the Pod is never returned to a pool.
+//!
+//! [`claim_patch`] and [`candidates`] are pure and unit-tested; the I/O is in the `Reconcile`
+//! methods below.
+
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use sandboxrun_api::{SandboxPath, SandboxPool, SandboxRun, SandboxRunStatus};
+use sandboxrun_core::{Limits, Phase, Reason, Tool, parse_envelope};
+use serde_json::{Value, json};
+use tracing::info;
+
+use super::feed;
+use super::phase::{self, Exited, Progress};
+use super::pod::{self, ACTIVE_DEADLINE_GRACE_SECONDS, SandboxConfig};
+use crate::controller::{Error, Reconcile, until};
+use crate::pool::{
+    self, CLAIMED_AT_ANNOTATION, FROM_POOL_ANNOTATION, LABEL_POOL, LABEL_PROFILE, is_ready,
+};
+
+/// Ready Pods of one pool tried before the run goes cold: each try is one patch, and a conflict
+/// means another run took that Pod a moment ago.
+const CLAIM_ATTEMPTS: usize = 3;
+
+/// How long the result is read over the stream before the run is recorded Running and left to
+/// the kubelet's view: short programs end well within it, and a long one should show Running
+/// (and not hold its reconcile) while it runs.
+const INLINE_READ: Duration = Duration::from_secs(3);
+
+/// A sandbox a run claimed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claimed {
+    /// The Pod.
+    pub pod: String,
+    /// The pool it came from.
+    pub pool: String,
+}
+
+/// The pools whose sandboxes `run` may take with `limits`, in a stable order: in the run's
+/// namespace, on, of the operator's own isolation, and of the run's cpu, memory and pids.
+pub fn candidates<'a>(
+    pools: impl IntoIterator<Item = &'a SandboxPool>,
+    run_namespace: &str,
+    limits: &Limits,
+    operator: &SandboxConfig,
+) -> Vec<String> {
+    let mut names: Vec<String> = pools
+        .into_iter()
+        .filter(|p| p.namespace().as_deref() == Some(run_namespace))
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && p.spec.replicas > 0)
+        .filter(|p| pool::same_isolation(p, operator) && p.spec.fits(limits))
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The patch that hands the idle sandbox `pod` of pool `pool` to `run`: conditional on the
+/// resourceVersion the claimer saw, it takes the Pod out of the pool (labels, owner), records
+/// the run's limits and the claim time, and shortens the Pod's deadline to the run's own (the
+/// kubelet counts `activeDeadlineSeconds` from the Pod's start, which may be long ago).
+pub fn claim_patch(
+    pod: &Pod,
+    pool: &str,
+    run: &SandboxRun,
+    limits: &Limits,
+    now: Timestamp,
+) -> Option<Value> {
+    let resource_version = pod.metadata.resource_version.clone()?;
+    let owner = pod::owner_reference(run)?;
+    let started = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .map_or(now, |t| t.0);
+    let idle = now.duration_since(started).as_secs().max(0);
+    let deadline = idle + i64::from(limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS);
+    let mut labels: serde_json::Map<String, Value> = pod::labels(run, Tool::Python)
+        .into_iter()
+        .map(|(k, v)| (k, Value::String(v)))
+        .collect();
+    labels.insert(LABEL_POOL.to_owned(), Value::Null);
+    labels.insert(LABEL_PROFILE.to_owned(), Value::Null);
+    let mut annotations: serde_json::Map<String, Value> = pod::limits_annotation(limits)
+        .into_iter()
+        .map(|(k, v)| (k, Value::String(v)))
+        .collect();
+    annotations.insert(CLAIMED_AT_ANNOTATION.to_owned(), json!(now.to_string()));
+    annotations.insert(FROM_POOL_ANNOTATION.to_owned(), json!(pool));
+    let mut patch = json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner],
+        },
+    });
+    // It may only be lowered; a Pod without one (not ours) is not claimed.
+    let current = pod.spec.as_ref().and_then(|s| s.active_deadline_seconds)?;
+    if deadline < current {
+        patch["spec"] = json!({ "activeDeadlineSeconds": deadline });
+    }
+    Some(patch)
+}
+
+impl Reconcile<'_> {
+    /// Claims a ready sandbox of a pool that fits the run's `limits`, if there is one.
+    pub(super) async fn claim_warm(&self, limits: &Limits) -> Result<Option<Claimed>, Error> {
+        let ctx = self.ctx;
+        let pools = ctx.pools.state();
+        let names = candidates(
+            pools.iter().map(|p| p.as_ref()),
+            &self.ns,
+            limits,
+            &ctx.sandbox,
+        );
+        let started = std::time::Instant::now();
+        for name in names {
+            let pool_ref = pools
+                .iter()
+                .find(|p| p.metadata.name.as_deref() == Some(name.as_str()));
+            let Some(pool_obj) = pool_ref else { continue };
+            let profile = pool::profile_hash(pool_obj, &ctx.sandbox);
+            let selector = format!(
+                "{LABEL_POOL}={},{LABEL_PROFILE}={profile}",
+                pod::label_value(&name)
+            );
+            // Fresh from the API server: the resourceVersion is the claim's precondition.
+            let listed = self
+                .pods
+                .list(&ListParams::default().labels(&selector))
+                .await?;
+            let mut ready: Vec<&Pod> = listed
+                .items
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
+                .collect();
+            // Oldest first: the next to expire is the next to serve.
+            ready.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
+            for candidate in ready.into_iter().take(CLAIM_ATTEMPTS) {
+                let Some(pod_name) = candidate.metadata.name.clone() else {
+                    continue;
+                };
+                let Some(patch) = claim_patch(candidate, &name, self.run, limits, self.now) else {
+                    continue;
+                };
+                match self
+                    .pods
+                    .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {
+                        let key = pool::key(&self.ns, &name);
+                        ctx.pool_claims.add(&key);
+                        ctx.metrics
+                            .warm_claim
+                            .observe(started.elapsed().as_secs_f64());
+                        ctx.metrics.warm_claim_result(&key, true);
+                        info!(run = %self.name, pod = %pod_name, pool = %name, "claimed a warm sandbox");
+                        return Ok(Some(Claimed {
+                            pod: pod_name,
+                            pool: name,
+                        }));
+                    }
+                    // Another run took it (or it changed) since the list: try the next one.
+                    Err(kube::Error::Api(e)) if matches!(e.code, 409 | 404 | 422) => {
+                        info!(run = %self.name, pod = %pod_name, reason = %e.message, "lost a warm sandbox to another claim");
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            ctx.metrics
+                .warm_claim_result(&pool::key(&self.ns, &name), false);
+        }
+        Ok(None)
+    }
+
+    /// Runs the program in the claimed sandbox: record the claim, send the code, read the
+    /// result from the stream and end the run. If the result does not come over the stream
+    /// (the stream broke, or the code runs long), the run goes on as any other: Running, until
+    /// the kubelet reports the container's end and its log is read.
+    pub(super) async fn run_warm(
+        &self,
+        prev: &SandboxRunStatus,
+        claimed: &Claimed,
+        limits: &Limits,
+    ) -> Result<Action, Error> {
+        let ctx = self.ctx;
+        let deadline = self
+            .now
+            .checked_add(SignedDuration::from_secs(
+                i64::from(limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS)
+                    + phase::OPERATOR_DEADLINE_SLACK_SECONDS,
+            ))
+            .unwrap_or(self.now);
+        let progress = Progress {
+            phase: Phase::Pending,
+            reason: Reason::WarmSandboxClaimed.as_str().to_owned(),
+            message: format!(
+                "claimed warm sandbox {} from pool {}",
+                claimed.pod, claimed.pool
+            ),
+            started_at: None,
+            deadline,
+        };
+        let mut recorded =
+            phase::progress_status(prev, &progress, &claimed.pod, self.generation, self.now);
+        recorded.path = Some(SandboxPath::Warm);
+        recorded.pool = Some(claimed.pool.clone());
+        // Recorded before the code is sent: a recorded Pod that goes missing ends the run
+        // PodDeleted, so the code can never run in a second sandbox.
+        if let Err(e) = self.apply(&recorded).await {
+            // Nothing was sent to it and nothing names it: give it up rather than leave a
+            // sandbox owned by a run that will take another one (or go cold) on its retry.
+            self.delete_pod(&claimed.pod).await?;
+            return Err(e);
+        }
+        ctx.metrics.entered(Phase::Pending);
+
+        let code = self
+            .run
+            .spec
+            .python
+            .as_ref()
+            .map_or("", |p| p.code.as_str());
+        let sent_at = Timestamp::now();
+        let within = INLINE_READ.min(Duration::from_secs(u64::from(
+            limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
+        )));
+        let fed = std::time::Instant::now();
+        let read = feed::feed_and_read(&self.pods, &claimed.pod, code, limits, within).await;
+        let log = match read {
+            Ok(log) => {
+                ctx.feeds.mark_fed(&self.uid());
+                ctx.metrics
+                    .program_feed
+                    .observe(fed.elapsed().as_secs_f64());
+                log
+            }
+            // Not handed over: the next reconcile sees the recorded, running Pod and tries
+            // again (the ordinary path), within the Pod's deadline.
+            Err(source) => {
+                return Err(Error::Feed {
+                    pod: claimed.pod.clone(),
+                    source,
+                });
+            }
+        };
+        ctx.metrics.entered(Phase::Running);
+        let envelope = log.as_deref().map(parse_envelope);
+        let Some((log, Ok(result))) = log.as_deref().zip(envelope) else {
+            // No result over the stream: the kubelet's view decides, as on the cold path.
+            let running = Progress {
+                phase: Phase::Running,
+                reason: Reason::ContainerStarted.as_str().to_owned(),
+                message: "the code is running".to_owned(),
+                started_at: Some(sent_at),
+                deadline,
+            };
+            let mut status = phase::progress_status(
+                &recorded,
+                &running,
+                &claimed.pod,
+                self.generation,
+                self.now,
+            );
+            status.path = recorded.path;
+            status.pool = recorded.pool.clone();
+            self.apply(&status).await?;
+            return Ok(Action::requeue(
+                Duration::from_secs(1).min(until(deadline, self.now)),
+            ));
+        };
+        // The runner printed its envelope and exited: what the kubelet would report later adds
+        // nothing the envelope does not say, except an OOM kill of the whole sandbox, which
+        // leaves no envelope (and then the branch above waits for the kubelet).
+        let exited = Exited {
+            exit_code: result.exit_code,
+            reason: None,
+            started_at: Some(sent_at),
+            finished_at: Timestamp::now(),
+        };
+        let outcome = phase::collected(&exited, log, limits);
+        self.end(&recorded, Some(Tool::Python), &outcome, Some(&claimed.pod))
+            .await
+    }
+}
+
+#[cfg(test)]
+#[path = "warm_tests.rs"]
+mod tests;
