@@ -30,7 +30,8 @@ pub const MAX_REPLICAS: i32 = 100;
     kind = "SandboxPool",
     plural = "sandboxpools",
     shortname = "sbp",
-    category = "sandboxrun",
+    // No category: `sandboxrun` is the SandboxRun's, and a category shared with another kind
+    // would make `kubectl get sandboxrun NAME` ambiguous.
     namespaced,
     status = "SandboxPoolStatus",
     scale(

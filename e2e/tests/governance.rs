@@ -122,7 +122,14 @@ async fn an_escalated_run_waits_and_runs_after_approval() -> Result<()> {
         "{:?}",
         st.conditions
     );
-    wait_events(&client, &name, &["Approved", "PodCreated"], EVENT_TIMEOUT).await?;
+    // A sandbox after the approval: a cold one created, or a warm one claimed.
+    let events = wait_events(&client, &name, &["Approved", "Succeeded"], EVENT_TIMEOUT).await?;
+    ensure!(
+        events
+            .iter()
+            .any(|r| r == "PodCreated" || r == "WarmSandboxClaimed"),
+        "no sandbox: {events:?}"
+    );
     wait_no_pods(&client, &name, Duration::from_secs(30)).await?;
     let reason = st.reason.clone().unwrap_or_default();
     audited(&client, &name, "Escalate", "Succeeded", &reason).await

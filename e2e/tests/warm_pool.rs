@@ -379,7 +379,8 @@ async fn a_warm_run_ends_exactly_once_when_the_operator_is_killed_in_flight() ->
     let client = client().await?;
     let pool = TestPool::create(&client, "e2e-pool-restart", 48, 1).await?;
     pool.wait_ready(1).await?;
-    let code = "import time\ntime.sleep(2)\nprint('survived')";
+    // Long enough that the killed operator is gone before the code ends: the new one ends it.
+    let code = "import time\ntime.sleep(8)\nprint('survived')";
     let name = create(&client, &pool.run(code)).await?;
     // Killed while the operator holds the stream to the claimed sandbox, before any result.
     let deadline = Instant::now() + RUN_TIMEOUT;

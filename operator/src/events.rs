@@ -78,6 +78,18 @@ impl Events {
         .await;
     }
 
+    /// A warm sandbox of a pool was claimed for the run.
+    pub async fn claimed(&self, run: &SandboxRun, pod: &str, pool: &str) {
+        self.publish(
+            run,
+            EventType::Normal,
+            Reason::WarmSandboxClaimed.as_str(),
+            "ClaimPod",
+            format!("claimed warm sandbox {pod} from pool {pool}"),
+        )
+        .await;
+    }
+
     /// The code started executing.
     pub async fn started(&self, run: &SandboxRun, pod: &str) {
         self.publish(

@@ -231,6 +231,9 @@ impl Reconcile<'_> {
             return Err(e);
         }
         ctx.metrics.entered(Phase::Pending);
+        ctx.events
+            .claimed(self.run, &claimed.pod, &claimed.pool)
+            .await;
 
         let code = self
             .run
@@ -262,6 +265,7 @@ impl Reconcile<'_> {
             }
         };
         ctx.metrics.entered(Phase::Running);
+        ctx.events.started(self.run, &claimed.pod).await;
         let envelope = log.as_deref().map(parse_envelope);
         let Some((log, Ok(result))) = log.as_deref().zip(envelope) else {
             // No result over the stream: the kubelet's view decides, as on the cold path.
