@@ -141,7 +141,8 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, None);
 
-    // First reconciliation: decide (fresh read, the Allow recorded), then the Pod.
+    // First reconciliation: decide (fresh read, the Allow recorded), then the Pod (its status
+    // is the one just written: no second read of the run).
     let action = reconcile_as(cached(&api), &ctx).await;
     assert_eq!(
         api.take_requests(),
@@ -149,7 +150,6 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
             get_run(),
             patch_status(),
             get_pod(),
-            get_run(),
             format!("POST /api/v1/namespaces/{NS}/pods"),
             patch_status(),
         ]

@@ -230,7 +230,9 @@ async fn session(
         .stdin(true)
         .stdout(true)
         .stderr(false);
+    let began = std::time::Instant::now();
     let mut attached = pods.attach(pod, &params).await?;
+    let attach_ms = began.elapsed().as_millis();
     let status = attached.take_status();
     let mut stdout = attached.stdout();
     let result = tokio::time::timeout(confirm_within, async {
@@ -251,6 +253,7 @@ async fn session(
             "nothing within {confirm_within:?}"
         )))
     });
+    let confirmed_ms = began.elapsed().as_millis();
     let output = match (&result, read_for, stdout.as_mut()) {
         (Ok(seen), Some(within), Some(stdout)) => {
             tokio::time::timeout(within, until_envelope(stdout, seen.clone()))
@@ -260,6 +263,13 @@ async fn session(
         }
         _ => None,
     };
+    tracing::debug!(
+        pod,
+        attach_ms,
+        confirmed_ms,
+        read_ms = began.elapsed().as_millis(),
+        "program session"
+    );
     // Hang up either way: stdinOnce closes the container's stdin with this session.
     attached.abort();
     match result {

@@ -36,8 +36,11 @@ impl Reconcile<'_> {
             .pod_name
             .clone()
             .unwrap_or_else(|| pod::pod_name(&self.name));
-        // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod.
+        // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod (a
+        // Pod of a deleted run of the same name may still be there, even in the first reconcile).
         let pod = self.pods.get_opt(&pod_name).await?;
+        // The reconcile that took the decision has just written the status: it is current.
+        let first = decided.is_some() && prev.pod_name.is_none();
         if let Some(stale) = pod.as_ref().filter(|p| !pod::belongs_to(p, self.run)) {
             // An earlier run's Pod under this run's name: never read it as ours. It is an
             // orphan (its owner is gone), so remove it, and build ours once it is gone.
@@ -61,7 +64,7 @@ impl Reconcile<'_> {
             .as_ref()
             .and_then(pod::limits_of)
             .unwrap_or_else(|| self.run.spec.limits.effective());
-        if pod.is_none() {
+        if pod.is_none() && !first {
             // The cached run may lag our own last status write (for example the terminal one,
             // just before we deleted the Pod): decide on the run as it is now.
             match self.fresh_status().await? {

@@ -171,7 +171,7 @@ impl Reconcile<'_> {
                             .warm_claim
                             .observe(started.elapsed().as_secs_f64());
                         ctx.metrics.warm_claim_result(&key, true);
-                        info!(run = %self.name, pod = %pod_name, pool = %name, "claimed a warm sandbox");
+                        info!(run = %self.name, pod = %pod_name, pool = %name, claim_ms = started.elapsed().as_millis(), "claimed a warm sandbox");
                         return Ok(Some(Claimed {
                             pod: pod_name,
                             pool: name,
@@ -247,6 +247,8 @@ impl Reconcile<'_> {
         )));
         let fed = std::time::Instant::now();
         let read = feed::feed_and_read(&self.pods, &claimed.pod, code, limits, within).await;
+        tracing::debug!(run = %self.name, pod = %claimed.pod,
+            feed_and_read_ms = fed.elapsed().as_millis(), "warm sandbox answered");
         let log = match read {
             Ok(log) => {
                 ctx.feeds.mark_fed(&self.uid());
