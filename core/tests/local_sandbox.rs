@@ -1032,3 +1032,93 @@ async fn the_code_cannot_forge_or_hide_its_result() {
         .await;
     }
 }
+
+/// Waits until `sandbox` has `n` armed sandboxes waiting.
+async fn wait_armed(sandbox: &LocalSandbox, n: usize) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while sandbox.armed() != n {
+        assert!(
+            Instant::now() < until,
+            "{}: {} armed, not {n}",
+            sandbox.isolation(),
+            sandbox.armed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn armed_sandboxes_serve_one_call_each_with_its_own_limits_and_leave_nothing_behind() {
+    let _serial = serial().await;
+    let isolations: Vec<Isolation> = engines().iter().map(|(i, _)| *i).collect();
+    for isolation in isolations {
+        let preference = match isolation {
+            Isolation::Gvisor => Preference::Gvisor,
+            Isolation::Bubblewrap => Preference::Bubblewrap,
+        };
+        let sandbox = LocalSandbox::detect(LocalSandboxConfig {
+            preference,
+            runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
+            ..LocalSandboxConfig::default()
+        })
+        .await
+        .unwrap();
+        sandbox.arm(2);
+        wait_armed(&sandbox, 2).await;
+        // One program each: what the first leaves in /tmp, the second does not see.
+        let first = run(
+            &sandbox,
+            "open('/tmp/left-by-the-first', 'w').write('x'); import os; print(os.getpid())",
+            &limits(),
+        )
+        .await;
+        assert_eq!(first.outcome, Phase::Succeeded, "{isolation}: {first:?}");
+        let second = run(
+            &sandbox,
+            "import os; print(os.path.exists('/tmp/left-by-the-first'))",
+            &limits(),
+        )
+        .await;
+        assert_eq!(second.result.stdout, "False\n", "{isolation}: {second:?}");
+        // The call's own timeout, applied when it took the sandbox (armed with the longest).
+        wait_armed(&sandbox, 2).await;
+        let short = Limits {
+            timeout_seconds: 1,
+            ..Limits::default()
+        };
+        let slept = run(&sandbox, "import time; time.sleep(10)", &short).await;
+        assert_eq!(slept.outcome, Phase::TimedOut, "{isolation}: {slept:?}");
+        // 200 KiB of code.
+        wait_armed(&sandbox, 2).await;
+        let filler = format!("# {}\n", "x".repeat(1000)).repeat(210);
+        let big = run(&sandbox, &format!("{filler}print('big')"), &limits()).await;
+        assert_eq!(big.result.stdout, "big\n", "{isolation}: {big:?}");
+        // Other cgroup limits never take an armed sandbox.
+        wait_armed(&sandbox, 2).await;
+        let other = Limits {
+            cpu: "250m".into(),
+            ..limits()
+        };
+        let cold = run(&sandbox, "print(2)", &other).await;
+        assert_eq!(cold.result.stdout, "2\n", "{isolation}: {cold:?}");
+        assert_eq!(
+            sandbox.armed(),
+            2,
+            "{isolation}: an armed sandbox ran other limits"
+        );
+        // Side by side: a call that takes an armed sandbox, and one that starts its own.
+        let t = Instant::now();
+        run(&sandbox, "print(1)", &limits()).await;
+        let armed_ms = t.elapsed().as_millis();
+        let t = Instant::now();
+        run(&sandbox, "print(1)", &other).await;
+        eprintln!(
+            "{isolation}: armed {armed_ms} ms, cold {} ms",
+            t.elapsed().as_millis()
+        );
+        // Dropping the driver destroys what waits.
+        drop(sandbox);
+        let left = wait_no_leftovers("\u{0}never\u{0}", 10);
+        assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
+    }
+}

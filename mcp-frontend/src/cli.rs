@@ -104,6 +104,12 @@ pub struct BackendArgs {
     /// enforced.
     #[arg(long, env = "SANDBOXRUN_ALLOW_WEAK_LIMITS")]
     pub allow_weak_limits: bool,
+    /// Local sandboxes kept started and waiting for one program each, so a run_python call with
+    /// the default cpu, memory and pids skips the engine's start-up (each runs one program and
+    /// is destroyed; 0: none). Idle cost: about one interpreter each under bubblewrap, a whole
+    /// gVisor sandbox each under gVisor (e2e/BENCHMARKS.md has the numbers).
+    #[arg(long, env = "SANDBOXRUN_ARMED_SANDBOXES", default_value_t = 2)]
+    pub armed_sandboxes: usize,
     /// Runtime state directory of the local sandbox.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,

@@ -60,7 +60,8 @@ async fn detect_sandbox(args: &BackendArgs) -> anyhow::Result<LocalSandbox> {
             .unwrap_or_else(LocalSandboxConfig::default_state_dir),
     };
     let sandbox = LocalSandbox::detect(config).await?;
-    tracing::info!(isolation = %sandbox.isolation(), "local sandbox ready");
+    sandbox.arm(args.armed_sandboxes);
+    tracing::info!(isolation = %sandbox.isolation(), armed = args.armed_sandboxes, "local sandbox ready");
     if let Some(weak) = sandbox.weak_limits() {
         // Also on stderr as such: this is a warning a person must see, not a log line.
         eprintln!("sandboxrun-mcp: WARNING: {weak}");

@@ -358,6 +358,19 @@ struct Inner {
     weak_limits: Option<String>,
     /// Whether the driver runs as root (runsc needs `--rootless` otherwise).
     root: bool,
+    /// Sandboxes started ahead of their calls, waiting for one program each ([`LocalSandbox::arm`]).
+    armed: std::sync::Mutex<Armed>,
+}
+
+/// The armed sandboxes of a [`LocalSandbox`].
+#[derive(Debug, Default)]
+struct Armed {
+    /// How many to keep.
+    target: usize,
+    /// Started and waiting, oldest first.
+    ready: Vec<Started>,
+    /// Being started now.
+    starting: usize,
 }
 
 impl LocalSandbox {
@@ -402,6 +415,7 @@ impl LocalSandbox {
                 cgroups: weak_limits.is_none(),
                 weak_limits: weak_limits.clone(),
                 root,
+                armed: std::sync::Mutex::default(),
             }),
         };
         let gvisor = || async {
@@ -485,8 +499,10 @@ impl LocalSandbox {
             path: self.inner.engine.clone(),
             detail,
         };
+        // Torn down before detect returns: nothing of the probe outlives it.
+        let started = self.start(&limits).map_err(|e| failed(e.to_string()))?;
         let run = self
-            .run_python("print(1)", &limits)
+            .finish(started, "print(1)", &limits, Teardown::Inline)
             .await
             .map_err(|e| failed(e.to_string()))?;
         match &run.envelope {
@@ -514,6 +530,87 @@ impl LocalSandbox {
         code: &str,
         limits: &Limits,
     ) -> Result<LocalRun, LocalSandboxError> {
+        let limits = limits.clamped();
+        let started = match self.take_armed(&limits) {
+            Some(armed) => armed,
+            None => self.start(&limits)?,
+        };
+        self.refill();
+        self.finish(started, code, &limits, Teardown::Background)
+            .await
+    }
+
+    /// Keeps `n` sandboxes started and waiting for one program each (0: none), with the same
+    /// isolation as a sandbox started for its call: a call whose cpu, memory and pids are the
+    /// defaults ([`Limits::default`]) takes one and skips the engine's start-up; its timeout and
+    /// output cap are applied when it takes it (the runner gets them with the program). Each
+    /// runs one program and is destroyed. Only with per-run cgroups: without them a process's
+    /// limits are fixed when it starts.
+    pub fn arm(&self, n: usize) {
+        if !self.inner.cgroups {
+            if n > 0 {
+                tracing::info!("no armed sandboxes: they need a cgroup per run");
+            }
+            return;
+        }
+        self.inner.armed.lock().expect("not poisoned").target = n;
+        self.refill();
+    }
+
+    /// How many armed sandboxes wait now.
+    pub fn armed(&self) -> usize {
+        self.inner.armed.lock().expect("not poisoned").ready.len()
+    }
+
+    /// An armed sandbox for a call with `limits`, if one waits and fits.
+    fn take_armed(&self, limits: &Limits) -> Option<Started> {
+        if !armed_fits(limits) {
+            return None;
+        }
+        let mut armed = self.inner.armed.lock().expect("not poisoned");
+        while !armed.ready.is_empty() {
+            let mut candidate = armed.ready.remove(0);
+            // One that died while it waited (killed from outside) is dropped, and cleaned up.
+            if matches!(candidate.child.try_wait(), Ok(None)) {
+                return Some(candidate);
+            }
+        }
+        None
+    }
+
+    /// Starts armed sandboxes up to the target, in the background.
+    fn refill(&self) {
+        let missing = {
+            let mut armed = self.inner.armed.lock().expect("not poisoned");
+            let missing = armed
+                .target
+                .saturating_sub(armed.ready.len() + armed.starting);
+            armed.starting += missing;
+            missing
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.inner.armed.lock().expect("not poisoned").starting -= missing;
+            return;
+        };
+        for _ in 0..missing {
+            let this = self.clone();
+            // Off the caller's path: starting an engine forks and writes cgroup files.
+            runtime.spawn_blocking(move || {
+                let started = this.start(&armed_limits());
+                let mut armed = this.inner.armed.lock().expect("not poisoned");
+                armed.starting -= 1;
+                match started {
+                    Ok(s) if armed.ready.len() < armed.target => armed.ready.push(s),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "cannot arm a sandbox"),
+                }
+            });
+        }
+    }
+
+    /// Starts a sandbox whose runner waits for its program: the run's cgroup with `limits`,
+    /// the engine, the runner with `limits`' timeout and output cap as its ceilings.
+    fn start(&self, limits: &Limits) -> Result<Started, LocalSandboxError> {
         let inner = &*self.inner;
         let limits = limits.clamped();
         let memory =
@@ -529,7 +626,6 @@ impl LocalSandbox {
         })?;
         let argv = runner_argv(&limits);
         let id = new_id();
-        let started = Instant::now();
         let mut cleanup = Cleanup::default();
         if inner.cgroups {
             let overhead = match inner.isolation {
@@ -641,10 +737,33 @@ impl LocalSandbox {
             .process_group(0)
             .kill_on_drop(true);
 
-        let mut child = cmd
+        let child = cmd
             .spawn()
             .map_err(io_err(format!("cannot start {}", inner.engine.display())))?;
         cleanup.pgid = child.id().and_then(|pid| libc::pid_t::try_from(pid).ok());
+        Ok(Started {
+            child,
+            cleanup,
+            _inherited: inherited,
+        })
+    }
+
+    /// Hands `code` to a started sandbox and waits for it to end, at most `limits`' timeout and
+    /// the start-up grace from now.
+    async fn finish(
+        &self,
+        started: Started,
+        code: &str,
+        limits: &Limits,
+        teardown: Teardown,
+    ) -> Result<LocalRun, LocalSandboxError> {
+        let Started {
+            mut child,
+            mut cleanup,
+            _inherited,
+        } = started;
+        let began = Instant::now();
+        let limits = limits.clamped();
         let mut stdin = child.stdin.take().expect("stdin is piped");
         let mut stdout = child.stdout.take().expect("stdout is piped");
         let mut stderr = child.stderr.take().expect("stderr is piped");
@@ -654,23 +773,41 @@ impl LocalSandbox {
         let mut out = TailBuffer::new(envelope_max);
         let mut err = Vec::new();
         let deadline = Duration::from_secs(u64::from(limits.timeout_seconds)) + START_GRACE;
+        // Until the envelope: it is the runner's last output, so the call's result is known
+        // then, and the sandbox's teardown (the engine's exit, `runsc delete`, the cgroup) need
+        // not be waited for. Without one, until the engine exits.
         let waited = tokio::time::timeout(deadline, async {
             let feed = async move {
                 // A runner that died first makes this a broken pipe: its own result says why.
                 let _ = stdin.write_all(&frame).await;
                 drop(stdin);
             };
-            let (status, (), (), ()) = tokio::join!(
-                child.wait(),
-                feed,
-                read_tail(&mut stdout, &mut out),
-                read_head(&mut stderr, &mut err, ENGINE_STDERR_BYTES),
-            );
-            status
+            let reading = async {
+                let ((), found) = tokio::join!(feed, read_until_envelope(&mut stdout, &mut out));
+                found
+            };
+            let engine_stderr = read_head(&mut stderr, &mut err, ENGINE_STDERR_BYTES);
+            tokio::pin!(reading, engine_stderr);
+            let mut stderr_done = false;
+            let found = loop {
+                tokio::select! {
+                    found = &mut reading => break found,
+                    () = &mut engine_stderr, if !stderr_done => stderr_done = true,
+                }
+            };
+            if found {
+                return None;
+            }
+            if !stderr_done {
+                engine_stderr.await;
+            }
+            Some(child.wait().await)
         })
         .await;
         let (status, deadline_hit) = match waited {
-            Ok(status) => {
+            // The envelope came: the runner exits with the code's status.
+            Ok(None) => (None, false),
+            Ok(Some(status)) => {
                 cleanup.reaped = true;
                 (status.ok(), false)
             }
@@ -688,22 +825,81 @@ impl LocalSandbox {
             .is_some_and(RunCgroup::pids_limit_hit);
         let log = String::from_utf8_lossy(out.bytes());
         let envelope = parse_envelope(&log);
+        let exit_code = match (&status, &envelope) {
+            (Some(status), _) => Some(exit_code_of(*status)),
+            (None, Ok(result)) => Some(result.exit_code),
+            (None, Err(_)) => None,
+        };
         let observed = Observed {
             oom_killed: cleanup.cgroup.as_ref().map(|_| oom),
             deadline_hit,
             pids_limit_hit: pids_hit,
-            exit_code: status.map(exit_code_of),
+            exit_code,
             platform_reason: None,
             envelope_error: envelope.as_ref().err().map(ToString::to_string),
             detail: String::from_utf8_lossy(&err).trim().to_owned(),
         };
-        drop(cleanup);
+        if cleanup.reaped || teardown == Teardown::Inline {
+            drop(cleanup);
+            drop(child);
+        } else {
+            // The runner is on its way out: end and remove the sandbox off the call's path, on a
+            // thread of its own (the cleanup blocks: it kills the process group, runs `runsc
+            // delete` and waits for the cgroup to empty), whatever the caller's runtime does.
+            let teardown = std::thread::Builder::new()
+                .name("sandboxrun-teardown".into())
+                .spawn(move || {
+                    drop(cleanup);
+                    drop(child);
+                });
+            if let Err(e) = teardown {
+                tracing::warn!(error = %e, "no thread for the sandbox's teardown");
+            }
+        }
         Ok(LocalRun {
             envelope: envelope.ok(),
             observed,
-            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            duration_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
         })
     }
+}
+
+/// When a sandbox whose result is known is removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Teardown {
+    /// Before the call returns.
+    Inline,
+    /// On a thread of its own, after the call returned.
+    Background,
+}
+
+/// A sandbox whose engine and runner run, waiting for the program on stdin.
+#[derive(Debug)]
+struct Started {
+    child: tokio::process::Child,
+    cleanup: Cleanup,
+    /// Descriptors the engine inherited (bwrap's seccomp programs), open while it runs.
+    _inherited: Vec<std::os::fd::OwnedFd>,
+}
+
+/// The limits an armed sandbox is started with: the default cpu, memory and pids, and the
+/// largest timeout and output cap (each call's own come with its program and can only be
+/// lower).
+fn armed_limits() -> Limits {
+    Limits {
+        timeout_seconds: crate::limits::MAX_TIMEOUT_SECONDS,
+        output_bytes: crate::limits::MAX_OUTPUT_BYTES,
+        ..Limits::default()
+    }
+}
+
+/// Whether a call with `limits` may take an armed sandbox: the cgroup and the process limit are
+/// fixed when a sandbox starts, so its cpu, memory and pids must be the armed ones.
+fn armed_fits(limits: &Limits) -> bool {
+    let armed = armed_limits();
+    cpu_millis(&limits.cpu) == cpu_millis(&armed.cpu)
+        && memory_bytes(&limits.memory) == memory_bytes(&armed.memory)
+        && limits.pids == armed.pids
 }
 
 /// The exit code of the engine process: its own, or 128 + the signal that ended it.
@@ -718,7 +914,7 @@ fn exit_code_of(status: ExitStatus) -> i32 {
 
 /// Everything a run holds that must not outlive it. Dropping it (normally, on error, or because
 /// the run's future was dropped) kills and removes all of it, synchronously.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Cleanup {
     /// The engine's process group (its leader is the engine process).
     pgid: Option<libc::pid_t>,
@@ -830,14 +1026,22 @@ impl TailBuffer {
     }
 }
 
-async fn read_tail(pipe: &mut (impl AsyncRead + Unpin), buf: &mut TailBuffer) {
+/// Reads the sandbox's stdout into `buf` (a bounded tail) until it holds a complete envelope line (`true`) or the pipe ends
+/// (`false`, also when the last bytes before the end are an envelope: the engine exited).
+async fn read_until_envelope(pipe: &mut (impl AsyncRead + Unpin), buf: &mut TailBuffer) -> bool {
     let mut chunk = vec![0u8; 64 * 1024];
     while let Ok(n) = pipe.read(&mut chunk).await {
         if n == 0 {
             break;
         }
         buf.push(&chunk[..n]);
+        if buf.bytes().ends_with(b"\n")
+            && parse_envelope(&String::from_utf8_lossy(buf.bytes())).is_ok()
+        {
+            return true;
+        }
     }
+    false
 }
 
 async fn read_head(pipe: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>, cap: usize) {

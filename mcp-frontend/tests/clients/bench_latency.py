@@ -20,6 +20,8 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 BIN = os.environ.get("SANDBOXRUN_MCP_BIN", "target/debug/sandboxrun-mcp")
+# Seconds between calls (BENCH_THINK_MS, default 0: back to back).
+THINK_S = float(os.environ.get("BENCH_THINK_MS", "0")) / 1000
 
 
 def pct(values: list[float], p: float) -> float:
@@ -28,7 +30,8 @@ def pct(values: list[float], p: float) -> float:
 
 
 async def main(n: int, args: list[str]) -> None:
-    env = {k: v for k, v in os.environ.items() if k in ("KUBECONFIG", "SANDBOXRUN_CACHE", "HOME")}
+    env = {k: v for k, v in os.environ.items()
+           if k in ("KUBECONFIG", "SANDBOXRUN_CACHE", "HOME", "SANDBOXRUN_ARMED_SANDBOXES")}
     params = StdioServerParameters(command=BIN, args=["stdio", *args], env=env)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
@@ -45,6 +48,8 @@ async def main(n: int, args: list[str]) -> None:
             wall.append((time.perf_counter() - t0) * 1000)
             assert r.structured_content["stdout"] == "1\n", r
             inner.append(float(r.structured_content["durationMs"]))
+            # An agent's calls come with its thinking in between; armed sandboxes refill then.
+            await anyio.sleep(THINK_S)
     print(f"{' '.join(args)}: n={n} call p50={pct(wall, 50):.0f}ms p99={pct(wall, 99):.0f}ms "
           f"mean={statistics.mean(wall):.0f}ms | durationMs p50={pct(inner, 50):.0f}ms "
           f"p99={pct(inner, 99):.0f}ms | tools/list (MCP round trip alone) p50={pct(protocol, 50):.1f}ms")
