@@ -119,6 +119,12 @@ MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AG
   "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" -m pytest -q -p no:cacheprovider \
   "$REPO_ROOT/e2e/mcp"
 
+step "warm against cold through MCP, short form (the full benchmark: e2e/BENCHMARKS.md)"
+MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
+  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
+  "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" "$REPO_ROOT/e2e/mcp/bench_warm.py" \
+  --sequential 10 --block 5 --staggered 0 --burst 6 --rounds 1 --replicas 2
+
 step "the chart's lifecycle: helm upgrade with a new policy keeps in-flight runs; helm uninstall (last)"
 # Run one at a time and in this order: the second one removes the release.
 for t in upgrade_with_a_new_policy_keeps_in_flight_runs_and_applies_to_new_ones \

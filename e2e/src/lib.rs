@@ -3,6 +3,7 @@
 
 pub mod governance;
 pub mod identity;
+pub mod pools;
 pub mod runs;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -14,8 +14,9 @@ use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, ResourceExt};
-use sandboxrun_api::SandboxRun;
+use sandboxrun_api::{SandboxPath, SandboxRun};
 use sandboxrun_core::Phase;
+use sandboxrun_e2e::pools::TestPool;
 use sandboxrun_e2e::runs::*;
 use sandboxrun_e2e::*;
 use serde_json::json;
@@ -247,17 +248,18 @@ async fn fork_bomb_is_stopped_and_the_node_stays_healthy() -> Result<()> {
 #[tokio::test]
 async fn the_code_cannot_forge_or_hide_its_result() -> Result<()> {
     let client = client().await?;
-    for sig in ["SIGINT", "SIGTERM", "SIGKILL"] {
+    // Both paths: a cold Pod (limits no pool has), and a warm one claimed from a pool.
+    let pool = TestPool::create(&client, "e2e-pool-forge", 49, 1).await?;
+    for (path, sig) in [SandboxPath::Cold, SandboxPath::Warm]
+        .into_iter()
+        .flat_map(|p| ["SIGINT", "SIGTERM", "SIGKILL"].map(|s| (p, s)))
+    {
         let code =
             include_str!("../../core/tests/fixtures/forge_result.py").replace("THE_SIGNAL", sig);
-        let run = run_to_end(
-            &client,
-            "e2e-forge",
-            &code,
-            json!({"limits": {"timeoutSeconds": 10}}),
-        )
-        .await?;
+        let run = run_on(&client, &pool, path, "e2e-forge", &code, 10).await?;
         let st = status(&run);
+        ensure!(st.path == Some(path), "{sig}: not {path:?}: {st:?}");
+        let sig = format!("{sig} ({path:?})");
         let stdout = st.stdout.clone().unwrap_or_default();
         // Never the forged result.
         ensure!(
@@ -280,7 +282,29 @@ async fn the_code_cannot_forge_or_hide_its_result() -> Result<()> {
             "{sig}: a door of the runner was open: {stdout}"
         );
     }
-    Ok(())
+    pool.delete().await
+}
+
+/// Runs `code` (with `timeout` seconds) on `path`: cold with limits no pool has (pids 63), warm
+/// in a ready sandbox of `pool`. Waits for the end.
+async fn run_on(
+    client: &Client,
+    pool: &TestPool,
+    path: SandboxPath,
+    name: &str,
+    code: &str,
+    timeout: u32,
+) -> Result<SandboxRun> {
+    let mut run = match path {
+        SandboxPath::Cold => python_run(name, code, json!({"limits": {"pids": 63}})),
+        SandboxPath::Warm => {
+            pool.wait_ready(1).await?;
+            pool.run(code)
+        }
+    };
+    run.spec.limits.timeout_seconds = timeout;
+    let name = create(client, &run).await?;
+    wait_terminal(client, &name, RUN_TIMEOUT).await
 }
 
 #[tokio::test]
@@ -332,8 +356,19 @@ except OSError as e:
 print(json.dumps(out))
 "#
     );
-    let run = run_to_end(&client, "e2e-hostile", &code, json!({})).await?;
-    let st = status(&run);
+    // Both paths: a cold Pod (limits no pool has), and a warm one claimed from a pool.
+    let pool = TestPool::create(&client, "e2e-pool-hostile", 47, 1).await?;
+    for path in [SandboxPath::Cold, SandboxPath::Warm] {
+        let run = run_on(&client, &pool, path, "e2e-hostile", &code, 30).await?;
+        contained(&run, path, &hits)?;
+    }
+    pool.delete().await
+}
+
+/// What `hostile_code_is_contained` asserts of one run.
+fn contained(run: &SandboxRun, path: SandboxPath, hits: &AtomicUsize) -> Result<()> {
+    let st = status(run);
+    ensure!(st.path == Some(path), "not {path:?}: {st:?}");
     ensure!(st.phase == Some(Phase::Succeeded), "{st:?}");
     let out: serde_json::Value =
         serde_json::from_str(st.stdout.as_deref().unwrap_or_default().trim())?;
@@ -370,7 +405,7 @@ print(json.dumps(out))
     );
     ensure!(
         hits.load(Ordering::SeqCst) == 0,
-        "listener accepted a sandbox connection"
+        "listener accepted a sandbox connection ({path:?})"
     );
     for path in ["/etc/evil", "/usr/evil", "/evil"] {
         ensure!(

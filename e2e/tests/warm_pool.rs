@@ -1,148 +1,29 @@
 //! Warm pools on a real cluster: SandboxPools kept filled by the operator, claimed by runs whose
 //! limits fit, each sandbox used once. Every test makes its own pool with a profile no other
 //! test uses (its own `pids`), so tests running side by side never claim each other's sandboxes
-//! (the chart's default pool serves the other tests' default-limit runs).
+//! (the chart's default pool serves the other tests' default-limit runs). The hostile-code and
+//! result-forging tests run on both paths in `operator.rs`.
 
 // Tests state what they expect with unwrap and expect: a failure is the message.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use sandboxrun_api::{SandboxPath, SandboxPool, SandboxRun, SandboxRunStatus};
+use sandboxrun_api::{SandboxPath, SandboxRun, SandboxRunStatus};
 use sandboxrun_core::Phase;
+use sandboxrun_e2e::pools::{FILL_TIMEOUT, TestPool, pools};
 use sandboxrun_e2e::runs::*;
 use sandboxrun_e2e::*;
 use serde_json::json;
 
 const RUN_TIMEOUT: Duration = Duration::from_secs(120);
-const FILL_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn pools(client: &Client) -> Api<SandboxPool> {
-    Api::namespaced(client.clone(), RUNS_NAMESPACE)
-}
 
 fn pods(client: &Client) -> Api<Pod> {
     Api::namespaced(client.clone(), RUNS_NAMESPACE)
-}
-
-/// A pool of `replicas` sandboxes whose profile only runs asking for `pids` processes fit.
-struct TestPool {
-    client: Client,
-    name: String,
-    pids: u32,
-}
-
-impl TestPool {
-    async fn create(client: &Client, prefix: &str, pids: u32, replicas: i32) -> Result<Self> {
-        let name = unique_name(prefix);
-        let pool: SandboxPool = serde_json::from_value(json!({
-            "apiVersion": "sandboxrun.dev/v1alpha1",
-            "kind": "SandboxPool",
-            "metadata": {"name": name},
-            "spec": {"replicas": replicas, "pids": pids},
-        }))?;
-        pools(client).create(&PostParams::default(), &pool).await?;
-        Ok(Self {
-            client: client.clone(),
-            name,
-            pids,
-        })
-    }
-
-    /// The pool's idle Pods (not being deleted).
-    async fn idle(&self) -> Result<Vec<Pod>> {
-        let lp = ListParams::default().labels(&format!("sandboxrun.dev/pool={}", self.name));
-        Ok(pods(&self.client)
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .collect())
-    }
-
-    /// Waits until the pool holds exactly `n` idle Pods, all running; returns their names.
-    async fn wait_ready(&self, n: usize) -> Result<BTreeSet<String>> {
-        let deadline = Instant::now() + FILL_TIMEOUT;
-        loop {
-            let idle = self.idle().await?;
-            let running = idle
-                .iter()
-                .filter(|p| {
-                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                        && p.status
-                            .as_ref()
-                            .and_then(|s| s.container_statuses.as_ref())
-                            .is_some_and(|cs| {
-                                cs.iter()
-                                    .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
-                            })
-                })
-                .count();
-            if idle.len() == n && running == n {
-                let status = pools(&self.client).get(&self.name).await?.status;
-                if status.is_some_and(|s| s.ready_replicas == i32::try_from(n).unwrap()) {
-                    return Ok(idle.iter().map(ResourceExt::name_any).collect());
-                }
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "pool {} has {} idle Pods ({running} running), not {n}, after {FILL_TIMEOUT:?}",
-                    self.name,
-                    idle.len()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    /// A run that fits this pool alone.
-    fn run(&self, code: &str) -> SandboxRun {
-        python_run("e2e-warm", code, json!({"limits": {"pids": self.pids}}))
-    }
-
-    async fn scale(&self, replicas: i32) -> Result<()> {
-        let out = kubectl()
-            .args([
-                "-n",
-                RUNS_NAMESPACE,
-                "scale",
-                "sandboxpool",
-                &self.name,
-                &format!("--replicas={replicas}"),
-            ])
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "kubectl scale: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(())
-    }
-
-    async fn delete(self) -> Result<()> {
-        pools(&self.client)
-            .delete(&self.name, &DeleteParams::foreground())
-            .await?;
-        Ok(())
-    }
-}
-
-fn kubectl() -> std::process::Command {
-    let kubeconfig = std::env::var("KUBECONFIG").unwrap_or_default();
-    let bin = std::path::Path::new(&kubeconfig)
-        .with_file_name("bin")
-        .join("kubectl");
-    std::process::Command::new(if bin.exists() {
-        bin.into_os_string()
-    } else {
-        "kubectl".into()
-    })
 }
 
 fn status(run: &SandboxRun) -> SandboxRunStatus {
@@ -312,65 +193,6 @@ async fn two_hundred_kib_of_code_runs_warm() -> Result<()> {
         "{st:?}"
     );
     ensure!(st.stdout.as_deref() == Some("True\n"), "{st:?}");
-    pool.delete().await
-}
-
-#[tokio::test]
-async fn hostile_and_forging_code_is_contained_on_the_warm_path() -> Result<()> {
-    // The cold path's checks (operator.rs), in claimed sandboxes: no network, read-only root,
-    // no service account token, and the runner's result cannot be forged or hidden.
-    let client = client().await?;
-    let pool = TestPool::create(&client, "e2e-pool-hostile", 47, 1).await?;
-    pool.wait_ready(1).await?;
-    let code = r#"
-import json, os, socket
-out = {}
-try:
-    socket.create_connection(("1.1.1.1", 53), timeout=2); out["net"] = "open"
-except OSError as e:
-    out["net"] = "error"
-try:
-    open("/usr/evil", "w"); out["root"] = "writable"
-except OSError:
-    out["root"] = "error"
-out["token"] = os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount/token")
-print(json.dumps(out))
-"#;
-    let name = create(&client, &pool.run(code)).await?;
-    let st = status(&wait_terminal(&client, &name, RUN_TIMEOUT).await?);
-    ensure!(st.path == Some(SandboxPath::Warm), "{st:?}");
-    let out: serde_json::Value = serde_json::from_str(st.stdout.as_deref().unwrap_or("{}"))?;
-    ensure!(
-        out == json!({"net": "error", "root": "error", "token": false}),
-        "{st:?}"
-    );
-    for sig in ["SIGINT", "SIGTERM", "SIGKILL"] {
-        pool.wait_ready(1).await?;
-        let code =
-            include_str!("../../core/tests/fixtures/forge_result.py").replace("THE_SIGNAL", sig);
-        let mut run = pool.run(&code);
-        run.spec.limits.timeout_seconds = 10;
-        let name = create(&client, &run).await?;
-        let st = status(&wait_terminal(&client, &name, RUN_TIMEOUT).await?);
-        ensure!(st.path == Some(SandboxPath::Warm), "{sig}: {st:?}");
-        let stdout = st.stdout.clone().unwrap_or_default();
-        ensure!(
-            !stdout.contains("FORGED") && st.phase != Some(Phase::Succeeded),
-            "{sig}: forged: {st:?}"
-        );
-        if sig == "SIGKILL" && st.exit_code.is_none() {
-            ensure!(st.reason.as_deref() == Some("NoResult"), "{sig}: {st:?}");
-            continue;
-        }
-        ensure!(
-            st.phase == Some(Phase::Failed) && st.exit_code == Some(3),
-            "{sig}: not the code's own result: {st:?}"
-        );
-        ensure!(
-            stdout.contains("shut /proc/") && !stdout.contains("OPEN"),
-            "{sig}: a door of the runner was open: {stdout}"
-        );
-    }
     pool.delete().await
 }
 

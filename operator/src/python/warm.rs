@@ -35,7 +35,7 @@ use crate::pool::{
 
 /// Ready Pods of one pool tried before the run goes cold: each try is one patch, and a conflict
 /// means another run took that Pod a moment ago.
-const CLAIM_ATTEMPTS: usize = 3;
+const CLAIM_ATTEMPTS: usize = 5;
 
 /// How long the result is read over the stream before the run is recorded Running and left to
 /// the kubelet's view: short programs end well within it, and a long one should show Running
@@ -150,8 +150,10 @@ impl Reconcile<'_> {
                 .iter()
                 .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
                 .collect();
-            // Oldest first: the next to expire is the next to serve.
-            ready.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
+            // In an order of this run's own: runs arriving together then try different Pods
+            // first instead of all racing for the same one.
+            let uid = self.uid();
+            ready.sort_by_key(|p| pod::short_hash(&format!("{uid}/{}", p.name_any())));
             for candidate in ready.into_iter().take(CLAIM_ATTEMPTS) {
                 let Some(pod_name) = candidate.metadata.name.clone() else {
                     continue;
