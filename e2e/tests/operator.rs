@@ -259,6 +259,7 @@ async fn the_code_cannot_forge_or_hide_its_result() -> Result<()> {
         let run = run_on(&client, &pool, path, "e2e-forge", &code, 10).await?;
         let st = status(&run);
         ensure!(st.path == Some(path), "{sig}: not {path:?}: {st:?}");
+        let killed = sig == "SIGKILL";
         let sig = format!("{sig} ({path:?})");
         let stdout = st.stdout.clone().unwrap_or_default();
         // Never the forged result.
@@ -269,7 +270,7 @@ async fn the_code_cannot_forge_or_hide_its_result() -> Result<()> {
         // SIGKILL cannot be ignored, and gVisor delivers it to the container's init: the run
         // then ends without a result (an honest failure). Otherwise: the code's own exit, and
         // every door was shut.
-        if sig == "SIGKILL" && st.exit_code.is_none() {
+        if killed && st.exit_code.is_none() {
             ensure!(st.reason.as_deref() == Some("NoResult"), "{sig}: {st:?}");
             continue;
         }
