@@ -188,6 +188,13 @@ async fn main() -> anyhow::Result<()> {
         .with_pools(pool_store),
     );
 
+    let pool_ctx = Arc::new(pool::PoolContext {
+        client: client.clone(),
+        sandbox: ctx.sandbox.clone(),
+        metrics: ctx.metrics.clone(),
+        claims: ctx.pool_claims.clone(),
+    });
+
     let run_quota = match (&config.run_count_quota, config.max_stored_runs, namespace) {
         (Some(quota), max_runs, Some(ns)) if max_runs > 0 => Some(run_quota::RunQuota {
             namespace: ns.to_owned(),
@@ -211,13 +218,14 @@ async fn main() -> anyhow::Result<()> {
             let quota = run_quota.clone();
             let client = client.clone();
             let (pools, pods) = (pools_api(), pods_api());
+            let pool_ctx = pool_ctx.clone();
             async move {
                 // Only the leader edits the quota, so two replicas never race on the probe.
                 let keeper = quota.map(|q| tokio::spawn(run_quota::keep(client, q)));
                 let stop = stop.shared();
                 tokio::join!(
-                    controller::run(ctx.clone(), namespace.as_deref(), stop.clone()),
-                    pool::run(ctx, pools, pods, stop),
+                    controller::run(ctx, namespace.as_deref(), stop.clone()),
+                    pool::run(pool_ctx, pools, pods, stop),
                 );
                 keeper.inspect(tokio::task::JoinHandle::abort);
             }
@@ -226,8 +234,8 @@ async fn main() -> anyhow::Result<()> {
     } else {
         let keeper = run_quota.map(|q| tokio::spawn(run_quota::keep(client.clone(), q)));
         tokio::join!(
-            controller::run(ctx.clone(), namespace, until_true(stop_rx.clone())),
-            pool::run(ctx, pools_api(), pods_api(), until_true(stop_rx.clone())),
+            controller::run(ctx, namespace, until_true(stop_rx.clone())),
+            pool::run(pool_ctx, pools_api(), pods_api(), until_true(stop_rx.clone())),
         );
         keeper.inspect(tokio::task::JoinHandle::abort);
     }

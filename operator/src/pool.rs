@@ -26,7 +26,7 @@ use sandboxrun_core::limits::MAX_TIMEOUT_SECONDS;
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::controller::Context;
+use crate::metrics::Metrics;
 use crate::outcome::set_condition;
 use crate::python::pod::{
     self, ACTIVE_DEADLINE_GRACE_SECONDS, CONTAINER, LABEL_MANAGED_BY, LABEL_TOOL, MANAGER,
@@ -47,6 +47,19 @@ const RESYNC: Duration = Duration::from_secs(30);
 /// Most sandboxes one reconcile starts: a large scale-up fills over a few reconciles instead of
 /// sending a burst of creates that the quota may refuse anyway.
 const MAX_CREATES_PER_RECONCILE: usize = 10;
+
+/// What the pool controller works with (a part of the run controller's context: the same client,
+/// sandbox settings, metrics and claim counts).
+pub struct PoolContext {
+    /// Kubernetes client.
+    pub client: kube::Client,
+    /// The operator's sandbox settings (a pool's own override them).
+    pub sandbox: SandboxConfig,
+    /// Prometheus metrics.
+    pub metrics: Arc<Metrics>,
+    /// Claims the run controller made and the pools' status does not count yet.
+    pub claims: Claims,
+}
 
 /// Claims counted since a pool's status was last written, by pool (`namespace/name`); the
 /// pool's reconcile adds them to `status.claimedTotal`.
@@ -301,7 +314,7 @@ pub fn key(namespace: &str, name: &str) -> String {
 
 /// One reconciliation of a pool: list its Pods, delete what must go, start what is missing,
 /// record the status.
-pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<Action, Error> {
     let (Some(ns), Some(name)) = (pool.namespace(), pool.metadata.name.clone()) else {
         return Err(Error::Unidentified);
     };
@@ -369,7 +382,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
         .set(i64::try_from(ready).unwrap_or(i64::MAX));
 
     let prev = pool.status.clone().unwrap_or_default();
-    let claimed = ctx.pool_claims.take(&pool_key);
+    let claimed = ctx.claims.take(&pool_key);
     let mut status = SandboxPoolStatus {
         replicas: i32::try_from(idle).unwrap_or(i32::MAX),
         ready_replicas: i32::try_from(ready).unwrap_or(i32::MAX),
@@ -431,7 +444,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
             )
             .await
         {
-            ctx.pool_claims.give_back(&pool_key, claimed);
+            ctx.claims.give_back(&pool_key, claimed);
             return Err(e.into());
         }
     }
@@ -443,7 +456,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<Context>) -> Result<Acti
     }))
 }
 
-fn error_policy(pool: Arc<SandboxPool>, error: &Error, _ctx: Arc<Context>) -> Action {
+fn error_policy(pool: Arc<SandboxPool>, error: &Error, _ctx: Arc<PoolContext>) -> Action {
     warn!(pool = %pool.name_any(), error = %error, "pool reconcile failed");
     Action::requeue(Duration::from_secs(5))
 }
@@ -466,7 +479,7 @@ pub async fn mirror(
 /// Runs the pool controller until `shutdown`: pools, and their Pods (idle ones by their owner,
 /// claimed ones by the pool they came from: a claim is what makes a pool start a new sandbox).
 pub async fn run(
-    ctx: Arc<Context>,
+    ctx: Arc<PoolContext>,
     pools: Api<SandboxPool>,
     pods: Api<Pod>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,

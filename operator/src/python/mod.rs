@@ -250,14 +250,18 @@ impl Reconcile<'_> {
         Ok(Action::requeue(QUOTA_RETRY.min(until(deadline, self.now))))
     }
 
-    /// Sends the run's code to the runner of its started Pod (feed.rs).
-    async fn feed(&self, pod_name: &str, limits: &Limits) -> Result<(), Error> {
-        let code = self
-            .run
+    /// The run's Python code (empty for a run that has none: it never gets this far).
+    fn code(&self) -> &str {
+        self.run
             .spec
             .python
             .as_ref()
-            .map_or("", |p| p.code.as_str());
+            .map_or("", |p| p.code.as_str())
+    }
+
+    /// Sends the run's code to the runner of its started Pod (feed.rs).
+    async fn feed(&self, pod_name: &str, limits: &Limits) -> Result<(), Error> {
+        let code = self.code();
         let started = std::time::Instant::now();
         feed::feed(&self.pods, pod_name, code, limits)
             .await

@@ -237,12 +237,7 @@ impl Reconcile<'_> {
             .claimed(self.run, &claimed.pod, &claimed.pool)
             .await;
 
-        let code = self
-            .run
-            .spec
-            .python
-            .as_ref()
-            .map_or("", |p| p.code.as_str());
+        let code = self.code();
         let sent_at = Timestamp::now();
         let within = INLINE_READ.min(Duration::from_secs(u64::from(
             limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
