@@ -40,7 +40,7 @@ async fn on_each_engine(code: &str, limits: &Limits, check: impl Fn(Isolation, &
             r.outcome, r.reason, r.result.exit_code, r.duration_ms
         );
         check(*isolation, &r);
-        let left = wait_no_leftovers("\u{0}never\u{0}", 5);
+        let left = wait_no_leftovers("\u{0}never\u{0}", 5).await;
         assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
     }
 }
@@ -298,7 +298,7 @@ async fn memory_bomb_is_stopped() {
         if sandbox.uses_cgroups() {
             assert_eq!(r.reason.as_deref(), Some("OOMKilled"), "{isolation}: {r:?}");
         }
-        let left = wait_no_leftovers("\u{0}never\u{0}", 5);
+        let left = wait_no_leftovers("\u{0}never\u{0}", 5).await;
         assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
     }
 }
@@ -883,7 +883,7 @@ async fn without_cgroups_detect_refuses_unless_weak_limits_are_allowed() {
         let r = run(&sandbox, "x = bytearray(1 << 30)\nprint(len(x))", &bomb).await;
         assert_eq!(r.outcome, Phase::Failed, "{isolation}: {r:?}");
         assert_eq!(r.result.stdout, "", "{isolation}: {r:?}");
-        let left = wait_no_leftovers("\u{0}never\u{0}", 5);
+        let left = wait_no_leftovers("\u{0}never\u{0}", 5).await;
         assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
     }
     // With cgroups (root here), detect needs no opt-in and reports no weakness.
@@ -928,7 +928,7 @@ print('memfds held', 12 * 32, flush=True)
             !r.result.stdout.contains("held"),
             "{isolation}: 384 MiB held in memory files under a 128Mi limit: {r:?}"
         );
-        let left = wait_no_leftovers("\u{0}never\u{0}", 5);
+        let left = wait_no_leftovers("\u{0}never\u{0}", 5).await;
         assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
     }
 }
@@ -1118,7 +1118,7 @@ async fn armed_sandboxes_serve_one_call_each_with_its_own_limits_and_leave_nothi
         );
         // Dropping the driver destroys what waits.
         drop(sandbox);
-        let left = wait_no_leftovers("\u{0}never\u{0}", 10);
+        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
         assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
     }
 }

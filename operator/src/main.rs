@@ -235,7 +235,12 @@ async fn main() -> anyhow::Result<()> {
         let keeper = run_quota.map(|q| tokio::spawn(run_quota::keep(client.clone(), q)));
         tokio::join!(
             controller::run(ctx, namespace, until_true(stop_rx.clone())),
-            pool::run(pool_ctx, pools_api(), pods_api(), until_true(stop_rx.clone())),
+            pool::run(
+                pool_ctx,
+                pools_api(),
+                pods_api(),
+                until_true(stop_rx.clone())
+            ),
         );
         keeper.inspect(tokio::task::JoinHandle::abort);
     }

@@ -839,21 +839,28 @@ impl LocalSandbox {
             envelope_error: envelope.as_ref().err().map(ToString::to_string),
             detail: String::from_utf8_lossy(&err).trim().to_owned(),
         };
-        if cleanup.reaped || teardown == Teardown::Inline {
+        if cleanup.reaped {
             drop(cleanup);
-            drop(child);
         } else {
-            // The runner is on its way out: end and remove the sandbox off the call's path, on a
-            // thread of its own (the cleanup blocks: it kills the process group, runs `runsc
-            // delete` and waits for the cgroup to empty), whatever the caller's runtime does.
-            let teardown = std::thread::Builder::new()
-                .name("sandboxrun-teardown".into())
-                .spawn(move || {
+            // The runner printed its envelope and is exiting: reap the engine (a group is
+            // removable only once its processes are reaped), then remove the sandbox. Killed
+            // if it does not exit within the grace; the cleanup's drop blocks (`runsc delete`,
+            // waiting for the cgroup to empty), so it runs on a blocking thread.
+            let teardown_now = async move {
+                if let Ok(Ok(_)) = tokio::time::timeout(START_GRACE, child.wait()).await {
+                    cleanup.reaped = true;
+                }
+                let _ = tokio::task::spawn_blocking(move || {
                     drop(cleanup);
                     drop(child);
-                });
-            if let Err(e) = teardown {
-                tracing::warn!(error = %e, "no thread for the sandbox's teardown");
+                })
+                .await;
+            };
+            match teardown {
+                Teardown::Inline => teardown_now.await,
+                // Off the call's path. Should the runtime stop first, dropping the task drops
+                // the cleanup, which then kills and removes everything at once.
+                Teardown::Background => drop(tokio::spawn(teardown_now)),
             }
         }
         Ok(LocalRun {

@@ -185,13 +185,14 @@ pub fn leftovers(token: &str) -> Vec<String> {
 }
 
 /// Polls [`leftovers`] for up to `secs` seconds; returns what is still there.
-pub fn wait_no_leftovers(token: &str, secs: u64) -> Vec<String> {
+pub async fn wait_no_leftovers(token: &str, secs: u64) -> Vec<String> {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
     loop {
         let found = leftovers(token);
         if found.is_empty() || std::time::Instant::now() > until {
             return found;
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        // Asynchronously: a sandbox's teardown runs on this runtime after its call returned.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
