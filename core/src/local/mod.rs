@@ -90,6 +90,9 @@ pub const SHM_SIZE_BYTES: u64 = 16 << 20;
 /// runner normally ends the run at the timeout; this covers sandbox start-up and a hung runner.
 const START_GRACE: Duration = Duration::from_secs(10);
 
+/// Longest a `runsc delete --force` may take during a cleanup.
+const RUNSC_DELETE_WITHIN: Duration = Duration::from_secs(5);
+
 /// How much of the engine's own stderr (bwrap or runsc errors) is kept for error messages.
 const ENGINE_STDERR_BYTES: usize = 16 * 1024;
 
@@ -773,9 +776,13 @@ impl LocalSandbox {
         let mut out = TailBuffer::new(envelope_max);
         let mut err = Vec::new();
         let deadline = Duration::from_secs(u64::from(limits.timeout_seconds)) + START_GRACE;
-        // Until the envelope: it is the runner's last output, so the call's result is known
-        // then, and the sandbox's teardown (the engine's exit, `runsc delete`, the cgroup) need
-        // not be waited for. Without one, until the engine exits.
+        // Under bubblewrap, until the envelope: it is the runner's last output, so the call's
+        // result is known then, and the sandbox's teardown (the engine's exit, the cgroup) need
+        // not be waited for. Under gVisor, and without an envelope, until the engine exits:
+        // answering before `runsc run` had exited left gVisor sandboxes' cgroups and bundles
+        // behind in CI runs (never on a developer's run; not understood yet), and that path is
+        // the proven one.
+        let early_answer = self.inner.isolation == Isolation::Bubblewrap;
         let waited = tokio::time::timeout(deadline, async {
             let feed = async move {
                 // A runner that died first makes this a broken pipe: its own result says why.
@@ -783,7 +790,8 @@ impl LocalSandbox {
                 drop(stdin);
             };
             let reading = async {
-                let ((), found) = tokio::join!(feed, read_until_envelope(&mut stdout, &mut out));
+                let ((), found) =
+                    tokio::join!(feed, read_output(&mut stdout, &mut out, early_answer));
                 found
             };
             let engine_stderr = read_head(&mut stderr, &mut err, ENGINE_STDERR_BYTES);
@@ -795,7 +803,7 @@ impl LocalSandbox {
                     () = &mut engine_stderr, if !stderr_done => stderr_done = true,
                 }
             };
-            if found {
+            if found && early_answer {
                 return None;
             }
             if !stderr_done {
@@ -847,7 +855,18 @@ impl LocalSandbox {
             // if it does not exit within the grace; the cleanup's drop blocks (`runsc delete`,
             // waiting for the cgroup to empty), so it runs on a blocking thread.
             let teardown_now = async move {
-                if let Ok(Ok(_)) = tokio::time::timeout(START_GRACE, child.wait()).await {
+                // Drained to the end, as when the call itself waits for the engine: an engine
+                // blocked on a full pipe would never exit.
+                let drain = async {
+                    let mut sink = TailBuffer::new(0);
+                    let mut rest = Vec::new();
+                    tokio::join!(
+                        read_until_eof(&mut stdout, &mut sink),
+                        read_head(&mut stderr, &mut rest, 0),
+                    );
+                };
+                let exited = async { tokio::join!(child.wait(), drain).0 };
+                if let Ok(Ok(_)) = tokio::time::timeout(START_GRACE, exited).await {
                     cleanup.reaped = true;
                 }
                 let _ = tokio::task::spawn_blocking(move || {
@@ -945,12 +964,24 @@ impl Cleanup {
             unsafe { libc::killpg(pgid, libc::SIGKILL) };
         }
         if let Some((runsc, args)) = self.runsc_delete.take() {
-            let _ = std::process::Command::new(runsc)
+            let deleting = std::process::Command::new(runsc)
                 .args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
-                .status();
+                .spawn();
+            // Bounded: a `runsc delete` that hangs must not hang the cleanup (the cgroup kill
+            // below ends the sandbox's processes anyway).
+            if let Ok(mut deleting) = deleting {
+                let until = Instant::now() + RUNSC_DELETE_WITHIN;
+                while matches!(deleting.try_wait(), Ok(None)) && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if matches!(deleting.try_wait(), Ok(None)) {
+                    let _ = deleting.kill();
+                    let _ = deleting.wait();
+                }
+            }
         }
         if let Some(group) = &self.cgroup {
             group.kill_all();
@@ -1033,22 +1064,37 @@ impl TailBuffer {
     }
 }
 
-/// Reads the sandbox's stdout into `buf` (a bounded tail) until it holds a complete envelope line (`true`) or the pipe ends
-/// (`false`, also when the last bytes before the end are an envelope: the engine exited).
-async fn read_until_envelope(pipe: &mut (impl AsyncRead + Unpin), buf: &mut TailBuffer) -> bool {
+/// Reads `pipe` into `buf` (a bounded tail) until it ends.
+async fn read_until_eof(pipe: &mut (impl AsyncRead + Unpin), buf: &mut TailBuffer) {
     let mut chunk = vec![0u8; 64 * 1024];
     while let Ok(n) = pipe.read(&mut chunk).await {
         if n == 0 {
             break;
         }
         buf.push(&chunk[..n]);
-        if buf.bytes().ends_with(b"\n")
-            && parse_envelope(&String::from_utf8_lossy(buf.bytes())).is_ok()
-        {
+    }
+}
+
+/// Reads the sandbox's stdout into `buf` (a bounded tail) until it ends, or with `until_envelope`
+/// only until it holds a complete envelope line. Returns whether it holds an envelope.
+async fn read_output(
+    pipe: &mut (impl AsyncRead + Unpin),
+    buf: &mut TailBuffer,
+    until_envelope: bool,
+) -> bool {
+    let has_envelope =
+        |buf: &TailBuffer| parse_envelope(&String::from_utf8_lossy(buf.bytes())).is_ok();
+    let mut chunk = vec![0u8; 64 * 1024];
+    while let Ok(n) = pipe.read(&mut chunk).await {
+        if n == 0 {
+            break;
+        }
+        buf.push(&chunk[..n]);
+        if until_envelope && buf.bytes().ends_with(b"\n") && has_envelope(buf) {
             return true;
         }
     }
-    false
+    has_envelope(buf)
 }
 
 async fn read_head(pipe: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>, cap: usize) {
