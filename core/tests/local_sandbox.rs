@@ -1122,3 +1122,54 @@ async fn armed_sandboxes_serve_one_call_each_with_its_own_limits_and_leave_nothi
         assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
     }
 }
+
+#[tokio::test]
+async fn what_a_killed_driver_left_behind_is_removed_at_the_next_detect() {
+    let _serial = serial().await;
+    if engines().is_empty() {
+        return;
+    }
+    // A driver that died with SIGKILL leaves its sandboxes' cgroups and bundles, named after its
+    // pid. A pid that is surely gone: a child that has exited and been reaped.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let dead = child.id();
+    child.wait().unwrap();
+    let name = format!("sbr-{dead}-1-000000001");
+    let config = LocalSandboxConfig::default();
+    let mut planted = Vec::new();
+    for controller in ["memory", "pids", "cpu"] {
+        let parent = std::path::Path::new("/sys/fs/cgroup")
+            .join(controller)
+            .join("sandboxrun");
+        if parent.is_dir() && std::fs::create_dir(parent.join(&name)).is_ok() {
+            planted.push(parent.join(&name));
+        }
+    }
+    let bundle = config.state_dir.join("bundles").join(&name);
+    std::fs::create_dir_all(&bundle).unwrap();
+    std::fs::write(bundle.join("config.json"), "{}").unwrap();
+    // Ours, alive: never touched.
+    let ours = config
+        .state_dir
+        .join("bundles")
+        .join(format!("sbr-{}-1-000000001", std::process::id()));
+    std::fs::create_dir_all(&ours).unwrap();
+    let (isolation, _) = &engines()[0];
+    let preference = match isolation {
+        Isolation::Gvisor => Preference::Gvisor,
+        Isolation::Bubblewrap => Preference::Bubblewrap,
+    };
+    LocalSandbox::detect(LocalSandboxConfig {
+        preference,
+        runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
+        ..LocalSandboxConfig::default()
+    })
+    .await
+    .unwrap();
+    for dir in &planted {
+        assert!(!dir.exists(), "{} is still there", dir.display());
+    }
+    assert!(!bundle.exists(), "{} is still there", bundle.display());
+    assert!(ours.exists(), "a live driver's bundle was removed");
+    std::fs::remove_dir_all(&ours).unwrap();
+}

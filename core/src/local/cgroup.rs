@@ -323,6 +323,43 @@ impl Drop for RunCgroup {
     }
 }
 
+/// Removes the run groups (`<parent>/sbr-...`) whose name `stale` accepts: those of a driver
+/// process that died without cleaning up. Whatever is still inside is killed first.
+pub(super) fn sweep(stale: impl Fn(&str) -> bool) {
+    let root = Path::new(CGROUP_ROOT);
+    let mut parents = vec![root.join(PARENT)];
+    if let Ok(controllers) = fs::read_dir(root) {
+        parents.extend(controllers.flatten().map(|c| c.path().join(PARENT)));
+    }
+    for parent in parents {
+        let Ok(entries) = fs::read_dir(&parent) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !entry.path().is_dir() || !stale(&name) {
+                continue;
+            }
+            let dir = entry.path();
+            for _ in 0..50 {
+                let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                for pid in procs
+                    .lines()
+                    .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+                {
+                    // SAFETY: kill has no memory-safety preconditions.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+                match fs::remove_dir(&dir) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                    Err(_) => thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }
+    }
+}
+
 /// Moves the calling process into the groups behind `fds` (writing "0" means "myself").
 /// Only calls `write(2)`, so it is safe between fork and exec.
 pub(super) fn join_current(fds: &[RawFd]) -> io::Result<()> {

@@ -406,6 +406,7 @@ impl LocalSandbox {
         for sub in [statedir::RUNSC_ROOT, statedir::BUNDLES] {
             statedir::private_dir(&config.state_dir, &state_dir.join(sub))?;
         }
+        sweep_dead_drivers(&state_dir);
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         let make = |isolation, engine| LocalSandbox {
@@ -776,13 +777,9 @@ impl LocalSandbox {
         let mut out = TailBuffer::new(envelope_max);
         let mut err = Vec::new();
         let deadline = Duration::from_secs(u64::from(limits.timeout_seconds)) + START_GRACE;
-        // Under bubblewrap, until the envelope: it is the runner's last output, so the call's
-        // result is known then, and the sandbox's teardown (the engine's exit, the cgroup) need
-        // not be waited for. Under gVisor, and without an envelope, until the engine exits:
-        // answering before `runsc run` had exited left gVisor sandboxes' cgroups and bundles
-        // behind in CI runs (never on a developer's run; not understood yet), and that path is
-        // the proven one.
-        let early_answer = self.inner.isolation == Isolation::Bubblewrap;
+        // Until the envelope: it is the runner's last output, so the call's result is known
+        // then, and the sandbox's teardown (the engine's exit, `runsc delete`, the cgroup) need
+        // not be waited for. Without one, until the engine exits.
         let waited = tokio::time::timeout(deadline, async {
             let feed = async move {
                 // A runner that died first makes this a broken pipe: its own result says why.
@@ -790,8 +787,7 @@ impl LocalSandbox {
                 drop(stdin);
             };
             let reading = async {
-                let ((), found) =
-                    tokio::join!(feed, read_output(&mut stdout, &mut out, early_answer));
+                let ((), found) = tokio::join!(feed, read_output(&mut stdout, &mut out, true));
                 found
             };
             let engine_stderr = read_head(&mut stderr, &mut err, ENGINE_STDERR_BYTES);
@@ -803,7 +799,7 @@ impl LocalSandbox {
                     () = &mut engine_stderr, if !stderr_done => stderr_done = true,
                 }
             };
-            if found && early_answer {
+            if found {
                 return None;
             }
             if !stderr_done {
@@ -887,6 +883,40 @@ impl LocalSandbox {
             observed,
             duration_ms: u64::try_from(began.elapsed().as_millis()).unwrap_or(u64::MAX),
         })
+    }
+}
+
+/// Removes what sandboxes of a driver process that is gone left behind: one killed with SIGKILL
+/// (an MCP client that kills its server, say) cannot remove its sandboxes' cgroups and OCI
+/// bundles. Their names carry the driver's pid (`sbr-<pid>-...`, see [`new_id`]); a pid that is
+/// alive, this process's included, is left alone (a reused pid only delays the sweep).
+fn sweep_dead_drivers(state_dir: &Path) {
+    let stale = |name: &str| -> bool {
+        let Some(pid) = name
+            .strip_prefix("sbr-")
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<libc::pid_t>().ok())
+        else {
+            return false;
+        };
+        if u32::try_from(pid).is_ok_and(|p| p == std::process::id()) {
+            return false;
+        }
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            tracing::info!(sandbox = name, "removing what a stopped driver left behind");
+        }
+        gone
+    };
+    cgroup::sweep(stale);
+    if let Ok(entries) = std::fs::read_dir(state_dir.join(statedir::BUNDLES)) {
+        for entry in entries.flatten() {
+            if stale(&entry.file_name().to_string_lossy()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
 }
 
