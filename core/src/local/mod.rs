@@ -787,7 +787,7 @@ impl LocalSandbox {
                 drop(stdin);
             };
             let reading = async {
-                let ((), found) = tokio::join!(feed, read_output(&mut stdout, &mut out, true));
+                let ((), found) = tokio::join!(feed, read_output(&mut stdout, &mut out));
                 found
             };
             let engine_stderr = read_head(&mut stderr, &mut err, ENGINE_STDERR_BYTES);
@@ -854,11 +854,10 @@ impl LocalSandbox {
                 // Drained to the end, as when the call itself waits for the engine: an engine
                 // blocked on a full pipe would never exit.
                 let drain = async {
-                    let mut sink = TailBuffer::new(0);
-                    let mut rest = Vec::new();
+                    let (mut out_rest, mut err_rest) = (Vec::new(), Vec::new());
                     tokio::join!(
-                        read_until_eof(&mut stdout, &mut sink),
-                        read_head(&mut stderr, &mut rest, 0),
+                        read_head(&mut stdout, &mut out_rest, 0),
+                        read_head(&mut stderr, &mut err_rest, 0),
                     );
                 };
                 let exited = async { tokio::join!(child.wait(), drain).0 };
@@ -1094,24 +1093,9 @@ impl TailBuffer {
     }
 }
 
-/// Reads `pipe` into `buf` (a bounded tail) until it ends.
-async fn read_until_eof(pipe: &mut (impl AsyncRead + Unpin), buf: &mut TailBuffer) {
-    let mut chunk = vec![0u8; 64 * 1024];
-    while let Ok(n) = pipe.read(&mut chunk).await {
-        if n == 0 {
-            break;
-        }
-        buf.push(&chunk[..n]);
-    }
-}
-
-/// Reads the sandbox's stdout into `buf` (a bounded tail) until it ends, or with `until_envelope`
-/// only until it holds a complete envelope line. Returns whether it holds an envelope.
-async fn read_output(
-    pipe: &mut (impl AsyncRead + Unpin),
-    buf: &mut TailBuffer,
-    until_envelope: bool,
-) -> bool {
+/// Reads the sandbox's stdout into `buf` (a bounded tail) until it holds a complete envelope line
+/// or ends. Returns whether it holds an envelope.
+async fn read_output(pipe: &mut (impl AsyncRead + Unpin), buf: &mut TailBuffer) -> bool {
     let has_envelope =
         |buf: &TailBuffer| parse_envelope(&String::from_utf8_lossy(buf.bytes())).is_ok();
     let mut chunk = vec![0u8; 64 * 1024];
@@ -1120,7 +1104,7 @@ async fn read_output(
             break;
         }
         buf.push(&chunk[..n]);
-        if until_envelope && buf.bytes().ends_with(b"\n") && has_envelope(buf) {
+        if buf.bytes().ends_with(b"\n") && has_envelope(buf) {
             return true;
         }
     }
