@@ -538,6 +538,14 @@ async fn a_stalled_log_read_does_not_hang_the_reconcile() {
 fn the_cache_keeps_no_managed_fields_and_no_output_of_finished_runs() {
     let mut run: SandboxRun = serde_json::from_value(run_json(python())).unwrap();
     run.metadata.managed_fields = Some(vec![Default::default()]);
+    // kubectl apply's last-applied annotation repeats the whole spec, code included.
+    run.metadata.annotations = Some(
+        [(
+            "kubectl.kubernetes.io/last-applied-configuration".to_owned(),
+            "x".repeat(65_536),
+        )]
+        .into(),
+    );
     run.status = Some(sandboxrun_api::SandboxRunStatus {
         phase: Some(sandboxrun_core::Phase::Running),
         ..Default::default()
@@ -546,6 +554,7 @@ fn the_cache_keeps_no_managed_fields_and_no_output_of_finished_runs() {
     let mut running = run.clone();
     trim(&mut running);
     assert!(running.metadata.managed_fields.is_none());
+    assert!(running.metadata.annotations.is_none());
     assert!(!running.spec.python.as_ref().unwrap().code.is_empty());
     // A finished one keeps what its TTL needs, not its code, output or result.
     run.status = Some(sandboxrun_api::SandboxRunStatus {
@@ -554,12 +563,39 @@ fn the_cache_keeps_no_managed_fields_and_no_output_of_finished_runs() {
         stderr: Some("y".into()),
         result: Some(json!({"rows": [[1]]})),
         pod_name: Some("p".into()),
+        reason: Some("Succeeded".into()),
+        message: Some("m".repeat(4096)),
+        completion_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::now(),
+        )),
+        conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: "Succeeded".into(),
+            message: "m".repeat(1024),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::now(),
+            ),
+            observed_generation: None,
+        }],
+        decision: Some(sandboxrun_api::Decision {
+            verdict: sandboxrun_core::Verdict::Allow,
+            rule: "r".repeat(256),
+            reason: "why".repeat(100),
+        }),
         ..Default::default()
     });
     trim(&mut run);
     let st = run.status.as_ref().unwrap();
     assert!(st.stdout.is_none() && st.stderr.is_none() && st.result.is_none());
+    assert!(st.message.is_none() && st.conditions.is_empty());
+    // What the TTL and the end's recognition read stays.
     assert_eq!(st.pod_name.as_deref(), Some("p"));
+    assert_eq!(st.reason.as_deref(), Some("Succeeded"));
+    assert!(st.completion_time.is_some());
+    let decision = st.decision.as_ref().unwrap();
+    assert_eq!(decision.verdict, sandboxrun_core::Verdict::Allow);
+    assert!(decision.rule.is_empty() && decision.reason.is_empty());
     assert!(run.spec.python.as_ref().unwrap().code.is_empty());
 }
 

@@ -212,6 +212,7 @@ async fn main() -> anyhow::Result<()> {
             identity,
         };
         let namespace = namespace.map(str::to_owned);
+        let concurrency = config.reconcile_concurrency;
         leader::run_while_leader(client.clone(), lease, stop_rx.clone(), |stop| {
             let ctx = ctx.clone();
             let namespace = namespace.clone();
@@ -224,7 +225,7 @@ async fn main() -> anyhow::Result<()> {
                 let keeper = quota.map(|q| tokio::spawn(run_quota::keep(client, q)));
                 let stop = stop.shared();
                 tokio::join!(
-                    controller::run(ctx, namespace.as_deref(), stop.clone()),
+                    controller::run(ctx, namespace.as_deref(), concurrency, stop.clone()),
                     pool::run(pool_ctx, pools, pods, stop),
                 );
                 keeper.inspect(tokio::task::JoinHandle::abort);
@@ -234,7 +235,12 @@ async fn main() -> anyhow::Result<()> {
     } else {
         let keeper = run_quota.map(|q| tokio::spawn(run_quota::keep(client.clone(), q)));
         tokio::join!(
-            controller::run(ctx, namespace, until_true(stop_rx.clone())),
+            controller::run(
+                ctx,
+                namespace,
+                config.reconcile_concurrency,
+                until_true(stop_rx.clone()),
+            ),
             pool::run(
                 pool_ctx,
                 pools_api(),

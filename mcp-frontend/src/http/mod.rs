@@ -11,6 +11,9 @@ pub mod owners;
 pub mod ratelimit;
 pub mod sse;
 
+#[cfg(test)]
+mod fuzz_tests;
+
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -99,6 +102,7 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
 
     let mcp = Router::new()
         .route_service("/mcp", streamable)
+        .layer(middleware::from_fn(error_id_null))
         .layer(middleware::from_fn(session_deleted))
         .layer(middleware::from_fn_with_state(state.clone(), session_owner))
         .route("/sse", get(sse::connect))
@@ -168,8 +172,16 @@ async fn session_owner(State(state): State<Arc<HttpState>>, req: Request, next: 
         .get(SESSION)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let delete = req.method() == axum::http::Method::DELETE;
+    // rmcp answers a DELETE of any session id with success, known or not; the MCP spec wants
+    // 404 for a session that is unknown or has ended, so a DELETE must name a session this
+    // agent opened here and has not deleted yet.
     if let Some(session) = &presented
-        && !state.owners.allows(session, &agent)
+        && !(if delete {
+            state.owners.owns(session, &agent)
+        } else {
+            state.owners.allows(session, &agent)
+        })
     {
         return jsonrpc_error_response(
             StatusCode::NOT_FOUND,
@@ -177,7 +189,6 @@ async fn session_owner(State(state): State<Arc<HttpState>>, req: Request, next: 
             "session not found: start a new one with an initialize request",
         );
     }
-    let delete = req.method() == axum::http::Method::DELETE;
     let resp = next.run(req).await;
     match (
         &presented,
@@ -199,6 +210,38 @@ async fn session_deleted(req: Request, next: Next) -> Response {
         *resp.status_mut() = StatusCode::NO_CONTENT;
     }
     resp
+}
+
+/// rmcp omits the `id` of a JSON error that answers no request (a JSON-RPC response POSTed to
+/// a stateless server, for one); JSON-RPC 2.0 requires `"id": null` there, and strict clients
+/// look for it. Adds it, as `transport::to_wire` does on the SSE transports. Only rmcp's JSON
+/// (not event-stream) answers are buffered, and they are small error objects.
+async fn error_id_null(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().starts_with("application/json"));
+    if !json || resp.status().is_success() {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
+        return jsonrpc_error_response(parts.status, -32603, "the error answer could not be read");
+    };
+    let body = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+        Ok(serde_json::Value::Object(mut map))
+            if map.contains_key("error") && !map.contains_key("id") =>
+        {
+            map.insert("id".to_owned(), serde_json::Value::Null);
+            let text = serde_json::Value::Object(map).to_string();
+            parts.headers.remove(header::CONTENT_LENGTH);
+            axum::body::Body::from(text)
+        }
+        _ => axum::body::Body::from(bytes),
+    };
+    Response::from_parts(parts, body)
 }
 
 /// 403 for a foreign Origin or an unexpected Host.

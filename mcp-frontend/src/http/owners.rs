@@ -42,6 +42,13 @@ impl SessionOwners {
         map.get(session).is_none_or(|(owner, _)| owner == agent)
     }
 
+    /// Whether `agent` opened `session` here (and it was not deleted since): a DELETE must name
+    /// such a session, since rmcp answers a DELETE of any id, known or not, with success.
+    pub fn owns(&self, session: &str, agent: &str) -> bool {
+        let map = self.0.lock().expect("session owners lock");
+        map.get(session).is_some_and(|(owner, _)| owner == agent)
+    }
+
     /// Forgets a session (after its DELETE).
     pub fn forget(&self, session: &str) {
         self.0.lock().expect("session owners lock").remove(session);
@@ -62,7 +69,14 @@ mod tests {
         owners.record("s1", "a");
         assert!(owners.allows("s1", "a"));
         assert!(!owners.allows("s1", "b"));
+        assert!(owners.owns("s1", "a"));
+        assert!(!owners.owns("s1", "b"));
+        assert!(
+            !owners.owns("s2", "a"),
+            "unknown sessions are owned by no one"
+        );
         owners.forget("s1");
+        assert!(!owners.owns("s1", "a"));
         assert!(owners.allows("s1", "b"));
     }
 }
