@@ -96,11 +96,12 @@ step "install sandboxrun with helm (e2e/install.sh), frontend on a NodePort with
 MCP_API_KEY="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 MCP_AGENT=e2e-agent
 MCP_NODE_PORT=30080
+MCP_PYTHON="${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python"
+# The test agent's key and 100 load agents' keys derived from it (e2e/mcp/stress.py), hashed.
+keys_values="$(mktemp --suffix=.yaml)"
+MCP_API_KEY="$MCP_API_KEY" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/stress.py" keys 100 "$MCP_AGENT" > "$keys_values"
 "$REPO_ROOT/e2e/install.sh" --set frontend.enabled=true --set frontend.service.type=NodePort \
-  --set frontend.service.nodePort=$MCP_NODE_PORT \
-  --set "frontend.apiKeys[0].agent=$MCP_AGENT" \
-  --set "frontend.apiKeys[0].sha256=$(printf '%s' "$MCP_API_KEY" | sha256sum | cut -d' ' -f1)" \
-  --set "frontend.apiKeys[0].environments={sandbox,staging,production}" \
+  --set frontend.service.nodePort=$MCP_NODE_PORT -f "$keys_values" \
   --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" \
   --set frontend.enableMetrics=true --set "operator.prometheus.url=$SANDBOXRUN_E2E_PROMETHEUS_URL" \
   -f "$REPO_ROOT/e2e/values-governance.yaml"
@@ -124,6 +125,18 @@ MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
   "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" "$REPO_ROOT/e2e/mcp/bench_warm.py" \
   --sequential 10 --block 5 --staggered 0 --burst 6 --rounds 1 --replicas 2
+
+step "load, short form: 20 agents x 5 calls, every call answered once (the full 100 x 20: e2e/BENCHMARKS.md)"
+MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
+  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/load.py" --agents 20 --calls 5
+
+step "faults, short form: operator killed, failover, sandbox Pods deleted, API server restarted, kubelet stopped"
+MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
+  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/faults.py" --agents 4 --rounds 1
+
+step "scale, short form: the operator with 1000 and 3000 stored runs (the full 10,000: e2e/BENCHMARKS.md)"
+cargo build --release --locked -p sandboxrun-e2e --bin scale
+target/release/scale 1000 3000
 
 step "the chart's lifecycle: helm upgrade with a new policy keeps in-flight runs; helm uninstall (last)"
 # Run one at a time and in this order: the second one removes the release.

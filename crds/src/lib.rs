@@ -3,6 +3,7 @@
 //! and writes the result into its status. The CRD YAML under `crds/` is generated from these
 //! types by `cargo run -p sandboxrun-api --bin crdgen`, and a test fails when it is stale.
 
+pub mod client;
 mod pool;
 mod run;
 mod status;

@@ -20,19 +20,7 @@ def _kubectl(*args: str) -> str:
 
 def audit_lines(run_name: str) -> list[dict]:
     """The `fields` of the operator's audit lines about the run."""
-    pods = json.loads(_kubectl("-n", SYSTEM_NS, "get", "pods", "-l",
-                               "app.kubernetes.io/component=operator", "-o", "json"))["items"]
-    lines = []
-    for pod in pods:
-        log = _kubectl("-n", SYSTEM_NS, "logs", pod["metadata"]["name"], "--tail=-1")
-        for line in log.splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if entry.get("target") == "audit" and entry["fields"].get("run") == run_name:
-                lines.append(entry["fields"])
-    return lines
+    return [line for line in audit_lines_all() if line.get("run") == run_name]
 
 
 def the_audit_line(run_name: str) -> dict:
@@ -46,3 +34,20 @@ def the_audit_line(run_name: str) -> dict:
     lines = audit_lines(run_name)
     assert len(lines) == 1, f"exactly one audit line for {run_name}: {lines}"
     return lines[0]
+
+
+def audit_lines_all() -> list[dict]:
+    """The `fields` of every audit line on the logs of the current operator Pods."""
+    pods = json.loads(_kubectl("-n", SYSTEM_NS, "get", "pods", "-l",
+                               "app.kubernetes.io/component=operator", "-o", "json"))["items"]
+    lines = []
+    for pod in pods:
+        log = _kubectl("-n", SYSTEM_NS, "logs", pod["metadata"]["name"], "--tail=-1")
+        for line in log.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if entry.get("target") == "audit":
+                lines.append(entry["fields"])
+    return lines

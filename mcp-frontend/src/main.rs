@@ -98,6 +98,10 @@ async fn shared_state(
                 args.namespace.clone(),
                 Duration::from_secs(args.kube_grace_seconds),
                 args.approval_wait,
+                sandboxrun_api::client::ClientRate {
+                    qps: args.kube_qps,
+                    burst: args.kube_burst,
+                },
             )
             .await
             .context("cannot reach the Kubernetes API (KUBECONFIG or in-cluster config)")?;

@@ -1,6 +1,7 @@
 //! Operator configuration: command-line flags, each also readable from the environment.
 
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 
 use clap::Parser;
@@ -111,6 +112,15 @@ pub struct Config {
     /// restart with many runs in flight would send their API requests all at once.
     #[arg(long, env = "SANDBOXRUN_RECONCILE_CONCURRENCY", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     pub reconcile_concurrency: u16,
+
+    /// Requests a second to the API server, sustained (a client-side limit, like client-go's
+    /// QPS; requests over it wait).
+    #[arg(long, env = "SANDBOXRUN_KUBE_QPS", default_value_t = NonZeroU32::new(50).expect("non-zero"))]
+    pub kube_qps: NonZeroU32,
+
+    /// Requests to the API server allowed at once above --kube-qps.
+    #[arg(long, env = "SANDBOXRUN_KUBE_BURST", default_value_t = NonZeroU32::new(100).expect("non-zero"))]
+    pub kube_burst: NonZeroU32,
 
     /// The ResourceQuota in the watched namespace that gets the count limit (created if
     /// missing); with --max-stored-runs.

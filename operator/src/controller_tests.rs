@@ -961,6 +961,57 @@ async fn a_fitting_run_claims_a_ready_sandbox_and_records_it_before_sending_code
 }
 
 #[tokio::test]
+async fn a_claim_made_before_a_restart_and_never_recorded_is_taken_up_not_repeated() {
+    // Found by the fault suite (e2e/mcp/faults.py): the operator was SIGKILLed after its claim
+    // patch committed and before it recorded the claim; the next operator claimed a second
+    // sandbox for the same run. Before: a second claim; now: the first one is taken up.
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| {
+        s.pool_pods = vec![
+            pool_pod("default-aaaaa", "7"),
+            pool_pod("default-bbbbb", "8"),
+        ]
+    });
+    let ctx = context_with_pool(&api);
+    // The first operator: decides, claims, and "dies" before the claim's record (its status
+    // write is lost with it, so the status keeps the decision only).
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    let claimed = api.with(|s| s.pod.clone()).expect("a claimed sandbox");
+    let claimed_name = claimed["metadata"]["name"].as_str().unwrap().to_owned();
+    api.with(|s| {
+        let status = &mut s.run.as_mut().unwrap()["status"];
+        for field in ["podName", "path", "pool", "reason", "message"] {
+            status.as_object_mut().unwrap().remove(field);
+        }
+        status["phase"] = json!("Pending");
+    });
+    api.take_requests();
+
+    // The next operator (a fresh context: it remembers nothing).
+    let ctx = context_with_pool(&api);
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    let requests = api.take_requests();
+    assert!(
+        !requests.iter().any(
+            |r| r.starts_with(&format!("PATCH /api/v1/namespaces/{NS}/pods/"))
+                || r.starts_with("POST /api/v1")
+        ),
+        "neither a second claim nor a cold Pod: {requests:?}"
+    );
+    assert_eq!(
+        api.with(|s| s.pool_pods.len()),
+        1,
+        "the other sandbox stays idle"
+    );
+    let status = api.status();
+    assert_eq!(status["podName"], json!(claimed_name), "{status}");
+    assert_eq!(
+        (&status["path"], &status["pool"]),
+        (&json!("Warm"), &json!("default"))
+    );
+}
+
+#[tokio::test]
 async fn a_run_that_loses_every_claim_goes_cold() {
     let api = FakeApi::start(default_limits_run()).await;
     api.with(|s| {

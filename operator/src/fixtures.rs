@@ -283,7 +283,7 @@ async fn handle(
                 Some(_) => (StatusCode::OK, s.log.clone()).into_response(),
                 None => status(404, "NotFound"),
             },
-            (Method::GET, false) => found(s.pod.as_ref()),
+            (Method::GET, false) => found(s.pod.as_ref().filter(|p| p["metadata"]["name"] == rest)),
             (Method::DELETE, false) => match s.pod.take() {
                 Some(pod) => json_response(200, &pod),
                 None => status(404, "NotFound"),

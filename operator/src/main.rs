@@ -120,9 +120,15 @@ async fn main() -> anyhow::Result<()> {
         _ => None,
     };
     let metrics = Arc::new(metrics::Metrics::default());
-    // Every API request is counted (sandboxrun_api_requests_total), watches included.
+    // Every API request is counted (sandboxrun_api_requests_total), watches included, and waits
+    // for the client-side rate limit (counted when sent, not when it waits).
     let counted = metrics.clone();
+    let rate = sandboxrun_api::client::ClientRate {
+        qps: config.kube_qps,
+        burst: config.kube_burst,
+    };
     let client = kube::client::ClientBuilder::try_from(kube::Config::infer().await?)?
+        .with_layer(&sandboxrun_api::client::RateLimitLayer::new(rate))
         .with_layer(&tower::util::MapRequestLayer::new(
             move |request: http::Request<kube::client::Body>| {
                 counted.api_request(&request);

@@ -4,6 +4,7 @@
 
 pub mod kube;
 pub mod local;
+pub mod run_watch;
 
 use std::sync::Arc;
 

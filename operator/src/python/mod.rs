@@ -74,10 +74,23 @@ impl Reconcile<'_> {
             if is_terminal(&prev) {
                 return self.finished(&prev).await;
             }
+            if prev.pod_name.as_deref().is_some_and(|p| p != pod_name) {
+                // The cache had not seen our record of a warm sandbox yet: what was read above
+                // is not the run's Pod. Look again with the record, rather than end the run
+                // PodDeleted for a Pod that is there.
+                return Ok(Action::requeue(std::time::Duration::from_millis(200)));
+            }
         }
         let pod_name = pod_name.as_str();
         match phase::next(&prev, pod.as_ref(), &limits, self.now) {
             Next::CreatePod => {
+                if !first && let Some(claimed) = self.earlier_claim().await? {
+                    // An operator before a restart claimed this sandbox and stopped before it
+                    // recorded the claim, so it sent nothing there: take it up, never a second.
+                    info!(run = %self.name, pod = %claimed.claimed.pod, "taking up a warm sandbox claimed before a restart");
+                    let limits = pod::limits_of(&claimed.object).unwrap_or(limits);
+                    return self.run_warm(&prev, &claimed.claimed, &limits).await;
+                }
                 let limits = match decided {
                     Some(d) => d.limits,
                     None => self.ctx.decide(self.run, Tool::Python).limits,

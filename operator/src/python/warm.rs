@@ -51,6 +51,15 @@ pub struct Claimed {
     pub pool: String,
 }
 
+/// A claim found on the API server that the run's status does not name (see
+/// `Reconcile::earlier_claim`).
+pub struct EarlierClaim {
+    /// The sandbox.
+    pub claimed: Claimed,
+    /// Its Pod as listed (its annotations hold the limits of the claim).
+    pub object: Pod,
+}
+
 /// The pools whose sandboxes `run` may take with `limits`, in a stable order: in the run's
 /// namespace, on, of the operator's own isolation, and of the run's cpu, memory and pids.
 pub fn candidates<'a>(
@@ -188,6 +197,39 @@ impl Reconcile<'_> {
             }
             ctx.metrics
                 .warm_claim_result(&pool::key(&self.ns, &name), false);
+        }
+        Ok(None)
+    }
+
+    /// A warm sandbox this run claimed that its status does not name: the claim's patch
+    /// committed, and the operator stopped before recording it. Looked up (fresh from the API
+    /// server, by the run's label and owner) only when the run was not decided in this
+    /// reconciliation, since a claim needs a decision first.
+    pub(super) async fn earlier_claim(&self) -> Result<Option<EarlierClaim>, Error> {
+        let selector = format!("{}={}", pod::LABEL_RUN, pod::label_value(&self.name));
+        let listed = self
+            .pods
+            .list(&ListParams::default().labels(&selector))
+            .await?;
+        for p in listed.items {
+            let Some(pool) = p.annotations().get(FROM_POOL_ANNOTATION).cloned() else {
+                continue;
+            };
+            if p.metadata.deletion_timestamp.is_some() || !pod::belongs_to(&p, self.run) {
+                continue;
+            }
+            if !is_ready(&p) {
+                // It got nothing and cannot take the program now: give it up.
+                self.delete_pod(&p.name_any()).await?;
+                continue;
+            }
+            return Ok(Some(EarlierClaim {
+                claimed: Claimed {
+                    pod: p.name_any(),
+                    pool,
+                },
+                object: p,
+            }));
         }
         Ok(None)
     }

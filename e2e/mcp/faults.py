@@ -1,0 +1,312 @@
+"""The fault suite: agents keep calling through the frontend in the cluster while the components
+under them fail, then every call must have ended exactly once (stress.check):
+
+- the operator SIGKILLed, twice (its container restarts in place);
+- sandbox Pods deleted under their runs, running ones and idle warm ones;
+- the API server restarted (stopped, started again with the same command line);
+- the kubelet stopped (SIGSTOP) and resumed (SIGCONT) after a while;
+- a failover: the operator scaled to two replicas, the leader SIGKILLed, the standby takes over.
+
+Afterwards: every call got exactly one answer, every run reached one terminal phase, no run had
+two sandbox Pods (every Pod event in the runs namespace is watched during the suite), exactly
+one audit line per run (read from the node's container log files, so the lines of killed
+operator containers count too), no Pod left behind.
+
+This drives the local cluster of e2e/cluster/up.sh on this machine: it signals the cluster's
+processes (their pid files under the cluster's state directory) and reads /var/log/pods, so it
+runs as root on the node. Usage (MCP_URL, MCP_API_KEY, KUBECTL as for the e2e/mcp suite):
+    faults.py [--agents 6] [--rounds 1]
+
+--rounds repeats the whole schedule (the full suite: e2e/BENCHMARKS.md). Exit status 1 when a
+check fails. Not collected by pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+import ssl
+
+import stress
+
+STATE = os.environ.get("SANDBOXRUN_CLUSTER_STATE", "/var/lib/sandboxrun-cluster")
+OPERATOR = "sandboxrun-operator"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --- the cluster's own processes ---------------------------------------------------------------
+
+def component_pid(name: str) -> int:
+    with open(f"{STATE}/pids/{name}.pid") as f:
+        return int(f.read().strip())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def api_ready() -> bool:
+    ctx = ssl.create_default_context(cafile=f"{STATE}/pki/ca.crt")
+    try:
+        with urllib.request.urlopen("https://10.244.0.1:6443/readyz", context=ctx, timeout=2) as r:
+            return r.status == 200
+    except Exception:  # noqa: BLE001 - not ready yet
+        return False
+
+
+def restart_component(name: str, ready, timeout: float = 120) -> float:
+    """Stops a cluster process (SIGTERM, SIGKILL after 15 s) and starts it again with the same
+    command line, as e2e/cluster/up.sh did; returns the seconds until `ready()`."""
+    pid = component_pid(name)
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = [a.decode() for a in f.read().split(b"\0") if a]
+    # The binary itself: up.sh found it on a PATH this process may not have.
+    argv[0] = os.readlink(f"/proc/{pid}/exe")
+    env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    env = dict(kv.decode().split("=", 1) for kv in env if b"=" in kv)
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    while alive(pid) and time.monotonic() - t0 < 15:
+        time.sleep(0.1)
+    if alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    logf = open(f"{STATE}/logs/{name}.log", "ab")
+    proc = subprocess.Popen(argv, stdout=logf, stderr=logf, stdin=subprocess.DEVNULL,
+                            start_new_session=True, env=env)
+    with open(f"{STATE}/pids/{name}.pid", "w") as f:
+        f.write(str(proc.pid))
+    while not ready():
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"{name} not ready {timeout}s after its restart")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def operator_processes() -> dict[int, str]:
+    """pid → Pod name of every operator process on this node."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                if f.read().strip() != "operator":  # the image's /usr/local/bin/operator
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        pod = env.get(b"POD_NAME", b"").decode()
+        if pod.startswith(OPERATOR):
+            found[int(entry)] = pod
+    return found
+
+
+def leader() -> str:
+    return stress.kubectl("-n", stress.SYSTEM_NS, "get", "lease", OPERATOR, "-o",
+                          "jsonpath={.spec.holderIdentity}").strip()
+
+
+def kill_operator(which: str | None = None) -> str:
+    """SIGKILLs the operator process of Pod `which` (default: the only one)."""
+    procs = operator_processes()
+    targets = [pid for pid, pod in procs.items() if which in (None, pod)]
+    if not targets:
+        raise SystemExit(f"no operator process to kill ({which=}, found {procs})")
+    for pid in targets:
+        os.kill(pid, signal.SIGKILL)
+    return ", ".join(procs[p] for p in targets)
+
+
+def operators_ready(n: int) -> bool:
+    d = json.loads(stress.kubectl("-n", stress.SYSTEM_NS, "get", "deployment", OPERATOR, "-o", "json"))
+    st = d.get("status", {})
+    return st.get("readyReplicas", 0) == n and st.get("updatedReplicas", 0) == n \
+        and st.get("replicas", 0) == n
+
+
+def wait(pred, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
+def delete_sandboxes(n: int, selector: str) -> list[str]:
+    pods = json.loads(stress.kubectl("-n", stress.RUNS_NS, "get", "pods", "-l", selector, "-o",
+                                     "json"))["items"]
+    live = [p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp")]
+    chosen = random.sample(live, min(n, len(live)))
+    if chosen:
+        stress.kubectl("-n", stress.RUNS_NS, "delete", "pod", "--wait=false", *chosen)
+    return chosen
+
+
+# --- what happened to sandbox Pods --------------------------------------------------------------
+
+class PodWatch:
+    """Every Pod event in the runs namespace during the suite: which Pods each run owned. The
+    watch is restarted whenever it breaks (the API server restart breaks it)."""
+
+    def __init__(self) -> None:
+        self.owners: dict[str, set[str]] = collections.defaultdict(set)
+        self._stop = threading.Event()
+        self._proc: subprocess.Popen | None = None
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> "PodWatch":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._proc:
+            self._proc.kill()
+        self._thread.join(timeout=10)
+
+    def _record(self, pod: dict) -> None:
+        for ref in pod["metadata"].get("ownerReferences", []):
+            if ref.get("kind") == "SandboxRun":
+                self.owners[ref["name"]].add(pod["metadata"]["uid"])
+
+    def _loop(self) -> None:
+        decoder = json.JSONDecoder()
+        while not self._stop.is_set():
+            self._proc = subprocess.Popen(
+                [stress.KUBECTL, "-n", stress.RUNS_NS, "get", "pods", "--watch", "-o", "json"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            buf = ""
+            assert self._proc.stdout
+            for chunk in iter(lambda: self._proc.stdout.readline(), ""):
+                buf += chunk
+                while True:
+                    stripped = buf.lstrip()
+                    if not stripped:
+                        buf = ""
+                        break
+                    try:
+                        obj, end = decoder.raw_decode(stripped)
+                    except ValueError:
+                        break
+                    buf = stripped[end:]
+                    items = obj.get("items", [obj]) if obj.get("kind") == "List" else [obj]
+                    for pod in items:
+                        self._record(pod)
+            self._proc.wait()
+            self._stop.wait(0.5)
+
+
+# --- the schedule ---------------------------------------------------------------------------------
+
+def schedule(stop_calls: threading.Event, rounds: int) -> list[str]:
+    """Runs the faults one after another while the agents call; returns what was done."""
+    done = []
+
+    def step(what: str) -> None:
+        log(what)
+        done.append(what)
+
+    try:
+        run_faults(step, rounds)
+    finally:
+        stop_calls.set()
+    return done
+
+
+def run_faults(step, rounds: int) -> None:
+    time.sleep(10)
+    for r in range(rounds):
+        for i in range(2):
+            step(f"round {r + 1}: SIGKILL the operator ({kill_operator()})")
+            t = wait(lambda: operators_ready(1) and len(operator_processes()) == 1, 180,
+                     "the operator to come back")
+            step(f"  the operator is back after {t:.0f} s")
+            time.sleep(8)
+        for i in range(3):
+            step(f"round {r + 1}: deleted running sandboxes "
+                 f"{delete_sandboxes(2, 'sandboxrun.dev/run')}, idle warm ones "
+                 f"{delete_sandboxes(1, 'sandboxrun.dev/pool')}")
+            time.sleep(4)
+        t = restart_component("kube-apiserver", api_ready)
+        step(f"round {r + 1}: restarted the API server (ready again after {t:.0f} s)")
+        time.sleep(10)
+        kubelet = component_pid("kubelet")
+        os.kill(kubelet, signal.SIGSTOP)
+        step(f"round {r + 1}: stopped the kubelet (SIGSTOP)")
+        time.sleep(15)
+        os.kill(kubelet, signal.SIGCONT)
+        step("  resumed the kubelet (SIGCONT) after 15 s")
+        time.sleep(10)
+        stress.kubectl("-n", stress.SYSTEM_NS, "scale", "deployment", OPERATOR, "--replicas=2")
+        wait(lambda: operators_ready(2) and len(operator_processes()) == 2, 180, "two operators")
+        was = leader()
+        step(f"round {r + 1}: two operator replicas; SIGKILL the leader {was} "
+             f"({kill_operator(was)})")
+        t = wait(lambda: leader() not in ("", was), 120, "a new leader")
+        step(f"  {leader()} leads after {t:.0f} s")
+        time.sleep(10)
+        stress.kubectl("-n", stress.SYSTEM_NS, "scale", "deployment", OPERATOR, "--replicas=1")
+        wait(lambda: operators_ready(1), 180, "one operator again")
+        time.sleep(5)
+
+
+async def main(a: argparse.Namespace) -> int:
+    audit = stress.AuditTail().start()
+    pods = PodWatch().start()
+    calls: list[stress.Call] = []
+    since = time.time()
+    stop_flag = threading.Event()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    faults = loop.run_in_executor(None, schedule, stop_flag, a.rounds)
+
+    async def relay() -> None:
+        while not stop_flag.is_set():
+            await asyncio.sleep(0.5)
+        stop.set()
+
+    t0 = time.perf_counter()
+    agents = asyncio.gather(*(stress.agent_loop(i, 10**6, calls, stop, pace=0.5)
+                              for i in range(a.agents)))
+    await asyncio.gather(relay(), agents)
+    done = await faults
+    wall = time.perf_counter() - t0
+    log(f"faults done; {len(calls)} calls; waiting for every run to end")
+    await loop.run_in_executor(None, stress.wait_ended, calls, 240)
+    time.sleep(3)
+    pods.stop()
+    audit.stop()
+    print("\n## Faults\n")
+    print("\n".join(f"- {d}" for d in done))
+    print()
+    print(stress.report(calls, wall))
+    problems = stress.check(calls, audit.lines, since, pods.owners)
+    for p in problems[:60]:
+        print(f"PROBLEM {p}")
+    print("all checks held" if not problems else f"{len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--agents", type=int, default=6)
+    p.add_argument("--rounds", type=int, default=1)
+    raise SystemExit(asyncio.run(main(p.parse_args())))

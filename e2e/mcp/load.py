@@ -1,0 +1,52 @@
+"""The load suite: A agents at once, each with its own key and session, making C calls one after
+another through the frontend in the cluster (Streamable HTTP), mixing warm and cold run_python,
+execute_sql, fetch_metrics and calls the policy blocks (stress.MIX). Then the exactly-once checks
+of stress.check: 0 lost, 0 duplicated, every run ended with exactly one audit line, no Pod left.
+Prints p50/p99 per kind of call, the outcomes, the paths the Python runs took and the throughput.
+
+Usage (MCP_URL, MCP_API_KEY, KUBECTL as for the e2e/mcp suite; the agents' keys installed with
+`stress.py keys N`, as e2e/run-tests.sh does):
+    load.py [--agents 100] [--calls 20]
+
+The full suite is 100 × 20 (e2e/BENCHMARKS.md); .ci/run runs a short form. Exit status 1 when any
+check fails. Not collected by pytest (the file name does not start with test_).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import time
+
+import stress
+from operator_audit import audit_lines_all
+
+
+async def main(a: argparse.Namespace) -> int:
+    calls: list[stress.Call] = []
+    since = time.time()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(stress.agent_loop(i, a.calls, calls, None) for i in range(a.agents)))
+    wall = time.perf_counter() - t0
+    stress.wait_ended(calls)
+    print(f"## {a.agents} agents × {a.calls} calls\n")
+    print(stress.report(calls, wall))
+    runs = {r["metadata"]["name"]: r for r in
+            json.loads(stress.kubectl("-n", stress.RUNS_NS, "get", "sandboxruns", "-o", "json"))["items"]}
+    paths = collections.Counter((runs.get(c.run, {}).get("status") or {}).get("path", "?")
+                                for c in calls if c.kind.startswith("python") and c.answers)
+    print(f"Python runs by path: {dict(paths)}")
+    problems = stress.check(calls, audit_lines_all(), since)
+    for p in problems[:40]:
+        print(f"PROBLEM {p}")
+    print("all checks held" if not problems else f"{len(problems)} problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--agents", type=int, default=100)
+    p.add_argument("--calls", type=int, default=20)
+    raise SystemExit(asyncio.run(main(p.parse_args())))

@@ -1,0 +1,338 @@
+"""Many agents calling at once through the frontend in the cluster, and the checks that every call
+ended exactly once: shared by the load suite (load.py) and the fault suite (faults.py).
+
+Each agent has its own API key (derived from MCP_API_KEY, see `agent_key`; e2e/run-tests.sh
+installs them with `stress.py keys N`) and its own Streamable HTTP session, and makes its calls
+one after another. Every call carries a token of its own (in the code, the query's comment, a
+PromQL matcher), so afterwards each answer can be matched to exactly one SandboxRun and each run
+to exactly one audit line:
+
+- lost: a call that got no answer (a transport error, a protocol error, no run named);
+- duplicated: a token found in two runs, an answer naming another call's run, a run with two
+  audit lines or two sandbox Pods;
+- every run in a terminal phase, no sandbox Pod left behind.
+
+Environment: MCP_URL, MCP_API_KEY, KUBECTL (with KUBECONFIG), as for the e2e/mcp suite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import httpx2
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+URL = os.environ.get("MCP_URL", "")
+KEY = os.environ.get("MCP_API_KEY", "")
+KUBECTL = os.environ.get("KUBECTL", "kubectl")
+RUNS_NS = "sandboxrun-runs"
+SYSTEM_NS = "sandboxrun-system"
+# Where the kubelet of the local cluster (e2e/cluster/up.sh) keeps container logs.
+POD_LOGS = "/var/log/pods"
+
+# The mix of calls, by weight: warm-path Python (default limits, so the pool fits), Python that
+# asks for a longer timeout (same path choice, a different program), a governed query, a metrics
+# query, and a query the policy blocks (SELECT * in the sandbox).
+MIX = [("python", 45), ("python_slow", 10), ("sql", 20), ("metrics", 15), ("blocked", 10)]
+
+
+def agent_name(i: int) -> str:
+    return f"load-{i:03d}"
+
+
+def agent_key(i: int) -> str:
+    """The API key of load agent i: derived from MCP_API_KEY, so only its holder knows them."""
+    return hashlib.sha256(f"{KEY}:{agent_name(i)}".encode()).hexdigest()
+
+
+def keys_values(n: int, base_agent: str) -> str:
+    """Helm values (JSON is YAML) with the base key and n load agents' keys, hashed."""
+    sha = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
+    keys = [{"agent": base_agent, "sha256": sha(KEY),
+             "environments": ["sandbox", "staging", "production"]}]
+    keys += [{"agent": agent_name(i), "sha256": sha(agent_key(i)), "environments": ["sandbox"]}
+             for i in range(n)]
+    return json.dumps({"frontend": {"apiKeys": keys}})
+
+
+def kubectl(*args: str) -> str:
+    return subprocess.run([KUBECTL, *args], check=True, capture_output=True, text=True).stdout
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+@dataclasses.dataclass
+class Call:
+    agent: str
+    kind: str
+    token: str
+    started: float = 0.0
+    ms: float = 0.0
+    answers: int = 0
+    error: str | None = None      # no answer: what happened instead
+    is_error: bool | None = None  # the tool's own isError
+    run: str | None = None
+    phase: str | None = None
+    text: str = ""
+
+
+def arguments(kind: str, token: str) -> tuple[str, dict]:
+    if kind == "python":
+        return "run_python", {"code": f"print({token!r})"}
+    if kind == "python_slow":
+        return "run_python", {"code": f"import time\ntime.sleep(0.5)\nprint({token!r})",
+                              "timeoutSeconds": 60}
+    if kind == "sql":
+        return "execute_sql", {"database": "analytics", "environment": "sandbox",
+                               "query": f"/* {token} */ SELECT id, amount FROM ledger ORDER BY id LIMIT 3"}
+    if kind == "metrics":
+        return "fetch_metrics", {"query": f'up{{job="prometheus", call!="{token}"}}'}
+    if kind == "blocked":
+        return "execute_sql", {"database": "analytics", "environment": "sandbox",
+                               "query": f"/* {token} */ SELECT * FROM ledger"}
+    raise ValueError(kind)
+
+
+def expected(call: Call, structured: dict) -> str | None:
+    """What is wrong with an answer, or None."""
+    if call.kind in ("python", "python_slow"):
+        if structured.get("phase") == "Succeeded" and structured.get("stdout") != f"{call.token}\n":
+            return f"stdout {structured.get('stdout')!r} is not the call's own"
+    if call.kind == "blocked" and call.phase and "blocked by policy" not in call.text:
+        return "a SELECT * was not blocked"
+    return None
+
+
+async def agent_loop(index: int, calls: int, out: list[Call], stop: asyncio.Event | None,
+                     key: str | None = None, pace: float = 0.0) -> None:
+    """One agent: one session, `calls` calls one after another (or until `stop` is set)."""
+    name = agent_name(index)
+    headers = {"Authorization": f"Bearer {key or agent_key(index)}"}
+    weights = [w for _, w in MIX]
+    kinds = [k for k, _ in MIX]
+    rng = __import__("random").Random(index)
+    n = 0
+    while n < calls and not (stop and stop.is_set()):
+        try:
+            async with httpx2.AsyncClient(headers=headers, timeout=300) as client:
+                async with streamable_http_client(URL, http_client=client) as streams:
+                    async with ClientSession(streams[0], streams[1]) as session:
+                        await session.initialize()
+                        while n < calls and not (stop and stop.is_set()):
+                            kind = rng.choices(kinds, weights)[0]
+                            call = Call(agent=name, kind=kind, token=f"tok-{uuid.uuid4().hex[:16]}")
+                            out.append(call)
+                            n += 1
+                            await one_call(session, call)
+                            if call.error and "session" in call.error.lower():
+                                break  # a new session for the next call
+                            if pace:
+                                await asyncio.sleep(pace)
+        except Exception as e:  # noqa: BLE001 - a session that broke; the call in it is recorded
+            if out and out[-1].agent == name and out[-1].answers == 0 and out[-1].error is None:
+                out[-1].error = f"session: {type(e).__name__}: {e}"
+            await asyncio.sleep(1)
+
+
+async def one_call(session: ClientSession, call: Call) -> None:
+    tool, args = arguments(call.kind, call.token)
+    call.started = time.time()
+    t0 = time.perf_counter()
+    try:
+        r = await session.call_tool(tool, args)
+    except Exception as e:  # noqa: BLE001 - recorded as a call without an answer
+        call.error = f"{type(e).__name__}: {e}"
+        call.ms = (time.perf_counter() - t0) * 1000
+        return
+    call.ms = (time.perf_counter() - t0) * 1000
+    call.answers += 1
+    call.is_error = bool(r.is_error)
+    call.text = " ".join(getattr(c, "text", "") for c in r.content)
+    sc = r.structured_content or {}
+    call.run = sc.get("runName")
+    call.phase = sc.get("phase")
+    wrong = expected(call, sc)
+    if wrong:
+        call.error = f"wrong answer: {wrong}"
+
+
+def runs_by_token() -> tuple[dict[str, list[dict]], list[dict]]:
+    items = json.loads(kubectl("-n", RUNS_NS, "get", "sandboxruns", "-o", "json"))["items"]
+    found: dict[str, list[dict]] = collections.defaultdict(list)
+    for run in items:
+        spec = run["spec"]
+        text = (spec.get("python") or {}).get("code", "") + (spec.get("sql") or {}).get("query", "") \
+            + (spec.get("metrics") or {}).get("query", "")
+        start = text.find("tok-")
+        if start >= 0:
+            found[text[start:start + 20]].append(run)
+    return found, items
+
+
+class AuditTail:
+    """Reads the operator's audit lines straight from the node's container log files, every
+    fraction of a second, so lines of operator containers that were killed, restarted or
+    deleted meanwhile are kept (`kubectl logs` shows only the current and the previous one)."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+        self.lines: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> "AuditTail":
+        self.poll()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            self.poll()
+
+    def poll(self) -> None:
+        for path in glob.glob(f"{POD_LOGS}/{SYSTEM_NS}_*operator*/operator/*.log*"):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(path, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1
+            self.offsets[path] = self.offsets.get(path, 0) + end
+            for raw in data[:end].splitlines():
+                # CRI log format: <time> <stream> <P|F> <content>
+                parts = raw.split(b" ", 3)
+                if len(parts) < 4:
+                    continue
+                try:
+                    entry = json.loads(parts[3])
+                except ValueError:
+                    continue
+                if entry.get("target") == "audit":
+                    self.lines.append(entry["fields"])
+
+
+def check(calls: list[Call], audit: list[dict] | None, since: float,
+          pod_owners: dict[str, set[str]] | None = None) -> list[str]:
+    """Every exactly-once check; returns the problems found (empty: all held)."""
+    problems: list[str] = []
+    lost = [c for c in calls if c.answers == 0]
+    for c in lost[:10]:
+        problems.append(f"lost: {c.agent} {c.kind} {c.token}: {c.error}")
+    if len(lost) > 10:
+        problems.append(f"... and {len(lost) - 10} more lost calls")
+    wrong = [c for c in calls if c.answers and c.error]
+    for c in wrong[:10]:
+        problems.append(f"wrong: {c.agent} {c.kind} {c.token}: {c.error}")
+    by_token, items = runs_by_token()
+    by_name = {r["metadata"]["name"]: r for r in items}
+    for c in calls:
+        # An error answer that names no run says the call did not happen ("could not create",
+        # "did not finish"): then there must be no run, or the run it left must have ended.
+        if c.answers and c.is_error and not c.phase and by_token.get(c.token):
+            run = by_token[c.token][0]
+            problems.append(f"answered without its run: {c.token} got {c.text[:160]!r} but "
+                            f"{run['metadata']['name']} exists "
+                            f"({(run.get('status') or {}).get('phase')})")
+    for c in calls:
+        runs = by_token.get(c.token, [])
+        if len(runs) > 1:
+            problems.append(f"duplicated: {c.token} has {len(runs)} runs: "
+                            f"{[r['metadata']['name'] for r in runs]}")
+        if c.answers and c.run and runs and c.run != runs[0]["metadata"]["name"]:
+            problems.append(f"duplicated: {c.token} answered with {c.run}, its run is "
+                            f"{runs[0]['metadata']['name']}")
+        if c.answers and c.run and c.run in by_name and c.run not in [r["metadata"]["name"] for r in runs]:
+            problems.append(f"crossed: {c.token} answered with another call's run {c.run}")
+    for c in calls:
+        for run in by_token.get(c.token, []):
+            phase = (run.get("status") or {}).get("phase")
+            if phase not in ("Succeeded", "Failed", "Rejected", "Cancelled"):
+                problems.append(f"not ended: {run['metadata']['name']} ({c.kind}) is {phase}")
+    if audit is not None:
+        per_run = collections.Counter(line.get("run") for line in audit)
+        for c in calls:
+            for run in by_token.get(c.token, []):
+                name = run["metadata"]["name"]
+                n = per_run.get(name, 0)
+                if n != 1:
+                    problems.append(f"audit: {name} ({c.kind}, {c.token}) has {n} audit lines")
+    if pod_owners is not None:
+        for run, pods in pod_owners.items():
+            if len(pods) > 1:
+                problems.append(f"two sandboxes: run {run} had Pods {sorted(pods)}")
+    left = json.loads(kubectl("-n", RUNS_NS, "get", "pods", "-l", "sandboxrun.dev/run", "-o", "json"))
+    for pod in left["items"]:
+        if pod["metadata"].get("deletionTimestamp"):
+            continue
+        problems.append(f"left behind: Pod {pod['metadata']['name']} ({pod['status'].get('phase')})")
+    return problems
+
+
+def wait_ended(calls: list[Call], timeout: float = 180) -> None:
+    """Waits until every run of these calls is terminal and no run's Pod is left (or times out:
+    the checks then name what did not end)."""
+    tokens = {c.token for c in calls}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        by_token, _ = runs_by_token()
+        open_runs = [r for t in tokens for r in by_token.get(t, [])
+                     if (r.get("status") or {}).get("phase") not in
+                     ("Succeeded", "Failed", "Rejected", "Cancelled")]
+        pods = json.loads(kubectl("-n", RUNS_NS, "get", "pods", "-l", "sandboxrun.dev/run", "-o",
+                                  "json"))["items"]
+        if not open_runs and not [p for p in pods if not p["metadata"].get("deletionTimestamp")]:
+            return
+        time.sleep(2)
+
+
+def report(calls: list[Call], wall: float) -> str:
+    """Markdown: answers and p50/p99 per tool, outcomes, throughput."""
+    lines = ["| kind | calls | answered | tool errors | p50 ms | p99 ms | outcomes |",
+             "|---|---|---|---|---|---|---|"]
+    for kind, _ in MIX:
+        cs = [c for c in calls if c.kind == kind]
+        if not cs:
+            continue
+        answered = [c for c in cs if c.answers]
+        outcomes = collections.Counter(c.phase or ("error" if c.is_error else "?") for c in answered)
+        lines.append(f"| {kind} | {len(cs)} | {len(answered)} | "
+                     f"{sum(1 for c in answered if c.is_error)} | "
+                     f"{pct([c.ms for c in answered], 50):.0f} | {pct([c.ms for c in answered], 99):.0f} | "
+                     f"{', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()))} |")
+    errors = collections.Counter(c.text[:120] for c in calls if c.answers and c.is_error and not c.phase)
+    if errors:
+        lines.append("\nError answers without a phase (the call did not run):")
+        lines += [f"- {n} × {text}" for text, n in errors.most_common()]
+    done = sum(1 for c in calls if c.answers)
+    lines.append(f"\n{len(calls)} calls, {done} answered in {wall:.0f} s: {done / wall:.1f} calls/s")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "keys":
+        print(keys_values(int(sys.argv[2]), sys.argv[3]))
+    else:
+        raise SystemExit("usage: stress.py keys N BASE_AGENT  (helm values with the agents' keys)")
