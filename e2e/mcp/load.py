@@ -39,10 +39,7 @@ async def main(a: argparse.Namespace) -> int:
                                 for c in calls if c.kind.startswith("python") and c.answers)
     print(f"Python runs by path: {dict(paths)}")
     problems = stress.check(calls, audit_lines_all(), since)
-    for p in problems[:40]:
-        print(f"PROBLEM {p}")
-    print("all checks held" if not problems else f"{len(problems)} problems")
-    return 1 if problems else 0
+    return stress.verdict(problems)
 
 
 if __name__ == "__main__":

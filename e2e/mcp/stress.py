@@ -38,6 +38,7 @@ URL = os.environ.get("MCP_URL", "")
 KEY = os.environ.get("MCP_API_KEY", "")
 KUBECTL = os.environ.get("KUBECTL", "kubectl")
 RUNS_NS = "sandboxrun-runs"
+TERMINAL = ("Succeeded", "Failed", "TimedOut", "Rejected", "Cancelled")
 SYSTEM_NS = "sandboxrun-system"
 # Where the kubelet of the local cluster (e2e/cluster/up.sh) keeps container logs.
 POD_LOGS = "/var/log/pods"
@@ -250,8 +251,10 @@ def check(calls: list[Call], audit: list[dict] | None, since: float,
     by_name = {r["metadata"]["name"]: r for r in items}
     for c in calls:
         # An error answer that names no run says the call did not happen ("could not create",
-        # "did not finish"): then there must be no run, or the run it left must have ended.
-        if c.answers and c.is_error and not c.phase and by_token.get(c.token):
+        # "did not finish"): then there must be no run, or the frontend cancelled the run it
+        # gave up on. A run that went on to a result nobody received is a lost answer.
+        if c.answers and c.is_error and not c.phase and by_token.get(c.token) and \
+                (by_token[c.token][0].get("status") or {}).get("phase") != "Cancelled":
             run = by_token[c.token][0]
             problems.append(f"answered without its run: {c.token} got {c.text[:160]!r} but "
                             f"{run['metadata']['name']} exists "
@@ -269,7 +272,7 @@ def check(calls: list[Call], audit: list[dict] | None, since: float,
     for c in calls:
         for run in by_token.get(c.token, []):
             phase = (run.get("status") or {}).get("phase")
-            if phase not in ("Succeeded", "Failed", "Rejected", "Cancelled"):
+            if phase not in TERMINAL:
                 problems.append(f"not ended: {run['metadata']['name']} ({c.kind}) is {phase}")
     if audit is not None:
         per_run = collections.Counter(line.get("run") for line in audit)
@@ -299,8 +302,7 @@ def wait_ended(calls: list[Call], timeout: float = 180) -> None:
     while time.monotonic() < deadline:
         by_token, _ = runs_by_token()
         open_runs = [r for t in tokens for r in by_token.get(t, [])
-                     if (r.get("status") or {}).get("phase") not in
-                     ("Succeeded", "Failed", "Rejected", "Cancelled")]
+                     if (r.get("status") or {}).get("phase") not in TERMINAL]
         pods = json.loads(kubectl("-n", RUNS_NS, "get", "pods", "-l", "sandboxrun.dev/run", "-o",
                                   "json"))["items"]
         if not open_runs and not [p for p in pods if not p["metadata"].get("deletionTimestamp")]:
@@ -329,6 +331,14 @@ def report(calls: list[Call], wall: float) -> str:
     done = sum(1 for c in calls if c.answers)
     lines.append(f"\n{len(calls)} calls, {done} answered in {wall:.0f} s: {done / wall:.1f} calls/s")
     return "\n".join(lines)
+
+
+def verdict(problems: list[str], most: int = 60) -> int:
+    """Prints the problems (or that all checks held); the exit status."""
+    for p in problems[:most]:
+        print(f"PROBLEM {p}")
+    print("all checks held" if not problems else f"{len(problems)} problems")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -68,10 +68,10 @@ pub struct BackendArgs {
     pub kube_grace_seconds: u64,
     /// Requests a second to the API server, sustained (kube backend; a client-side limit, like
     /// client-go's QPS: requests over it wait).
-    #[arg(long, env = "SANDBOXRUN_KUBE_QPS", default_value_t = NonZeroU32::new(50).expect("non-zero"))]
+    #[arg(long, env = "SANDBOXRUN_KUBE_QPS", default_value_t = NonZeroU32::new(200).expect("non-zero"))]
     pub kube_qps: NonZeroU32,
     /// Requests to the API server allowed at once above --kube-qps (kube backend).
-    #[arg(long, env = "SANDBOXRUN_KUBE_BURST", default_value_t = NonZeroU32::new(100).expect("non-zero"))]
+    #[arg(long, env = "SANDBOXRUN_KUBE_BURST", default_value_t = NonZeroU32::new(400).expect("non-zero"))]
     pub kube_burst: NonZeroU32,
     /// How long an execute_sql call follows a run that policy escalated, while it awaits a
     /// person's approval (kube backend): the call sends progress notifications, and returns the

@@ -114,12 +114,15 @@ pub struct Config {
     pub reconcile_concurrency: u16,
 
     /// Requests a second to the API server, sustained (a client-side limit, like client-go's
-    /// QPS; requests over it wait).
-    #[arg(long, env = "SANDBOXRUN_KUBE_QPS", default_value_t = NonZeroU32::new(50).expect("non-zero"))]
+    /// QPS; requests over it wait). At 50, 100 agents at once on two cores queued the operator's
+    /// requests behind the polls of runs waiting for quota room, and reconciles took 10-30 s
+    /// (e2e/BENCHMARKS.md, load); 200 is above what sandboxes starting at a node's pace need,
+    /// far below a storm.
+    #[arg(long, env = "SANDBOXRUN_KUBE_QPS", default_value_t = NonZeroU32::new(200).expect("non-zero"))]
     pub kube_qps: NonZeroU32,
 
     /// Requests to the API server allowed at once above --kube-qps.
-    #[arg(long, env = "SANDBOXRUN_KUBE_BURST", default_value_t = NonZeroU32::new(100).expect("non-zero"))]
+    #[arg(long, env = "SANDBOXRUN_KUBE_BURST", default_value_t = NonZeroU32::new(400).expect("non-zero"))]
     pub kube_burst: NonZeroU32,
 
     /// The ResourceQuota in the watched namespace that gets the count limit (created if

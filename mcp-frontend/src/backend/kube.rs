@@ -132,6 +132,7 @@ impl KubeBackend {
                 )));
             }
         }
+        subscription.created();
         tracing::info!(run = %name, agent = %agent, "created SandboxRun");
         progress(Phase::Pending, &name);
         // From here on the run exists: whatever ends this future (cancellation, a dropped
@@ -147,8 +148,9 @@ impl KubeBackend {
             r = self.follow(&name, subscription, &progress, &keep, &read) => r,
             () = cancel.cancelled() => Err(BackendError::Cancelled),
             () = tokio::time::sleep(deadline) => Err(BackendError::Unavailable(format!(
-                "SandboxRun {name} did not finish within {}s; check that the sandboxrun operator \
-                 is running and watching namespace {}", deadline.as_secs(), self.namespace))),
+                "SandboxRun {name} did not finish within {}s and was cancelled: the cluster may \
+                 be busy (retry later) or the sandboxrun operator is not running or not watching \
+                 namespace {}", deadline.as_secs(), self.namespace))),
         };
         if result.is_ok() {
             // A finished run stays for its TTL: the audit trail.

@@ -8,10 +8,14 @@
 //!
 //! A call subscribes *before* it creates its run (its name is chosen here, see
 //! `kube::with_metadata`), so no event of its run can pass unseen. After a relist, a subscribed
-//! run that the list did not show is looked up with one GET: it may have been deleted while the
-//! watch was down, or the list may have been served before the run was created.
+//! run that was created before the relist began and that the list did not show is looked up with
+//! one GET: it may have been deleted while the watch was down. A run whose create had not
+//! returned when the relist began is not: the list may have been served before it existed (the
+//! fault suite caught a call told its run was deleted while its create was still in flight), and
+//! the watch that follows the list brings it.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -33,9 +37,18 @@ pub enum Seen {
 /// The calls following runs, by run name, and what each relist showed.
 #[derive(Default)]
 pub struct Subscribers {
-    senders: Mutex<HashMap<String, watch::Sender<Option<Seen>>>>,
+    senders: Mutex<HashMap<String, Entry>>,
     /// Names of subscribed runs the current relist delivered (between `Init` and `InitDone`).
     listed: Mutex<HashSet<String>>,
+    /// Relists begun so far.
+    relists: AtomicU64,
+}
+
+/// One call following its run.
+struct Entry {
+    tx: watch::Sender<Option<Seen>>,
+    /// The count of relists begun when the call's create returned (`None`: not yet).
+    created_after: Option<u64>,
 }
 
 impl Subscribers {
@@ -43,10 +56,13 @@ impl Subscribers {
     /// one at least). Following ends when the receiver is dropped ([`Subscription`]).
     pub fn subscribe(self: &Arc<Self>, name: &str) -> Subscription {
         let (tx, rx) = watch::channel(None);
-        self.senders
-            .lock()
-            .expect("not poisoned")
-            .insert(name.to_owned(), tx);
+        self.senders.lock().expect("not poisoned").insert(
+            name.to_owned(),
+            Entry {
+                tx,
+                created_after: None,
+            },
+        );
         Subscription {
             name: name.to_owned(),
             rx,
@@ -60,6 +76,7 @@ impl Subscribers {
         match event {
             watcher::Event::Init => {
                 self.listed.lock().expect("not poisoned").clear();
+                self.relists.fetch_add(1, Ordering::SeqCst);
                 Vec::new()
             }
             watcher::Event::InitApply(run) => {
@@ -79,12 +96,16 @@ impl Subscribers {
             }
             watcher::Event::InitDone => {
                 let listed = std::mem::take(&mut *self.listed.lock().expect("not poisoned"));
+                // Created before this relist began: the list must have shown it.
+                let this = self.relists.load(Ordering::SeqCst);
                 self.senders
                     .lock()
                     .expect("not poisoned")
-                    .keys()
-                    .filter(|name| !listed.contains(*name))
-                    .cloned()
+                    .iter()
+                    .filter(|(name, e)| {
+                        e.created_after.is_some_and(|n| n < this) && !listed.contains(*name)
+                    })
+                    .map(|(name, _)| name.clone())
                     .collect()
             }
         }
@@ -101,11 +122,20 @@ impl Subscribers {
     /// Sends to the call following `name`, if any; whether one does.
     fn send(&self, name: &str, seen: Seen) -> bool {
         match self.senders.lock().expect("not poisoned").get(name) {
-            Some(tx) => {
-                tx.send_replace(Some(seen));
+            Some(entry) => {
+                entry.tx.send_replace(Some(seen));
                 true
             }
             None => false,
+        }
+    }
+
+    /// The call's create returned: from the next relist on, a list without the run means it
+    /// is gone.
+    fn created(&self, name: &str) {
+        let relists = self.relists.load(Ordering::SeqCst);
+        if let Some(entry) = self.senders.lock().expect("not poisoned").get_mut(name) {
+            entry.created_after = Some(relists);
         }
     }
 
@@ -128,6 +158,11 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    /// Tells the shared watch that the run now exists (its create returned).
+    pub fn created(&self) {
+        self.owner.created(&self.name);
+    }
+
     /// The next version of the run (or its deletion) after the last one returned.
     pub async fn next(&mut self) -> Option<Seen> {
         loop {
@@ -226,7 +261,13 @@ mod tests {
         let subs = Arc::new(Subscribers::default());
         let mut shown = subs.subscribe("run-shown");
         let mut missing = subs.subscribe("run-missing");
+        shown.created();
+        missing.created();
+        // A create still in flight when the relist begins: not looked up (the list may have
+        // been served before it committed), before or after it returns.
+        let in_flight = subs.subscribe("run-in-flight");
         assert!(subs.dispatch(watcher::Event::Init).is_empty());
+        in_flight.created();
         subs.dispatch(watcher::Event::InitApply(run("run-shown", "Running")));
         subs.dispatch(watcher::Event::InitApply(run("run-unrelated", "Running")));
         assert_eq!(subs.dispatch(watcher::Event::InitDone), vec!["run-missing"]);
@@ -242,7 +283,7 @@ mod tests {
                 v.sort();
                 v
             },
-            vec!["run-missing", "run-shown"]
+            vec!["run-in-flight", "run-missing", "run-shown"]
         );
     }
 }

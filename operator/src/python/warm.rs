@@ -144,6 +144,17 @@ impl Reconcile<'_> {
                 .iter()
                 .find(|p| p.metadata.name.as_deref() == Some(name.as_str()));
             let Some(pool_obj) = pool_ref else { continue };
+            if pool_obj
+                .status
+                .as_ref()
+                .is_some_and(|st| st.ready_replicas == 0)
+            {
+                // Empty as of its last reconcile (a claim wakes it at once): under load, runs
+                // that wait for room in the quota would otherwise list it every few seconds each.
+                ctx.metrics
+                    .warm_claim_result(&pool::key(&self.ns, &name), false);
+                continue;
+            }
             let profile = pool::profile_hash(pool_obj, &ctx.sandbox);
             let selector = format!(
                 "{LABEL_POOL}={},{LABEL_PROFILE}={profile}",
