@@ -132,13 +132,13 @@ MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
 
 step "faults, short form: operator killed, failover, sandbox Pods deleted, API server restarted, kubelet stopped"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
-  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/faults.py" --agents 4 --rounds 1
+  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/faults.py" --agents 4 --rounds 1 --pace 0.5 --kills 1
 
-step "scale, short form: the operator with 1000 and 3000 stored runs (the full 10,000: e2e/BENCHMARKS.md)"
+step "scale, short form: the operator with 500 and 2000 stored runs (the full 10,000: e2e/BENCHMARKS.md)"
 # A debug build of the benchmark (it only drives the API server); the operator it measures is the
 # release binary e2e/install.sh built for the image.
 cargo build --locked -p sandboxrun-e2e --bin scale
-target/debug/scale 1000 3000
+target/debug/scale 500 2000 --idle-seconds 5
 
 step "the chart's lifecycle: helm upgrade with a new policy keeps in-flight runs; helm uninstall (last)"
 # Run one at a time and in this order: the second one removes the release.

@@ -18,9 +18,10 @@ operator containers count too), no Pod left behind.
 This drives the local cluster of e2e/cluster/up.sh on this machine: it signals the cluster's
 processes (their pid files under the cluster's state directory) and reads /var/log/pods, so it
 runs as root on the node. Usage (MCP_URL, MCP_API_KEY, KUBECTL as for the e2e/mcp suite):
-    faults.py [--agents 6] [--rounds 1]
+    faults.py [--agents 6] [--rounds 1] [--pace 1.0] [--kills 2]
 
---rounds repeats the whole schedule (the full suite: e2e/BENCHMARKS.md). Exit status 1 when a
+--rounds repeats the whole schedule (the full suite: e2e/BENCHMARKS.md); --pace scales its
+pauses and --kills sets the operator SIGKILLs a round (CI: --pace 0.5 --kills 1). Exit status 1 when a
 check fails. Not collected by pytest.
 """
 
@@ -243,54 +244,71 @@ def operator_env(*assignments: str) -> None:
                    "--timeout=180s")
 
 
+PACE = 1.0  # --pace: the schedule's pauses are multiplied by it (CI runs a shorter schedule)
+KILLS = 2   # --kills: SIGKILLs of the operator a round (the second meets the restart back-off)
+
+
+def pause(seconds: float) -> None:
+    time.sleep(seconds * PACE)
+
+
 def run_faults(step, rounds: int) -> None:
     proxy = FaultProxy(("10.244.0.1", 6444), ("10.244.0.1", 6443)).start()
-    time.sleep(10)
+    pause(10)
     for r in range(rounds):
-        for i in range(2):
+        for i in range(KILLS):
             step(f"round {r + 1}: SIGKILL the operator ({kill_operator()})")
             t = wait(lambda: operators_ready(1) and len(operator_processes()) == 1, 180,
                      "the operator to come back")
             step(f"  the operator is back after {t:.0f} s")
-            time.sleep(8)
+            pause(8)
         for i in range(3):
             step(f"round {r + 1}: deleted running sandboxes "
                  f"{delete_sandboxes(2, 'sandboxrun.dev/run')}, idle warm ones "
                  f"{delete_sandboxes(1, 'sandboxrun.dev/pool')}")
-            time.sleep(4)
+            pause(4)
         t = restart_component("kube-apiserver", api_ready)
         step(f"round {r + 1}: restarted the API server (ready again after {t:.0f} s)")
-        time.sleep(10)
+        pause(10)
         kubelet = component_pid("kubelet")
         os.kill(kubelet, signal.SIGSTOP)
-        step(f"round {r + 1}: stopped the kubelet (SIGSTOP)")
-        time.sleep(15)
-        os.kill(kubelet, signal.SIGCONT)
-        step("  resumed the kubelet (SIGCONT) after 15 s")
-        time.sleep(10)
+        try:
+            step(f"round {r + 1}: stopped the kubelet (SIGSTOP)")
+            pause(15)
+        finally:
+            os.kill(kubelet, signal.SIGCONT)
+        step(f"  resumed the kubelet (SIGCONT) after {15 * PACE:.0f} s")
+        pause(10)
         stress.kubectl("-n", stress.SYSTEM_NS, "scale", "deployment", OPERATOR, "--replicas=2")
-        wait(lambda: operators_ready(2) and len(operator_processes()) == 2, 180, "two operators")
-        was = leader()
-        step(f"round {r + 1}: two operator replicas; SIGKILL the leader {was} "
-             f"({kill_operator(was)})")
-        t = wait(lambda: leader() not in ("", was), 120, "a new leader")
-        step(f"  {leader()} leads after {t:.0f} s")
-        time.sleep(10)
-        stress.kubectl("-n", stress.SYSTEM_NS, "scale", "deployment", OPERATOR, "--replicas=1")
+        try:
+            wait(lambda: operators_ready(2) and len(operator_processes()) == 2, 180,
+                 "two operators")
+            was = leader()
+            step(f"round {r + 1}: two operator replicas; SIGKILL the leader {was} "
+                 f"({kill_operator(was)})")
+            t = wait(lambda: leader() not in ("", was), 120, "a new leader")
+            step(f"  {leader()} leads after {t:.0f} s")
+            pause(10)
+        finally:
+            stress.kubectl("-n", stress.SYSTEM_NS, "scale", "deployment", OPERATOR,
+                           "--replicas=1")
         wait(lambda: operators_ready(1), 180, "one operator again")
-        time.sleep(5)
-        operator_env("KUBERNETES_SERVICE_HOST=10.244.0.1", "KUBERNETES_SERVICE_PORT=6444")
-        step(f"round {r + 1}: the operator talks to the API server through the fault proxy")
-        proxy.set(errors=0.3)
-        time.sleep(20)
-        step(f"  30 % of its requests answered with errors for 20 s ({proxy.counts})")
-        proxy.set(hangs=0.2, hang_seconds=8)
-        time.sleep(20)
-        step(f"  20 % of its requests held 8 s for 20 s ({proxy.counts})")
-        proxy.set()
-        operator_env("KUBERNETES_SERVICE_HOST-", "KUBERNETES_SERVICE_PORT-")
+        pause(5)
+        try:
+            operator_env("KUBERNETES_SERVICE_HOST=10.244.0.1", "KUBERNETES_SERVICE_PORT=6444")
+            step(f"round {r + 1}: the operator talks to the API server through the fault proxy")
+            proxy.set(errors=0.3)
+            pause(20)
+            step(f"  30 % of its requests answered with errors for {20 * PACE:.0f} s ({proxy.counts})")
+            proxy.set(hangs=0.2, hang_seconds=8)
+            pause(20)
+            step(f"  20 % of its requests held 8 s for {20 * PACE:.0f} s ({proxy.counts})")
+        finally:
+            # Whatever happened, the cluster goes on without the proxy (later suites use it).
+            proxy.set()
+            operator_env("KUBERNETES_SERVICE_HOST-", "KUBERNETES_SERVICE_PORT-")
         step(f"  the operator talks to the API server directly again ({proxy.counts})")
-        time.sleep(5)
+        pause(5)
 
 
 async def main(a: argparse.Namespace) -> int:
@@ -331,4 +349,8 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--agents", type=int, default=6)
     p.add_argument("--rounds", type=int, default=1)
-    raise SystemExit(asyncio.run(main(p.parse_args())))
+    p.add_argument("--pace", type=float, default=1.0)
+    p.add_argument("--kills", type=int, default=2)
+    args = p.parse_args()
+    PACE, KILLS = args.pace, args.kills
+    raise SystemExit(asyncio.run(main(args)))

@@ -2,6 +2,7 @@
 //! take, and what a restart costs the API server, at growing counts of finished SandboxRuns.
 //!
 //!   cargo run --release -p sandboxrun-e2e --bin scale -- [COUNT...] [--operator PATH] [--keep]
+//!       [--idle-seconds 20] [--max-rss-mib 150] [--max-kib-per-run 15]
 //!
 //! Defaults: counts 1000 3000 10000, the operator binary `target/release/sandboxrun-operator`
 //! (what `e2e/install.sh` builds and packs into the operator's image). Needs the CRDs installed
@@ -40,8 +41,6 @@ const NAMESPACE: &str = "sandboxrun-scale";
 const FILL_CONCURRENCY: usize = 24;
 /// How long the operator may take to reconcile every run of its initial list.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(600);
-/// How long the idle operator is watched for requests after it settled.
-const IDLE_WINDOW: Duration = Duration::from_secs(20);
 
 struct Args {
     counts: Vec<usize>,
@@ -49,6 +48,8 @@ struct Args {
     keep: bool,
     max_rss_mib: f64,
     max_kib_per_run: f64,
+    /// How long the idle operator is watched for requests after it settled.
+    idle: Duration,
 }
 
 fn args() -> Result<Args> {
@@ -57,12 +58,16 @@ fn args() -> Result<Args> {
     let mut keep = false;
     let mut max_rss_mib = 150.0;
     let mut max_kib_per_run = 15.0;
+    let mut idle = Duration::from_secs(20);
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--operator" => operator = it.next().context("--operator PATH")?.into(),
             "--keep" => keep = true,
             "--max-rss-mib" => max_rss_mib = it.next().context("--max-rss-mib N")?.parse()?,
+            "--idle-seconds" => {
+                idle = Duration::from_secs(it.next().context("--idle-seconds N")?.parse()?)
+            }
             "--max-kib-per-run" => {
                 max_kib_per_run = it.next().context("--max-kib-per-run N")?.parse()?
             }
@@ -84,6 +89,7 @@ fn args() -> Result<Args> {
         keep,
         max_rss_mib,
         max_kib_per_run,
+        idle,
     })
 }
 
@@ -384,7 +390,7 @@ struct Start {
 }
 
 /// Waits until the operator reconciled each of `count` runs, then measures it.
-async fn measure(op: &mut Operator, count: usize) -> Result<Start> {
+async fn measure(op: &mut Operator, count: usize, idle: Duration) -> Result<Start> {
     let started = Instant::now();
     let pid = op.child.id();
     let settled = loop {
@@ -406,7 +412,7 @@ async fn measure(op: &mut Operator, count: usize) -> Result<Start> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before_idle = scrape(op.port).await?;
     let (rss, _) = rss_mib(pid)?;
-    tokio::time::sleep(IDLE_WINDOW).await;
+    tokio::time::sleep(idle).await;
     let after_idle = scrape(op.port).await?;
     let (_, peak) = rss_mib(pid)?;
     let errors = sum_prefix(&after_idle, "sandboxrun_reconcile_errors_total");
@@ -454,7 +460,7 @@ async fn main() -> Result<()> {
 
     println!(
         "| stored runs | etcd fill | first start: reconciled all | RSS settled | RSS peak | reconcile p50 / p99 (ms) | requests to settle | requests idle {}s | restart: reconciled all | RSS settled | RSS peak | requests to settle |",
-        IDLE_WINDOW.as_secs()
+        args.idle.as_secs()
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut over = Vec::new();
@@ -468,10 +474,10 @@ async fn main() -> Result<()> {
             "kept".to_owned()
         };
         let mut op = Operator::start(&args.operator, port, &log)?;
-        let first = measure(&mut op, count).await?;
+        let first = measure(&mut op, count, args.idle).await?;
         op.kill();
         let mut op = Operator::start(&args.operator, port, &log)?;
-        let again = measure(&mut op, count).await?;
+        let again = measure(&mut op, count, args.idle).await?;
         op.kill();
         println!(
             "| {count} | {filled} | {:.1} s | {:.0} MiB | {:.0} MiB | {} / {} | {} | {} | {:.1} s | {:.0} MiB | {:.0} MiB | {} |",
