@@ -431,12 +431,16 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
     );
     if status != prev {
         let api: Api<SandboxPool> = Api::namespaced(ctx.client.clone(), &ns);
+        // Conditional on the version read: `claimedTotal` is a count added to what the cache
+        // showed, and a cache that lags our own last write would otherwise write an older count
+        // back (the warm-pool e2e test saw 0 after two claims).
         let patch = json!({
             "apiVersion": SandboxPool::api_version(&()),
             "kind": SandboxPool::kind(&()),
+            "metadata": {"resourceVersion": pool.metadata.resource_version},
             "status": status,
         });
-        if let Err(e) = api
+        match api
             .patch_status(
                 &name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
@@ -444,8 +448,16 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
             )
             .await
         {
-            ctx.claims.give_back(&pool_key, claimed);
-            return Err(e.into());
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                // Changed since the cache's version: count again on the current one.
+                ctx.claims.give_back(&pool_key, claimed);
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
+            Err(e) => {
+                ctx.claims.give_back(&pool_key, claimed);
+                return Err(e.into());
+            }
         }
     }
     // Starting sandboxes report through their Pods' watch; age is only seen by looking.
