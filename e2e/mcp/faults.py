@@ -242,6 +242,10 @@ def operator_env(*assignments: str) -> None:
     stress.kubectl("-n", stress.SYSTEM_NS, "set", "env", f"deployment/{OPERATOR}", *assignments)
     stress.kubectl("-n", stress.SYSTEM_NS, "rollout", "status", f"deployment/{OPERATOR}",
                    "--timeout=180s")
+    # The new Pod acts only once it holds the Lease (the old one may keep it until it expires):
+    # a fault phase started before would mostly meet an operator that waits.
+    wait(lambda: len(procs := operator_processes()) == 1 and leader() in procs.values(), 120,
+         "the new operator to lead")
 
 
 PACE = 1.0  # --pace: the schedule's pauses are multiplied by it (CI runs a shorter schedule)
