@@ -91,3 +91,27 @@ pub async fn wait_no_pods(client: &Client, name: &str, timeout: Duration) -> Res
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
+
+/// Operator Pods by name, with their uid and total restart count: a change means an operator
+/// was replaced or restarted.
+pub async fn operator_pods(
+    client: &Client,
+) -> Result<std::collections::BTreeMap<String, (String, i32)>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=operator");
+    Ok(pods
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .map(|p| {
+            let restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .map(|cs| cs.iter().map(|c| c.restart_count).sum())
+                .unwrap_or(0);
+            (p.name_any(), (p.uid().unwrap_or_default(), restarts))
+        })
+        .collect())
+}

@@ -10,7 +10,6 @@
 // Tests state what they expect with unwrap and expect: a failure is the message.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -78,27 +77,6 @@ fn upgrade_rules(rules: &Value) -> Result<()> {
         "3m",
     ])?;
     Ok(())
-}
-
-/// Operator Pods by name, with their uid and total restart count.
-async fn operator_pods(client: &Client) -> Result<BTreeMap<String, (String, i32)>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
-    let lp = ListParams::default().labels("app.kubernetes.io/component=operator");
-    Ok(pods
-        .list(&lp)
-        .await?
-        .items
-        .into_iter()
-        .map(|p| {
-            let restarts = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .map(|cs| cs.iter().map(|c| c.restart_count).sum())
-                .unwrap_or(0);
-            (p.name_any(), (p.uid().unwrap_or_default(), restarts))
-        })
-        .collect())
 }
 
 const OPERATOR_SELECTOR: &str = "app.kubernetes.io/component=operator";

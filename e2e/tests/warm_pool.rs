@@ -35,7 +35,7 @@ const BOOT_ID: &str = "print(open('/proc/sys/kernel/random/boot_id').read().stri
 #[tokio::test]
 async fn two_warm_runs_run_in_different_sandboxes_and_each_is_gone_after_its_run() -> Result<()> {
     let client = client().await?;
-    let operators_before = operator_instances(&client).await?;
+    let operators_before = operator_pods(&client).await?;
     let pool = TestPool::create(&client, "e2e-pool-two", 41, 2).await?;
     let idle = pool.wait_ready(2).await?;
     let mut seen = Vec::new();
@@ -80,7 +80,7 @@ async fn two_warm_runs_run_in_different_sandboxes_and_each_is_gone_after_its_run
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let restarted = operator_instances(&client).await? != operators_before;
+    let restarted = operator_pods(&client).await? != operators_before;
     ensure!(
         claimed == 2 || (restarted && (0..2).contains(&claimed)),
         "claimedTotal {claimed} (operator restarted meanwhile: {restarted})"
@@ -252,26 +252,4 @@ async fn a_warm_run_ends_exactly_once_when_the_operator_is_killed_in_flight() ->
     let lines = sandboxrun_e2e::governance::audit_lines(&client, &name).await?;
     ensure!(lines.len() == 1, "audit lines: {lines:?}");
     pool.delete().await
-}
-
-/// The operator's containers now: Pod name and restart count of each.
-async fn operator_instances(client: &Client) -> Result<Vec<(String, i32)>> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
-    let lp = ListParams::default().labels("app.kubernetes.io/component=operator");
-    let mut found: Vec<(String, i32)> = pods
-        .list(&lp)
-        .await?
-        .items
-        .iter()
-        .map(|p| {
-            let restarts = p
-                .status
-                .as_ref()
-                .and_then(|s| s.container_statuses.as_ref())
-                .map_or(0, |cs| cs.iter().map(|c| c.restart_count).sum());
-            (p.name_any(), restarts)
-        })
-        .collect();
-    found.sort();
-    Ok(found)
 }
