@@ -14,6 +14,10 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "dependencies: Debian packages, pinned upstream binaries, images, the sandbox root filesystem"
 "$REPO_ROOT/e2e/cluster/install-deps.sh"
+# The crates download while Go builds the cluster (on a fresh machine, network next to CPU).
+cargo_fetch_log="$(mktemp --suffix=.cargo-fetch.log)"
+cargo fetch --locked > "$cargo_fetch_log" 2>&1 &
+cargo_fetch=$!
 "$REPO_ROOT/e2e/cluster/build.sh"
 "$REPO_ROOT/images/build.sh"
 "$REPO_ROOT/images/build.sh" rootfs sandbox-python "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs/sandbox-python"
@@ -21,6 +25,7 @@ step "dependencies: Debian packages, pinned upstream binaries, images, the sandb
 export SANDBOXRUN_REQUIRE_ENGINES=gvisor,bubblewrap
 
 step "checks: cargo fmt, cargo clippy"
+wait "$cargo_fetch" || { cat "$cargo_fetch_log"; echo "cargo fetch --locked failed"; exit 1; }
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
