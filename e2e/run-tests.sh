@@ -149,6 +149,10 @@ step "scale, short form: the operator with 500 and 2000 stored runs (the full 10
 cargo build --locked -p sandboxrun-e2e --bin scale
 target/debug/scale 500 2000 --idle-seconds 5 --operator target/debug/sandboxrun-operator
 
+step "NetworkPolicy enforced (kube-network-policies): sandbox and frontend Pods with a network stack, each block paired with its control"
+# One at a time: each takes one of the chart's policies away for its control.
+cargo test -p sandboxrun-e2e --locked --test network_policy -- --ignored --test-threads=1
+
 step "the chart's lifecycle: helm upgrade with a new policy keeps in-flight runs; helm uninstall (last)"
 # Run one at a time and in this order: the second one removes the release.
 for t in upgrade_with_a_new_policy_keeps_in_flight_runs_and_applies_to_new_ones \

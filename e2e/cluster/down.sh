@@ -40,6 +40,11 @@ for pid in $(pgrep -f "runsc.*$RUN_DIR"); do kill -KILL "$pid" 2>/dev/null; done
 [[ -x $K8S_BIN/kube-proxy ]] && "$K8S_BIN/kube-proxy" --cleanup >/dev/null 2>&1
 iptables -w -D FORWARD -j SANDBOXRUN-EGRESS 2>/dev/null
 iptables -w -F SANDBOXRUN-EGRESS 2>/dev/null; iptables -w -X SANDBOXRUN-EGRESS 2>/dev/null
+# kube-network-policies removes its table when stopped; a killed one leaves it, and its fail-closed
+# queue rules would drop the traffic of addresses a later cluster hands out again.
+nft delete table inet kube-network-policies 2>/dev/null
+# Network namespaces the NetworkPolicy tests make (e2e/tests/network_policy.rs), should one be left.
+for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^sbr-/ {print $1}'); do ip netns del "$ns"; done
 # The bridge plugin's masquerade/forward chains, should any exist.
 ip route del unreachable "$SERVICE_CIDR" 2>/dev/null
 ip link del "$BRIDGE" 2>/dev/null

@@ -3,7 +3,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 packages=(runc bubblewrap containernetworking-plugins iptables conntrack iproute2 openssl curl
-  debootstrap gcc libc6-dev ethtool socat)
+  debootstrap gcc libc6-dev ethtool socat nftables)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -186,5 +186,17 @@ wait_for "default service account" 60 kubectl -n default get serviceaccount defa
 wait_for "kubernetes Service endpoints" 60 \
   sh -c "kubectl -n default get endpointslices -l kubernetes.io/service-name=kubernetes -o name | grep -q ."
 
+# NetworkPolicy enforcement: kube-network-policies as a DaemonSet on the host network, its image
+# built from the cached binary and tagged with its digest (a rebuilt binary rolls the Pod).
+netpol_tag="$(sha256sum "$NETPOL_BIN/kube-network-policies" | cut -c1-12)"
+"$REPO_ROOT/images/build.sh" app kube-network-policies "$NETPOL_BIN/kube-network-policies" \
+  --import-address "$CONTAINERD_SOCK" >&2
+ctr --address "$CONTAINERD_SOCK" -n k8s.io images tag --force \
+  localhost/sandboxrun/kube-network-policies:dev "localhost/sandboxrun/kube-network-policies:$netpol_tag" >/dev/null
+sed -e "s|@TAG@|$netpol_tag|g" -e "s|@NODE_IP@|$NODE_IP|g" "$CLUSTER_DIR/templates/kube-network-policies.yaml" | kubectl apply -f - >&2
+kubectl -n kube-system rollout status daemonset/kube-network-policies --timeout=120s >&2
+# Ready means started; enforcing means its rules are loaded (the table it writes on each sync).
+wait_for "kube-network-policies' nftables rules" 60 nft list table inet kube-network-policies
+
 log "cluster up in $((SECONDS - started))s (state: $STATE_DIR, logs: $STATE_DIR/logs)"
 echo "KUBECONFIG=$KUBECONFIG_FILE"

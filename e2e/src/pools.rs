@@ -27,28 +27,51 @@ fn pods(client: &Client) -> Api<Pod> {
 }
 
 /// A pool of `replicas` sandboxes whose profile only runs asking for `pids` processes fit.
+/// Deleted when dropped, also when the test fails.
 pub struct TestPool {
     client: Client,
     /// The pool's name.
     pub name: String,
     pids: u32,
+    deleted: bool,
 }
 
 impl TestPool {
     /// Creates the pool.
     pub async fn create(client: &Client, prefix: &str, pids: u32, replicas: i32) -> Result<Self> {
+        Self::create_spec(client, prefix, json!({"replicas": replicas, "pids": pids})).await
+    }
+
+    /// Creates a pool of sandboxes under `runtime_class` instead of the operator's own. No run
+    /// ever claims one (a run matches only pools of the operator's runtime class), so its idle
+    /// sandboxes are Pods the operator made that only a test reaches into.
+    pub async fn create_in_runtime(
+        client: &Client,
+        prefix: &str,
+        pids: u32,
+        replicas: i32,
+        runtime_class: &str,
+    ) -> Result<Self> {
+        let spec = json!({"replicas": replicas, "pids": pids, "runtimeClassName": runtime_class});
+        Self::create_spec(client, prefix, spec).await
+    }
+
+    async fn create_spec(client: &Client, prefix: &str, spec: serde_json::Value) -> Result<Self> {
         let name = unique_name(prefix);
+        let pids = spec["pids"].as_u64().and_then(|p| u32::try_from(p).ok());
+        let pids = pids.ok_or_else(|| anyhow::anyhow!("a test pool needs its own pids"))?;
         let pool: SandboxPool = serde_json::from_value(json!({
             "apiVersion": "sandboxrun.dev/v1alpha1",
             "kind": "SandboxPool",
             "metadata": {"name": name},
-            "spec": {"replicas": replicas, "pids": pids},
+            "spec": spec,
         }))?;
         pools(client).create(&PostParams::default(), &pool).await?;
         Ok(Self {
             client: client.clone(),
             name,
             pids,
+            deleted: false,
         })
     }
 
@@ -125,11 +148,37 @@ impl TestPool {
     }
 
     /// Deletes the pool (its idle Pods go with it).
-    pub async fn delete(self) -> Result<()> {
+    pub async fn delete(mut self) -> Result<()> {
         pools(&self.client)
             .delete(&self.name, &DeleteParams::foreground())
             .await?;
+        self.deleted = true;
         Ok(())
+    }
+}
+
+impl Drop for TestPool {
+    fn drop(&mut self) {
+        if self.deleted {
+            return;
+        }
+        // As TestNamespace's drop: the test's runtime may be gone, so a runtime of its own.
+        let name = self.name.clone();
+        let handle = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async {
+                let client = crate::client().await?;
+                pools(&client)
+                    .delete(&name, &DeleteParams::background())
+                    .await?;
+                anyhow::Ok(())
+            })
+        });
+        if let Ok(Err(err)) = handle.join() {
+            eprintln!("warning: could not delete test pool {}: {err:#}", self.name);
+        }
     }
 }
 

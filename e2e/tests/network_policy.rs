@@ -1,0 +1,736 @@
+//! NetworkPolicy, seen holding. Sandboxes run with networking off under gVisor; the chart's
+//! NetworkPolicies are the second layer, and the only one under runtimes that give Pods a network
+//! stack (runc, Kata, GKE Sandbox). These tests take that layer alone: Pods with a network stack,
+//! where the policy is all that stands between them and the network.
+//!
+//! - A sandbox Pod the operator made, under runc: an idle sandbox of a runc SandboxPool (no run
+//!   ever claims one: runs match only pools of the operator's own runtime class), which the test
+//!   reaches into with `kubectl exec`. The chart's `sandboxrun-deny-all` selects it like any other.
+//! - The frontend's Pod, under its own policy (`sandboxrun-mcp`: the API server only).
+//!
+//! Each tries every target over TCP and UDP, three times: under the chart's policy (nothing
+//! reached), with that one policy removed (the control: the same Pod reaches everything, so the
+//! first result was the policy and not an accident), and with the policy put back. Every target
+//! is on this machine, and each answers with its own name, so a reply is known to be the target's:
+//!
+//! - another Pod (a listener in a namespace of the test's, under no policy);
+//! - cluster DNS: a listener behind a `kube-dns` Service in kube-system, on port 53 (the harness
+//!   runs no DNS server; a real one is the same ClusterIP Service in front of its Pods);
+//! - an outside host, 198.51.100.10, and the cloud metadata address, 169.254.169.254: listeners in
+//!   a network namespace the test makes, on the cluster bridge, routed for the Pod network only
+//!   (policy routing from the Pod subnet), so the node's own routes to these addresses are left
+//!   alone and nothing leaves the machine;
+//! - the node itself: the API server's Service (10.96.0.1:443, which the harness's API server
+//!   serves on the node's address) and a listener on the node's address.
+//!
+//! The node itself is not governed here, and the tests say so by asserting it: the harness's
+//! kube-network-policies judges forwarded traffic only (its rules hook postrouting), and packets
+//! addressed to the node are delivered locally without passing there. Where the API server runs
+//! off the node (every managed cluster) its traffic is forwarded and the policy applies; the node's
+//! own ports (kubelet, NodePorts) stay reachable from a Pod with a network stack whatever the
+//! policy says. The README's security section says the same.
+//!
+//! Needs the local harness (`e2e/cluster/up.sh`), run as root on its node: the test makes network
+//! namespaces and listeners there. It removes the chart's policies for a few seconds each, so it
+//! runs alone, after the other cluster tests (run-tests.sh does).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use sandboxrun_e2e::pools::{TestPool, kubectl};
+use sandboxrun_e2e::runs::{RUNS_NAMESPACE, SYSTEM_NAMESPACE};
+use sandboxrun_e2e::{TestNamespace, client, node_internal_ip, sandbox_pod};
+use serde_json::json;
+
+const LISTENER: &str = include_str!("../netpol/listener.py");
+const PROBE_PY: &str = include_str!("../netpol/probe.py");
+const PROBE_SH: &str = include_str!("../netpol/probe.sh");
+
+/// The harness's cluster bridge and Pod subnet (e2e/cluster/lib.sh).
+const BRIDGE: &str = "sbr0";
+const POD_SUBNET: &str = "10.244.0.0/24";
+/// The test's network namespace and the host end of its link to the bridge.
+const OUTSIDE_NETNS: &str = "sbr-np";
+const OUTSIDE_VETH: &str = "sbrnp0";
+/// An outside host (TEST-NET-2: routed nowhere on the internet; not this VM's own network).
+const OUTSIDE_IP: &str = "198.51.100.10";
+const METADATA_IP: &str = "169.254.169.254";
+/// The routing table and rule priority of the Pod subnet's routes to those two.
+const ROUTE_TABLE: &str = "4242";
+/// The API server's Service (the first address of the Service CIDR).
+const API_SERVICE_IP: &str = "10.96.0.1";
+/// Where the listeners answer: Pods on 8080 and 5353 (unprivileged), the namespace on 80.
+const PEER_PORT: u16 = 8080;
+const DNS_TARGET_PORT: u16 = 5353;
+const OUTSIDE_PORT: u16 = 80;
+const NODE_PORT: u16 = 18080;
+/// The chart's two policies.
+const SANDBOX_POLICY: &str = "sandboxrun-deny-all";
+const FRONTEND_POLICY: &str = "sandboxrun-mcp";
+/// How long a policy change may take to be enforced (the agent learns it through a watch).
+const ENFORCEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// One thing to reach.
+#[derive(Clone, Debug)]
+struct Target {
+    name: String,
+    proto: &'static str,
+    ip: String,
+    port: u16,
+    /// "pong": the listener must answer; "connect": a TCP connection is enough.
+    mode: &'static str,
+    /// Whether a NetworkPolicy governs the path here (false: addressed to the node itself).
+    governed: bool,
+}
+
+impl Target {
+    fn both(name: &str, ip: &str, port: u16, governed: bool) -> [Target; 2] {
+        ["tcp", "udp"].map(|proto| Target {
+            name: format!("{name}/{proto}"),
+            proto,
+            ip: ip.to_owned(),
+            port,
+            mode: "pong",
+            governed,
+        })
+    }
+
+    fn args(targets: &[Target]) -> Vec<String> {
+        targets
+            .iter()
+            .flat_map(|t| {
+                [
+                    t.name.clone(),
+                    t.proto.to_owned(),
+                    t.ip.clone(),
+                    t.port.to_string(),
+                    t.mode.to_owned(),
+                ]
+            })
+            .collect()
+    }
+}
+
+/// Runs a host command (as root) and fails with its output when it fails.
+fn host<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Result<()> {
+    let out = Command::new(&args[0]).args(&args[1..]).output()?;
+    ensure!(
+        out.status.success(),
+        "{}: {}",
+        args.iter()
+            .map(|a| a.as_ref().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(())
+}
+
+/// Starts a listener and waits for its "ready" line.
+fn start_listener(mut command: Command) -> Result<Child> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting a listener")?;
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().context("listener stdout")?).read_line(&mut line)?;
+    if line.trim() != "ready" {
+        let _ = child.kill();
+        bail!("listener did not start: {line:?}");
+    }
+    Ok(child)
+}
+
+/// The listeners on the node: one in a network namespace on the bridge (an outside host and the
+/// metadata address), one on the node's own address. Removed on drop.
+struct HostListeners {
+    children: Vec<Child>,
+}
+
+impl HostListeners {
+    fn start(node_ip: &str) -> Result<Self> {
+        Self::remove_namespace();
+        let mut me = Self {
+            children: Vec::new(),
+        };
+        host(&["ip", "netns", "add", OUTSIDE_NETNS])?;
+        host(&[
+            "ip",
+            "link",
+            "add",
+            OUTSIDE_VETH,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            OUTSIDE_NETNS,
+        ])?;
+        host(&["ip", "link", "set", OUTSIDE_VETH, "master", BRIDGE, "up"])?;
+        let inside = |args: &[&str]| host(&[&["ip", "-n", OUTSIDE_NETNS][..], args].concat());
+        inside(&["link", "set", "lo", "up"])?;
+        inside(&["link", "set", "eth0", "up"])?;
+        inside(&["addr", "add", &format!("{OUTSIDE_IP}/32"), "dev", "eth0"])?;
+        inside(&["addr", "add", &format!("{METADATA_IP}/32"), "dev", "eth0"])?;
+        inside(&["route", "add", &format!("{node_ip}/32"), "dev", "eth0"])?;
+        inside(&["route", "add", "default", "via", node_ip, "dev", "eth0"])?;
+        // Only the Pod network is sent there: the node's own routes to these addresses (this VM
+        // has a real one to the metadata address) stay as they are.
+        for ip in [OUTSIDE_IP, METADATA_IP] {
+            host(&[
+                "ip",
+                "route",
+                "replace",
+                &format!("{ip}/32"),
+                "dev",
+                BRIDGE,
+                "table",
+                ROUTE_TABLE,
+            ])?;
+            host(&[
+                "ip",
+                "rule",
+                "add",
+                "from",
+                POD_SUBNET,
+                "to",
+                &format!("{ip}/32"),
+                "table",
+                ROUTE_TABLE,
+                "priority",
+                ROUTE_TABLE,
+            ])?;
+        }
+        for (name, ip) in [("outside", OUTSIDE_IP), ("metadata", METADATA_IP)] {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", OUTSIDE_NETNS, "python3", "-c", LISTENER]);
+            command.args(["--bind", ip, name, &OUTSIDE_PORT.to_string()]);
+            me.children.push(start_listener(command)?);
+        }
+        let mut command = Command::new("python3");
+        command.args([
+            "-c",
+            LISTENER,
+            "--bind",
+            node_ip,
+            "node",
+            &NODE_PORT.to_string(),
+        ]);
+        me.children.push(start_listener(command)?);
+        Ok(me)
+    }
+
+    fn remove_namespace() {
+        let quiet = |args: &[&str]| {
+            let _ = Command::new(args[0]).args(&args[1..]).output();
+        };
+        while Command::new("ip")
+            .args(["rule", "del", "priority", ROUTE_TABLE])
+            .output()
+            .is_ok_and(|o| o.status.success())
+        {}
+        quiet(&["ip", "route", "flush", "table", ROUTE_TABLE]);
+        // Deleting the namespace deletes its end of the link, and with it the host's end.
+        quiet(&["ip", "netns", "del", OUTSIDE_NETNS]);
+        quiet(&["ip", "link", "del", OUTSIDE_VETH]);
+    }
+}
+
+impl Drop for HostListeners {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        Self::remove_namespace();
+    }
+}
+
+/// The DNS stand-in's objects in kube-system (not a test namespace), deleted with the test and
+/// waited for, so the next test can make them again.
+struct KubeSystemObjects {
+    names: Vec<(&'static str, String)>,
+}
+
+impl Drop for KubeSystemObjects {
+    fn drop(&mut self) {
+        for (kind, name) in &self.names {
+            let _ = kubectl()
+                .args([
+                    "-n",
+                    "kube-system",
+                    "delete",
+                    kind,
+                    name,
+                    "--ignore-not-found",
+                ])
+                .args(["--grace-period=1", "--wait=true", "--timeout=60s"])
+                .output();
+        }
+    }
+}
+
+/// Waits until a Pod runs and has an address.
+async fn running_ip(pods: &Api<Pod>, name: &str) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let pod = pods.get(name).await?;
+        let status = pod.status.unwrap_or_default();
+        let ready = status.container_statuses.as_ref().is_some_and(|cs| {
+            cs.iter()
+                .all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        });
+        if let (Some("Running"), true, Some(ip)) = (status.phase.as_deref(), ready, status.pod_ip) {
+            return Ok(ip);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "Pod {name} not running after 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Runs a probe inside a Pod's container with `kubectl exec`; returns target name → reached.
+fn probe_from(
+    namespace: &str,
+    pod: &str,
+    container: &str,
+    python: bool,
+    targets: &[Target],
+) -> Result<BTreeMap<String, (bool, String)>> {
+    let mut command = kubectl();
+    command.args(["-n", namespace, "exec", pod, "-c", container, "--"]);
+    if python {
+        command.args(["python3", "-c", PROBE_PY]);
+    } else {
+        command.args(["bash", "-c", PROBE_SH, "probe"]);
+    }
+    let out = command.args(Target::args(targets)).output()?;
+    ensure!(
+        out.status.success(),
+        "probe in {namespace}/{pod}: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let mut results = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("probe output {line:?}"))?;
+        results.insert(
+            v["name"].as_str().unwrap_or_default().to_owned(),
+            (
+                v["reached"].as_bool().unwrap_or(false),
+                v["detail"].as_str().unwrap_or_default().to_owned(),
+            ),
+        );
+    }
+    for t in targets {
+        ensure!(
+            results.contains_key(&t.name),
+            "probe gave no result for {}",
+            t.name
+        );
+    }
+    Ok(results)
+}
+
+/// Probes until `want(target)` holds for every target, or fails after `timeout` with the last
+/// results: a policy change takes effect once the agent's watch has seen it. A zero timeout
+/// probes once: a policy long in place gets no second chance to hold.
+async fn probe_until(
+    what: &str,
+    from: (&str, &str, &str, bool),
+    targets: &[Target],
+    want: impl Fn(&Target) -> bool,
+    timeout: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let results = probe_from(from.0, from.1, from.2, from.3, targets)?;
+        let wrong: Vec<String> = targets
+            .iter()
+            .filter(|t| results[&t.name].0 != want(t))
+            .map(|t| {
+                let (reached, detail) = &results[&t.name];
+                format!(
+                    "{} {}:{} reached={reached} ({detail})",
+                    t.name, t.ip, t.port
+                )
+            })
+            .collect();
+        if wrong.is_empty() {
+            let (reached, not): (Vec<&Target>, Vec<&Target>) =
+                targets.iter().partition(|t| results[&t.name].0);
+            let names = |ts: Vec<&Target>| ts.iter().map(|t| t.name.clone()).collect::<Vec<_>>();
+            eprintln!(
+                "{what}: as expected; reached {:?}, not reached {:?}",
+                names(reached),
+                names(not)
+            );
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{what}: after {timeout:?}, not as expected:\n  {}",
+                wrong.join("\n  ")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A chart NetworkPolicy taken away for the control and put back, also when the test fails.
+struct RemovedPolicy {
+    namespace: String,
+    saved: NetworkPolicy,
+    restored: bool,
+}
+
+impl RemovedPolicy {
+    async fn remove(client: &Client, namespace: &str, name: &str) -> Result<Self> {
+        let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace);
+        let mut saved = api.get(name).await?;
+        saved.metadata = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: saved.metadata.name.take(),
+            namespace: saved.metadata.namespace.take(),
+            labels: saved.metadata.labels.take(),
+            annotations: saved.metadata.annotations.take(),
+            ..Default::default()
+        };
+        api.delete(name, &DeleteParams::default()).await?;
+        Ok(Self {
+            namespace: namespace.to_owned(),
+            saved,
+            restored: false,
+        })
+    }
+
+    async fn restore(mut self, client: &Client) -> Result<()> {
+        let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), &self.namespace);
+        api.create(&PostParams::default(), &self.saved).await?;
+        self.restored = true;
+        Ok(())
+    }
+}
+
+impl Drop for RemovedPolicy {
+    fn drop(&mut self) {
+        if self.restored {
+            return;
+        }
+        let manifest = serde_json::to_string(&json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": self.saved.metadata,
+            "spec": self.saved.spec,
+        }))
+        .unwrap_or_default();
+        let put_back = kubectl()
+            .args(["create", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child
+                    .stdin
+                    .take()
+                    .map(|mut s| s.write_all(manifest.as_bytes()));
+                child.wait()
+            });
+        if !put_back.is_ok_and(|s| s.success()) {
+            eprintln!(
+                "warning: could not put NetworkPolicy {}/{} back; `helm upgrade` restores it",
+                self.namespace,
+                self.saved.name_any()
+            );
+        }
+    }
+}
+
+/// What both tests share: the targets, and a vantage point under no policy to check them from.
+struct World {
+    _host: HostListeners,
+    _kube_system: KubeSystemObjects,
+    _peer_ns: TestNamespace,
+    peer_ns: String,
+    peer_pod: String,
+    peer_ip: String,
+    dns_pod: String,
+    targets: Vec<Target>,
+}
+
+impl World {
+    async fn start(client: &Client) -> Result<Self> {
+        let node_ip = node_internal_ip(client).await?;
+        let host = HostListeners::start(&node_ip)?;
+
+        // Another Pod, in a namespace of the test's, under no policy.
+        let peer_ns = TestNamespace::create(client, "e2e-netpol-peer", &[]).await?;
+        let peer_port = PEER_PORT.to_string();
+        let peer = sandbox_pod(
+            "peer",
+            "runc",
+            &["python3", "-c", LISTENER, "peer", &peer_port],
+        );
+        peer_ns.pods().create(&PostParams::default(), &peer).await?;
+
+        // Cluster DNS: a kube-dns Service in kube-system on port 53, in front of a listener.
+        let kube_system = KubeSystemObjects {
+            names: vec![
+                ("service", "kube-dns".into()),
+                ("pod", "e2e-netpol-dns".into()),
+            ],
+        };
+        let dns_port = DNS_TARGET_PORT.to_string();
+        let mut dns = sandbox_pod(
+            "e2e-netpol-dns",
+            "runc",
+            &["python3", "-c", LISTENER, "dns", &dns_port],
+        );
+        dns.metadata.labels = Some([("k8s-app".to_owned(), "kube-dns".to_owned())].into());
+        let system_pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+        let services: Api<Service> = Api::namespaced(client.clone(), "kube-system");
+        ensure!(
+            services.get_opt("kube-dns").await?.is_none(),
+            "kube-system/kube-dns exists: this test needs the local harness, which has no cluster DNS"
+        );
+        system_pods.create(&PostParams::default(), &dns).await?;
+        let service: Service = serde_json::from_value(json!({
+            "metadata": {"name": "kube-dns", "labels": {"k8s-app": "kube-dns"}},
+            "spec": {
+                "selector": {"k8s-app": "kube-dns"},
+                "ports": [
+                    {"name": "dns", "port": 53, "protocol": "UDP", "targetPort": DNS_TARGET_PORT},
+                    {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": DNS_TARGET_PORT},
+                ],
+            },
+        }))?;
+        let dns_ip = services
+            .create(&PostParams::default(), &service)
+            .await?
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .context("kube-dns has no ClusterIP")?;
+
+        let peer_ip = running_ip(&peer_ns.pods(), "peer").await?;
+        running_ip(&system_pods, "e2e-netpol-dns").await?;
+
+        let mut targets = Vec::new();
+        targets.extend(Target::both("pod", &peer_ip, PEER_PORT, true));
+        targets.extend(Target::both("dns", &dns_ip, 53, true));
+        targets.extend(Target::both("outside", OUTSIDE_IP, OUTSIDE_PORT, true));
+        targets.extend(Target::both("metadata", METADATA_IP, OUTSIDE_PORT, true));
+        targets.extend(Target::both("node", &node_ip, NODE_PORT, false));
+        targets.push(Target {
+            name: "apiserver/tcp".into(),
+            proto: "tcp",
+            ip: API_SERVICE_IP.into(),
+            port: 443,
+            mode: "connect",
+            governed: false,
+        });
+
+        let world = Self {
+            _host: host,
+            _kube_system: kube_system,
+            peer_ns: peer_ns.name.clone(),
+            _peer_ns: peer_ns,
+            peer_pod: "peer".into(),
+            peer_ip,
+            dns_pod: "e2e-netpol-dns".into(),
+            targets,
+        };
+        // Every target answers a Pod under no policy (the DNS stand-in's), so a target a policed
+        // Pod does not reach is the policy's doing, not a listener or a route not there yet.
+        probe_until(
+            "from a Pod under no policy",
+            ("kube-system", &world.dns_pod, "main", true),
+            &world.targets,
+            |_| true,
+            Duration::from_secs(60),
+        )
+        .await?;
+        Ok(world)
+    }
+}
+
+/// The frontend's Pod (one replica is enough: they share the policy).
+async fn frontend_pod(client: &Client) -> Result<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let lp = ListParams::default().labels("app.kubernetes.io/component=frontend");
+    pods.list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .find(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| p.name_any())
+        .context("no frontend Pod: install the chart with frontend.enabled=true")
+}
+
+#[tokio::test]
+#[ignore = "removes the chart's deny-all policy for a few seconds: run alone (run-tests.sh does)"]
+async fn a_sandbox_with_a_network_stack_reaches_nothing_while_the_deny_all_policy_holds()
+-> Result<()> {
+    let client = client().await?;
+    let world = World::start(&client).await?;
+
+    // A sandbox Pod the operator made, under runc, with the chart's labels and policy.
+    let pool = TestPool::create_in_runtime(&client, "e2e-netpol", 51, 1, "runc").await?;
+    let sandbox = pool
+        .wait_ready(1)
+        .await?
+        .into_iter()
+        .next()
+        .context("the pool has no sandbox")?;
+    let sandbox_pods: Api<Pod> = Api::namespaced(client.clone(), RUNS_NAMESPACE);
+    let sandbox_ip = running_ip(&sandbox_pods, &sandbox).await?;
+    let container = sandbox_pods
+        .get(&sandbox)
+        .await?
+        .spec
+        .and_then(|s| s.containers.first().map(|c| c.name.clone()))
+        .context("sandbox Pod without a container")?;
+    let from_sandbox = (RUNS_NAMESPACE, sandbox.as_str(), container.as_str(), true);
+
+    // Ingress: a listener inside the sandbox, which the peer Pod tries to reach.
+    let mut inside = kubectl();
+    inside.args([
+        "-n",
+        RUNS_NAMESPACE,
+        "exec",
+        &sandbox,
+        "-c",
+        &container,
+        "--",
+    ]);
+    inside.args(["python3", "-c", LISTENER, "sandbox", &PEER_PORT.to_string()]);
+    let mut inside = KilledOnDrop(start_listener(inside)?);
+    let to_sandbox = Target::both("sandbox", &sandbox_ip, PEER_PORT, true);
+    let from_peer = (
+        world.peer_ns.as_str(),
+        world.peer_pod.as_str(),
+        "main",
+        true,
+    );
+    eprintln!(
+        "sandbox {sandbox} at {sandbox_ip}; peer at {}",
+        world.peer_ip
+    );
+
+    // Under the chart's policy, in place since the install: one probe each, no second chance.
+    probe_until(
+        "sandbox, deny-all in place",
+        from_sandbox,
+        &world.targets,
+        |t| !t.governed,
+        Duration::ZERO,
+    )
+    .await?;
+    probe_until(
+        "into the sandbox, deny-all in place",
+        from_peer,
+        &to_sandbox,
+        |_| false,
+        Duration::ZERO,
+    )
+    .await?;
+
+    // The control: the same Pod without the policy reaches every target, and is reached.
+    let removed = RemovedPolicy::remove(&client, RUNS_NAMESPACE, SANDBOX_POLICY).await?;
+    probe_until(
+        "sandbox, deny-all removed",
+        from_sandbox,
+        &world.targets,
+        |_| true,
+        ENFORCEMENT_TIMEOUT,
+    )
+    .await?;
+    probe_until(
+        "into the sandbox, deny-all removed",
+        from_peer,
+        &to_sandbox,
+        |_| true,
+        ENFORCEMENT_TIMEOUT,
+    )
+    .await?;
+
+    // And with the policy back, it holds again.
+    removed.restore(&client).await?;
+    probe_until(
+        "sandbox, deny-all restored",
+        from_sandbox,
+        &world.targets,
+        |t| !t.governed,
+        ENFORCEMENT_TIMEOUT,
+    )
+    .await?;
+    probe_until(
+        "into the sandbox, deny-all restored",
+        from_peer,
+        &to_sandbox,
+        |_| false,
+        ENFORCEMENT_TIMEOUT,
+    )
+    .await?;
+
+    let _ = inside.0.kill();
+    pool.delete().await?;
+    Ok(())
+}
+
+#[tokio::test]
+#[ignore = "removes the chart's frontend policy for a few seconds: run alone (run-tests.sh does)"]
+async fn the_frontend_reaches_the_api_server_and_nothing_else() -> Result<()> {
+    let client = client().await?;
+    let world = World::start(&client).await?;
+    let frontend = frontend_pod(&client).await?;
+    // The frontend's image has no Python: bash's /dev/tcp and /dev/udp (probe.sh).
+    let from_frontend = (SYSTEM_NAMESPACE, frontend.as_str(), "mcp", false);
+
+    probe_until(
+        "frontend, its policy in place",
+        from_frontend,
+        &world.targets,
+        |t| !t.governed,
+        Duration::ZERO,
+    )
+    .await?;
+    let removed = RemovedPolicy::remove(&client, SYSTEM_NAMESPACE, FRONTEND_POLICY).await?;
+    probe_until(
+        "frontend, its policy removed",
+        from_frontend,
+        &world.targets,
+        |_| true,
+        ENFORCEMENT_TIMEOUT,
+    )
+    .await?;
+    removed.restore(&client).await?;
+    probe_until(
+        "frontend, its policy restored",
+        from_frontend,
+        &world.targets,
+        |t| !t.governed,
+        ENFORCEMENT_TIMEOUT,
+    )
+    .await?;
+    Ok(())
+}
+
+/// A child process killed when the test ends, however it ends.
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
