@@ -74,6 +74,8 @@ pub struct Context {
     pub pools: kube::runtime::reflector::Store<sandboxrun_api::SandboxPool>,
     /// Claims not yet counted in their pool's status.
     pub pool_claims: crate::pool::Claims,
+    /// Warm claims whose outcome is unknown, by run uid (`python/warm.rs`).
+    pub claims_in_doubt: crate::python::warm::ClaimsInDoubt,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
     /// Terminal statuses whose write failed, by run uid, with their audit line still to write:
@@ -117,6 +119,7 @@ impl Context {
             reconcile_timeout: RECONCILE_TIMEOUT,
             pools: kube::runtime::reflector::store().0,
             pool_claims: crate::pool::Claims::default(),
+            claims_in_doubt: Default::default(),
             failures: Mutex::default(),
             unaudited: Mutex::default(),
         }

@@ -1012,6 +1012,91 @@ async fn a_claim_made_before_a_restart_and_never_recorded_is_taken_up_not_repeat
 }
 
 #[tokio::test]
+async fn a_claim_whose_answer_was_lost_is_settled_on_its_pod_before_the_run_takes_another() {
+    // Found by the fault suite (e2e/mcp/faults.py, its proxy holding requests 8 s): a claim that
+    // outlived its reconcile was applied by the API server after the run had gone on to another
+    // sandbox, so one run had two. Before: the next reconcile claimed anew (here it goes cold,
+    // the pool's status reading empty by then) and the late claim then committed as well; now the
+    // run claims the same Pod again first, which fences the late request out.
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| {
+        s.pool_pods = vec![
+            pool_pod("default-aaaaa", "7"),
+            pool_pod("default-bbbbb", "8"),
+        ];
+        s.hold_claims = 1;
+    });
+    let (reader, mut writer) = kube::runtime::reflector::store();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
+    let ctx = Arc::try_unwrap(context(&api, None))
+        .ok()
+        .expect("not shared yet");
+    let ctx = Arc::new(ctx.with_pools(reader));
+    let first = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    assert!(first.is_err(), "the claim's answer was a 504: {first:?}");
+    let doubted = api.with(|s| s.held_claims[0].0.clone());
+
+    // By the next reconcile the pool's status reads empty.
+    let mut empty = pool_object(2);
+    empty.status =
+        Some(serde_json::from_value(json!({"replicas": 2, "readyReplicas": 0})).unwrap());
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(empty));
+    api.take_requests();
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    let requests = api.take_requests();
+    assert!(
+        !requests.iter().any(|r| r.starts_with("POST /api/v1")),
+        "no cold Pod while a claim is in doubt: {requests:?}"
+    );
+    // The late request arrives: its precondition no longer holds.
+    assert_eq!(api.apply_held_claims(), vec![false]);
+    let pod = api
+        .with(|s| s.pod.clone())
+        .expect("the run has its sandbox");
+    assert_eq!(pod["metadata"]["name"], json!(doubted));
+    assert_eq!(
+        api.with(|s| s.pool_pods.len()),
+        1,
+        "the other sandbox stays idle"
+    );
+    let status = api.status();
+    assert_eq!(
+        (&status["podName"], &status["path"]),
+        (&json!(doubted), &json!("Warm")),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn a_lost_claim_that_committed_meanwhile_is_taken_up() {
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| {
+        s.pool_pods = vec![
+            pool_pod("default-aaaaa", "7"),
+            pool_pod("default-bbbbb", "8"),
+        ];
+        s.hold_claims = 1;
+    });
+    let ctx = context_with_pool(&api);
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    // The API server applies the held claim before the next reconcile.
+    assert_eq!(api.apply_held_claims(), vec![true]);
+    let doubted = api.with(|s| s.pod.clone()).expect("claimed")["metadata"]["name"].clone();
+    api.take_requests();
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    let requests = api.take_requests();
+    assert!(
+        !requests.iter().any(
+            |r| r.starts_with(&format!("PATCH /api/v1/namespaces/{NS}/pods/"))
+                || r.starts_with("POST /api/v1")
+        ),
+        "neither a second claim nor a cold Pod: {requests:?}"
+    );
+    assert_eq!(api.with(|s| s.pool_pods.len()), 1);
+    assert_eq!(api.status()["podName"], doubted);
+}
+
+#[tokio::test]
 async fn a_run_that_loses_every_claim_goes_cold() {
     let api = FakeApi::start(default_limits_run()).await;
     api.with(|s| {

@@ -43,6 +43,12 @@ pub struct ApiState {
     pub pool_pods: Vec<Value>,
     /// Claims answered 409 Conflict (another run took the Pod first), counted down per claim.
     pub lose_claims: u32,
+    /// Claims answered 504 and held back instead of applied (a slow API server that applies a
+    /// request after its client gave up), counted down per claim; [`FakeApi::apply_held_claims`]
+    /// applies them later.
+    pub hold_claims: u32,
+    /// The claims held back, as (Pod name, patch).
+    pub held_claims: Vec<(String, Value)>,
     /// Every request, as `METHOD path`, in order.
     pub requests: Vec<String>,
     /// The reasons of the Events published, in order.
@@ -84,6 +90,23 @@ impl FakeApi {
         f(&mut self.state.lock().unwrap())
     }
 
+    /// Applies the claims held back by [`ApiState::hold_claims`] now, as a slow API server would;
+    /// whether each one committed (its precondition still held).
+    pub fn apply_held_claims(&self) -> Vec<bool> {
+        self.with(|s| {
+            let held = std::mem::take(&mut s.held_claims);
+            held.into_iter()
+                .map(|(name, body)| {
+                    let i = s
+                        .pool_pods
+                        .iter()
+                        .position(|p| p["metadata"]["name"] == name);
+                    i.is_some_and(|i| claim(s, i, &body).is_some())
+                })
+                .collect()
+        })
+    }
+
     /// The requests so far, leaving Events out; clears the record.
     pub fn take_requests(&self) -> Vec<String> {
         self.with(|s| std::mem::take(&mut s.requests))
@@ -114,6 +137,20 @@ fn status(code: u16, reason: &str) -> Response {
         &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": format!("fake API server: {reason}"), "reason": reason, "code": code}),
     )
+}
+
+/// Applies a claim patch to pool Pod `i` if its resourceVersion precondition holds: the Pod
+/// becomes the run's ([`ApiState::pod`]). `None`: a conflict.
+fn claim(s: &mut ApiState, i: usize, body: &Value) -> Option<Value> {
+    let mut pod = s.pool_pods[i].clone();
+    if body["metadata"]["resourceVersion"] != pod["metadata"]["resourceVersion"] {
+        return None;
+    }
+    merge(&mut pod, body);
+    bump(&mut pod);
+    s.pool_pods.remove(i);
+    s.pod = Some(pod.clone());
+    Some(pod)
 }
 
 /// A write: the object's resourceVersion moves on.
@@ -267,15 +304,15 @@ async fn handle(
             s.lose_claims -= 1;
             return status(409, "Conflict");
         }
-        let mut pod = s.pool_pods[i].clone();
-        if body["metadata"]["resourceVersion"] != pod["metadata"]["resourceVersion"] {
-            return status(409, "Conflict");
+        if s.hold_claims > 0 {
+            s.hold_claims -= 1;
+            s.held_claims.push((name.to_owned(), body));
+            return status(504, "Timeout");
         }
-        merge(&mut pod, &body);
-        bump(&mut pod);
-        s.pool_pods.remove(i);
-        s.pod = Some(pod.clone());
-        return json_response(200, &pod);
+        return match claim(&mut s, i, &body) {
+            Some(pod) => json_response(200, &pod),
+            None => status(409, "Conflict"),
+        };
     }
     if let Some(rest) = path.strip_prefix(&format!("{pods}/")) {
         return match (method, rest.ends_with("/log")) {
@@ -283,7 +320,12 @@ async fn handle(
                 Some(_) => (StatusCode::OK, s.log.clone()).into_response(),
                 None => status(404, "NotFound"),
             },
-            (Method::GET, false) => found(s.pod.as_ref().filter(|p| p["metadata"]["name"] == rest)),
+            (Method::GET, false) => found(
+                s.pod
+                    .iter()
+                    .chain(&s.pool_pods)
+                    .find(|p| p["metadata"]["name"] == rest),
+            ),
             (Method::DELETE, false) => match s.pod.take() {
                 Some(pod) => json_response(200, &pod),
                 None => status(404, "NotFound"),

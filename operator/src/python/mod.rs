@@ -88,6 +88,7 @@ impl Reconcile<'_> {
                     // An operator before a restart claimed this sandbox and stopped before it
                     // recorded the claim, so it sent nothing there: take it up, never a second.
                     info!(run = %self.name, pod = %claimed.claimed.pod, "taking up a warm sandbox claimed before a restart");
+                    self.ctx.claims_in_doubt.remove(&self.uid());
                     let limits = pod::limits_of(&claimed.object).unwrap_or(limits);
                     return self.run_warm(&prev, &claimed.claimed, &limits).await;
                 }

@@ -51,6 +51,48 @@ pub struct Claimed {
     pub pool: String,
 }
 
+/// A claim whose answer never came: the request timed out, its connection broke, or the
+/// reconcile that sent it was cut short by its budget. The API server may still apply it (it
+/// applies a request its client gave up on), so until it is settled on the Pod itself the run
+/// takes no other sandbox and no cold Pod (`Reconcile::settle_claim_in_doubt`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimInDoubt {
+    /// The Pod the claim was for.
+    pub pod: String,
+    /// Its pool.
+    pub pool: String,
+    /// The Pod's resourceVersion the claim was conditional on.
+    pub resource_version: Option<String>,
+}
+
+/// This operator's claims in doubt, by run uid. In memory: a claim sent by an operator that has
+/// since died is found by `Reconcile::earlier_claim` once it commits; the window in which a dead
+/// operator's request is still applied is the API server's own handling time.
+#[derive(Debug, Default)]
+pub struct ClaimsInDoubt(std::sync::Mutex<std::collections::HashMap<String, ClaimInDoubt>>);
+
+impl ClaimsInDoubt {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, ClaimInDoubt>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The run's claim in doubt, if it has one.
+    pub fn get(&self, run_uid: &str) -> Option<ClaimInDoubt> {
+        self.lock().get(run_uid).cloned()
+    }
+
+    fn insert(&self, run_uid: &str, doubt: ClaimInDoubt) {
+        self.lock().insert(run_uid.to_owned(), doubt);
+    }
+
+    /// Forgets the run's claim in doubt (settled, or the run took up its sandbox otherwise).
+    pub fn remove(&self, run_uid: &str) {
+        self.lock().remove(run_uid);
+    }
+}
+
 /// A claim found on the API server that the run's status does not name (see
 /// `Reconcile::earlier_claim`).
 pub struct EarlierClaim {
@@ -131,6 +173,12 @@ impl Reconcile<'_> {
     /// Claims a ready sandbox of a pool that fits the run's `limits`, if there is one.
     pub(super) async fn claim_warm(&self, limits: &Limits) -> Result<Option<Claimed>, Error> {
         let ctx = self.ctx;
+        let uid = self.uid();
+        if let Some(doubt) = ctx.claims_in_doubt.get(&uid)
+            && let Some(claimed) = self.settle_claim_in_doubt(&doubt, limits).await?
+        {
+            return Ok(Some(claimed));
+        }
         let pools = ctx.pools.state();
         let names = candidates(
             pools.iter().map(|p| p.as_ref()),
@@ -172,7 +220,6 @@ impl Reconcile<'_> {
                 .collect();
             // In an order of this run's own: runs arriving together then try different Pods
             // first instead of all racing for the same one.
-            let uid = self.uid();
             ready.sort_by_key(|p| pod::short_hash(&format!("{uid}/{}", p.name_any())));
             for candidate in ready.into_iter().take(CLAIM_ATTEMPTS) {
                 let Some(pod_name) = candidate.metadata.name.clone() else {
@@ -181,11 +228,24 @@ impl Reconcile<'_> {
                 let Some(patch) = claim_patch(candidate, &name, self.run, limits, self.now) else {
                     continue;
                 };
-                match self
+                // In doubt until its answer says otherwise (also if this reconcile is cut short
+                // while it waits).
+                let doubt = ClaimInDoubt {
+                    pod: pod_name.clone(),
+                    pool: name.clone(),
+                    resource_version: candidate.metadata.resource_version.clone(),
+                };
+                ctx.claims_in_doubt.insert(&uid, doubt);
+                let answer = self
                     .pods
                     .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
+                    .await;
+                if matches!(&answer, Ok(_) | Err(kube::Error::Api(_)))
+                    && !matches!(&answer, Err(kube::Error::Api(e)) if e.code >= 500)
                 {
+                    ctx.claims_in_doubt.remove(&uid);
+                }
+                match answer {
                     Ok(_) => {
                         let key = pool::key(&self.ns, &name);
                         ctx.pool_claims.add(&key);
@@ -209,6 +269,66 @@ impl Reconcile<'_> {
             ctx.metrics
                 .warm_claim_result(&pool::key(&self.ns, &name), false);
         }
+        Ok(None)
+    }
+
+    /// Settles this run's claim in doubt on its Pod, fresh from the API server, before the run
+    /// takes anything else: the Pod is already the run's (the lost request committed): take it;
+    /// it is unchanged since the claim was sent: claim it again, which moves its resourceVersion
+    /// on, so the lost request's precondition can no longer hold; it changed or is gone: the
+    /// lost request cannot commit either, and the run claims as usual. `None`: settled, nothing
+    /// claimed.
+    async fn settle_claim_in_doubt(
+        &self,
+        doubt: &ClaimInDoubt,
+        limits: &Limits,
+    ) -> Result<Option<Claimed>, Error> {
+        let uid = self.uid();
+        let claimed = Claimed {
+            pod: doubt.pod.clone(),
+            pool: doubt.pool.clone(),
+        };
+        // Twice at most: a conflict on the second claim means the Pod changed after the read,
+        // which the second read explains (the lost request committed, or another run claimed it).
+        for _ in 0..2 {
+            let Some(current) = self.pods.get_opt(&doubt.pod).await? else {
+                self.ctx.claims_in_doubt.remove(&uid);
+                return Ok(None);
+            };
+            if pod::belongs_to(&current, self.run) {
+                info!(run = %self.name, pod = %doubt.pod, "a claim whose answer was lost had committed: taking up its sandbox");
+                self.ctx.claims_in_doubt.remove(&uid);
+                self.ctx.pool_claims.add(&pool::key(&self.ns, &doubt.pool));
+                return Ok(Some(claimed));
+            }
+            if current.metadata.deletion_timestamp.is_some()
+                || current.metadata.resource_version != doubt.resource_version
+            {
+                self.ctx.claims_in_doubt.remove(&uid);
+                return Ok(None);
+            }
+            let Some(patch) = claim_patch(&current, &doubt.pool, self.run, limits, self.now) else {
+                self.ctx.claims_in_doubt.remove(&uid);
+                return Ok(None);
+            };
+            match self
+                .pods
+                .patch(&doubt.pod, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    info!(run = %self.name, pod = %doubt.pod, "claimed again a warm sandbox whose first claim's answer was lost");
+                    self.ctx.claims_in_doubt.remove(&uid);
+                    self.ctx.pool_claims.add(&pool::key(&self.ns, &doubt.pool));
+                    return Ok(Some(claimed));
+                }
+                Err(kube::Error::Api(e)) if matches!(e.code, 409 | 404 | 422) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // Changed twice between a read and a claim: not by this run's lost request (which can
+        // change it once), so that one can no longer commit.
+        self.ctx.claims_in_doubt.remove(&uid);
         Ok(None)
     }
 
