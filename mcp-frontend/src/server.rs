@@ -27,12 +27,11 @@ use crate::backend::Backend;
 use crate::metrics::Metrics;
 use crate::policy::Policy;
 
-/// What the server tells a client (and its model) about itself at initialization.
-pub const INSTRUCTIONS: &str = "sandboxrun runs untrusted Python code for you in a single-use \
-sandbox with no network, a read-only filesystem (only /tmp is writable and small), and CPU, \
-memory, process and time limits. Call run_python with the source in `code`; print what you need, \
-since only stdout, stderr and the exit code come back. Each call starts from a clean sandbox: \
-nothing persists between calls. Only the Python standard library is available.";
+/// The start of what the server tells a client (and its model) at initialization; each offered
+/// tool adds its own part ([`ToolSpec::INSTRUCTIONS`], in the tool's module).
+pub const INSTRUCTIONS_PREAMBLE: &str = "sandboxrun runs your tool calls in isolation and \
+under policy: each call is checked against the operator's rules before anything runs, and a \
+refused or failed call comes back as an error result that says what to change.";
 
 /// Identity of an authenticated HTTP caller. The auth layer puts it into the request's
 /// extensions; rmcp hands the request's `http::request::Parts` to the tool.
@@ -85,6 +84,24 @@ impl SandboxRunServer {
             shared,
             default_agent,
         }
+    }
+
+    /// What the server tells a client at initialization: the preamble and the part of every
+    /// tool this server offers (`--enable-sql` and `--enable-metrics` decide on two of them).
+    pub fn instructions(&self) -> String {
+        let tools = [
+            (RunPython::TOOL, RunPython::INSTRUCTIONS),
+            (ExecuteSql::TOOL, ExecuteSql::INSTRUCTIONS),
+            (FetchMetrics::TOOL, FetchMetrics::INSTRUCTIONS),
+        ];
+        let mut text = INSTRUCTIONS_PREAMBLE.to_owned();
+        for (tool, part) in tools {
+            if self.tool_router.get(tool.mcp_name()).is_some() {
+                text.push(' ');
+                text.push_str(part);
+            }
+        }
+        text
     }
 
     /// The caller: the per-request agent set by HTTP auth, else the session's default.
@@ -187,7 +204,7 @@ impl ServerHandler for SandboxRunServer {
                 Implementation::new("sandboxrun", env!("CARGO_PKG_VERSION"))
                     .with_title("sandboxrun"),
             )
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(self.instructions())
     }
 
     /// Like the generated router call, but an unknown tool gets a message naming the tools
@@ -222,6 +239,66 @@ impl ServerHandler for SandboxRunServer {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
+
+    /// A server offering `run_python` and, as asked, the two optional tools (no sandbox, no
+    /// database: only what it says about itself is looked at).
+    fn server(sql: bool, fetch_metrics: bool) -> SandboxRunServer {
+        use sandboxrun_core::tools::Embedded;
+        let calls = CallStore::new();
+        let embedded = Embedded {
+            policy: sandboxrun_core::policy::embedded::load(None).expect("the embedded policy"),
+            sandbox: None,
+            databases: None,
+            calls: calls.clone(),
+        };
+        let shared = Shared {
+            backend: Backend::Local(crate::backend::local::LocalBackend::new(Arc::new(embedded))),
+            policy: Policy::new(
+                sandboxrun_core::limits::MAX_TIMEOUT_SECONDS,
+                sandboxrun_core::Limits::default(),
+            ),
+            metrics: Arc::new(Metrics::new()),
+            sql,
+            fetch_metrics,
+            calls,
+            in_flight: crate::inflight::InFlight::new(8),
+            environments: Default::default(),
+        };
+        SandboxRunServer::new(Arc::new(shared), None)
+    }
+
+    #[test]
+    fn the_instructions_describe_every_offered_tool_and_no_other() {
+        for (sql, fetch_metrics) in [(false, false), (true, false), (false, true), (true, true)] {
+            let server = server(sql, fetch_metrics);
+            let text = server
+                .get_info()
+                .instructions
+                .expect("the server has instructions");
+            assert!(text.starts_with(INSTRUCTIONS_PREAMBLE), "{text}");
+            let offered: Vec<String> = server
+                .tool_router
+                .list_all()
+                .into_iter()
+                .map(|t| t.name.into_owned())
+                .collect();
+            for (tool, part) in [
+                (RunPython::TOOL, RunPython::INSTRUCTIONS),
+                (ExecuteSql::TOOL, ExecuteSql::INSTRUCTIONS),
+                (FetchMetrics::TOOL, FetchMetrics::INSTRUCTIONS),
+            ] {
+                let name = tool.mcp_name();
+                // Each tool's part opens with the tool's own name, which no other part names.
+                assert!(part.starts_with(name), "{part}");
+                assert_eq!(
+                    text.contains(name),
+                    offered.iter().any(|o| o == name),
+                    "{name} offered: {offered:?}; instructions: {text}"
+                );
+                assert_eq!(text.contains(part), text.contains(name), "{text}");
+            }
+        }
+    }
 
     #[test]
     fn schemas_describe_the_wire_format() {

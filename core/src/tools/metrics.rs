@@ -398,6 +398,7 @@ pub fn outcome(result: &Result<MetricsResult, MetricsError>) -> (Phase, Reason, 
 
 impl ToolSpec for FetchMetrics {
     const TOOL: Tool = Tool::Metrics;
+    const INSTRUCTIONS: &'static str = INSTRUCTIONS;
     type Args = FetchMetricsArgs;
     type Call = MetricsCall;
     type Output = MetricsOutput;
@@ -464,6 +465,11 @@ impl ToolSpec for FetchMetrics {
         })
     }
 }
+
+/// The tool's part of the server's instructions ([`ToolSpec::INSTRUCTIONS`]).
+pub const INSTRUCTIONS: &str = "fetch_metrics evaluates one PromQL expression, as an instant \
+query or over a range, and returns its series as Prometheus's API shapes them; its description \
+says which metrics there are.";
 
 /// What a model reads about the tool before calling it (the tool's `description`).
 pub const DESCRIPTION: &str = "Evaluate a PromQL expression and return its series (labels and samples) as \

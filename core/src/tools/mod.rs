@@ -91,6 +91,9 @@ pub struct Embedded {
 pub trait ToolSpec: Send + Sync + 'static {
     /// Which tool this is.
     const TOOL: Tool;
+    /// How to use the tool, in a sentence or three: the server's instructions to a client's model
+    /// are a short preamble plus this text of every tool the server offers.
+    const INSTRUCTIONS: &'static str;
     /// The arguments as agents send them (the tool's `inputSchema`).
     type Args: JsonSchema;
     /// A validated call, ready to execute.

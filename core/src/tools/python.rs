@@ -445,6 +445,7 @@ fn tail(text: &str) -> &str {
 
 impl ToolSpec for RunPython {
     const TOOL: Tool = Tool::Python;
+    const INSTRUCTIONS: &'static str = INSTRUCTIONS;
     type Args = RunPythonArgs;
     type Call = PythonCall;
     type Output = PythonOutput;
@@ -535,6 +536,13 @@ impl ToolSpec for RunPython {
         ))
     }
 }
+
+/// The tool's part of the server's instructions ([`ToolSpec::INSTRUCTIONS`]).
+pub const INSTRUCTIONS: &str = "run_python runs untrusted Python code in a single-use sandbox \
+with no network, a read-only filesystem (only /tmp is writable and small), and CPU, memory, \
+process and time limits. Put the source in `code`; print what you need, since only stdout, stderr \
+and the exit code come back. Each call starts from a clean sandbox: nothing persists between \
+calls. Only the Python standard library is available.";
 
 /// What a model reads about the tool before calling it (the tool's `description`).
 pub const DESCRIPTION: &str = "Run a Python 3 program in a fresh, isolated sandbox (no network, read-only \

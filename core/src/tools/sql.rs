@@ -364,6 +364,7 @@ impl SqlOutput {
 
 impl ToolSpec for ExecuteSql {
     const TOOL: Tool = Tool::Sql;
+    const INSTRUCTIONS: &'static str = INSTRUCTIONS;
     type Args = ExecuteSqlArgs;
     type Call = ExecuteSqlArgs;
     type Output = SqlOutput;
@@ -404,6 +405,12 @@ impl ToolSpec for ExecuteSql {
         Ok(SqlOutput::of(run_name, &decision, &execution))
     }
 }
+
+/// The tool's part of the server's instructions ([`ToolSpec::INSTRUCTIONS`]).
+pub const INSTRUCTIONS: &str = "execute_sql runs one read-only SQL query (a single SELECT or \
+WITH ... SELECT) against a configured database, named in `database`, and returns its columns and \
+rows. Name the columns you need: the policy allows only some tables and columns, adds or lowers \
+the LIMIT to its cap, and the query as executed comes back in executedQuery.";
 
 /// What a model reads about the tool before calling it (the tool's `description`).
 pub const DESCRIPTION: &str = "Run one read-only SQL query (a single SELECT or WITH ... SELECT) against a \
