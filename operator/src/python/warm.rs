@@ -399,12 +399,11 @@ impl Reconcile<'_> {
         recorded.pool = Some(claimed.pool.clone());
         // Recorded before the code is sent: a recorded Pod that goes missing ends the run
         // PodDeleted, so the code can never run in a second sandbox.
-        if let Err(e) = self.apply(&recorded).await {
-            // Nothing was sent to it and nothing names it: give it up rather than leave a
-            // sandbox owned by a run that will take another one (or go cold) on its retry.
-            self.delete_pod(&claimed.pod).await?;
-            return Err(e);
-        }
+        // If the record fails, nothing was sent to the sandbox and it stays the run's: the retry
+        // takes it up (`earlier_claim`, by the run's label and owner) instead of a second one.
+        // (Deleting it here and going on to another, as before, gave one run two sandboxes:
+        // found by the fault suite's full form.)
+        self.apply(&recorded).await?;
         ctx.metrics.entered(Phase::Pending);
         ctx.events
             .claimed(self.run, &claimed.pod, &claimed.pool)
