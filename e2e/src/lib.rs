@@ -86,27 +86,35 @@ impl TestNamespace {
 
 impl Drop for TestNamespace {
     fn drop(&mut self) {
-        // The test's runtime is about to shut down (or is blocked in this drop), so the delete
-        // runs on a runtime and client of its own, on a thread we wait for.
         let name = self.name.clone();
-        let handle = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(async {
-                let client = client().await?;
+        cleanup(
+            &format!("test namespace {}", self.name),
+            move |client| async move {
                 Api::<Namespace>::all(client)
                     .delete(&name, &DeleteParams::background())
                     .await?;
-                anyhow::Ok(())
-            })
-        });
-        if let Ok(Err(err)) = handle.join() {
-            eprintln!(
-                "warning: could not delete test namespace {}: {err:#}",
-                self.name
-            );
-        }
+                Ok(())
+            },
+        );
+    }
+}
+
+/// Runs `work` for a guard's drop: the test's runtime is about to shut down (or is blocked in
+/// this drop), so it runs on a runtime and client of its own, on a thread waited for; a failure
+/// is a warning naming `what`.
+pub(crate) fn cleanup<F, Fut>(what: &str, work: F)
+where
+    F: FnOnce(Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let handle = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async { work(client().await?).await })
+    });
+    if let Ok(Err(err)) = handle.join() {
+        eprintln!("warning: could not delete {what}: {err:#}");
     }
 }
 

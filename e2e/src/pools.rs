@@ -162,23 +162,16 @@ impl Drop for TestPool {
         if self.deleted {
             return;
         }
-        // As TestNamespace's drop: the test's runtime may be gone, so a runtime of its own.
         let name = self.name.clone();
-        let handle = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            runtime.block_on(async {
-                let client = crate::client().await?;
+        crate::cleanup(
+            &format!("test pool {}", self.name),
+            move |client| async move {
                 pools(&client)
                     .delete(&name, &DeleteParams::background())
                     .await?;
-                anyhow::Ok(())
-            })
-        });
-        if let Ok(Err(err)) = handle.join() {
-            eprintln!("warning: could not delete test pool {}: {err:#}", self.name);
-        }
+                Ok(())
+            },
+        );
     }
 }
 

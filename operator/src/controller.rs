@@ -74,8 +74,8 @@ pub struct Context {
     pub pools: kube::runtime::reflector::Store<sandboxrun_api::SandboxPool>,
     /// Claims not yet counted in their pool's status.
     pub pool_claims: crate::pool::Claims,
-    /// Warm claims whose outcome is unknown, by run uid (`python/warm.rs`).
-    pub claims_in_doubt: crate::python::warm::ClaimsInDoubt,
+    /// Warm claims whose outcome is unknown, by run uid (`pool.rs`, settled in `python/warm.rs`).
+    pub claims_in_doubt: crate::pool::ClaimsInDoubt,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
     /// Terminal statuses whose write failed, by run uid, with their audit line still to write:

@@ -61,6 +61,49 @@ pub struct PoolContext {
     pub claims: Claims,
 }
 
+/// A claim whose answer never came: the request timed out, its connection broke, or the
+/// reconcile that sent it was cut short by its budget. The API server may still apply it (it
+/// applies a request its client gave up on), so until it is settled on the Pod itself the run
+/// takes no other sandbox and no cold Pod (`python/warm.rs`, `Reconcile::settle_claim_in_doubt`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimInDoubt {
+    /// The Pod the claim was for.
+    pub pod: String,
+    /// Its pool.
+    pub pool: String,
+    /// The Pod's resourceVersion the claim was conditional on.
+    pub resource_version: Option<String>,
+}
+
+/// This operator's claims in doubt, by run uid. In memory: a claim sent by an operator that has
+/// since died is found by `Reconcile::earlier_claim` (`python/warm.rs`) once it commits; the window in which a dead
+/// operator's request is still applied is the API server's own handling time.
+#[derive(Debug, Default)]
+pub struct ClaimsInDoubt(std::sync::Mutex<std::collections::HashMap<String, ClaimInDoubt>>);
+
+impl ClaimsInDoubt {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, ClaimInDoubt>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The run's claim in doubt, if it has one.
+    pub fn get(&self, run_uid: &str) -> Option<ClaimInDoubt> {
+        self.lock().get(run_uid).cloned()
+    }
+
+    /// Marks the run's claim of `doubt.pod` as in doubt until its answer comes.
+    pub fn insert(&self, run_uid: &str, doubt: ClaimInDoubt) {
+        self.lock().insert(run_uid.to_owned(), doubt);
+    }
+
+    /// Forgets the run's claim in doubt (settled, or the run took up its sandbox otherwise).
+    pub fn remove(&self, run_uid: &str) {
+        self.lock().remove(run_uid);
+    }
+}
+
 /// Claims counted since a pool's status was last written, by pool (`namespace/name`); the
 /// pool's reconcile adds them to `status.claimedTotal`.
 #[derive(Clone, Debug, Default)]

@@ -30,7 +30,8 @@ use super::phase::{self, Exited, Progress};
 use super::pod::{self, ACTIVE_DEADLINE_GRACE_SECONDS, SandboxConfig};
 use crate::controller::{Error, Reconcile, until};
 use crate::pool::{
-    self, CLAIMED_AT_ANNOTATION, FROM_POOL_ANNOTATION, LABEL_POOL, LABEL_PROFILE, is_ready,
+    self, CLAIMED_AT_ANNOTATION, ClaimInDoubt, FROM_POOL_ANNOTATION, LABEL_POOL, LABEL_PROFILE,
+    is_ready,
 };
 
 /// Ready Pods of one pool tried before the run goes cold: each try is one patch, and a conflict
@@ -49,48 +50,6 @@ pub struct Claimed {
     pub pod: String,
     /// The pool it came from.
     pub pool: String,
-}
-
-/// A claim whose answer never came: the request timed out, its connection broke, or the
-/// reconcile that sent it was cut short by its budget. The API server may still apply it (it
-/// applies a request its client gave up on), so until it is settled on the Pod itself the run
-/// takes no other sandbox and no cold Pod (`Reconcile::settle_claim_in_doubt`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct ClaimInDoubt {
-    /// The Pod the claim was for.
-    pub pod: String,
-    /// Its pool.
-    pub pool: String,
-    /// The Pod's resourceVersion the claim was conditional on.
-    pub resource_version: Option<String>,
-}
-
-/// This operator's claims in doubt, by run uid. In memory: a claim sent by an operator that has
-/// since died is found by `Reconcile::earlier_claim` once it commits; the window in which a dead
-/// operator's request is still applied is the API server's own handling time.
-#[derive(Debug, Default)]
-pub struct ClaimsInDoubt(std::sync::Mutex<std::collections::HashMap<String, ClaimInDoubt>>);
-
-impl ClaimsInDoubt {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, ClaimInDoubt>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The run's claim in doubt, if it has one.
-    pub fn get(&self, run_uid: &str) -> Option<ClaimInDoubt> {
-        self.lock().get(run_uid).cloned()
-    }
-
-    fn insert(&self, run_uid: &str, doubt: ClaimInDoubt) {
-        self.lock().insert(run_uid.to_owned(), doubt);
-    }
-
-    /// Forgets the run's claim in doubt (settled, or the run took up its sandbox otherwise).
-    pub fn remove(&self, run_uid: &str) {
-        self.lock().remove(run_uid);
-    }
 }
 
 /// A claim found on the API server that the run's status does not name (see
