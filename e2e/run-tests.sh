@@ -93,7 +93,12 @@ kubectl get nodes -o wide
 kubectl get runtimeclass
 
 step "Prometheus on the node address for the metrics runs (operator.prometheus.url)"
-node_prom_output="$(SANDBOXRUN_PROM_LISTEN=10.244.0.1 SANDBOXRUN_PROM_PORT=59091 "$REPO_ROOT/e2e/prometheus/start.sh")"
+# It also scrapes the operator and the frontend and evaluates the chart's alerts, with thresholds
+# lowered (e2e/values-alerts.yaml), for e2e/mcp/test_cluster_observability.py.
+alert_rules="$(mktemp --suffix=.rules.yaml)"
+"$REPO_ROOT/e2e/chart/alert-rules.sh" "$alert_rules" -f "$REPO_ROOT/e2e/values-alerts.yaml"
+node_prom_output="$(SANDBOXRUN_PROM_LISTEN=10.244.0.1 SANDBOXRUN_PROM_PORT=59091 \
+  SANDBOXRUN_PROM_KUBECONFIG="$KUBECONFIG" SANDBOXRUN_PROM_RULES="$alert_rules" "$REPO_ROOT/e2e/prometheus/start.sh")"
 export SANDBOXRUN_E2E_PROMETHEUS_URL="${node_prom_output##*PROMETHEUS_URL=}"
 
 step "the operator's databases Secret: the test PostgreSQL, read-only role, at the node address"
@@ -113,12 +118,14 @@ SANDBOXRUN_CARGO_PROFILE=dev "$REPO_ROOT/e2e/install.sh" --set frontend.enabled=
   --set frontend.service.nodePort=$MCP_NODE_PORT -f "$keys_values" \
   --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" \
   --set frontend.enableMetrics=true --set "operator.prometheus.url=$SANDBOXRUN_E2E_PROMETHEUS_URL" \
+  --set "sandbox.allowedRuntimeClasses={runc}" \
   -f "$REPO_ROOT/e2e/values-governance.yaml"
 kubectl -n sandboxrun-system get pods -o wide
 
 step "end-to-end tests against the cluster"
-# tests/agent.rs runs the agent binary against the frontend's NodePort.
-cargo build --locked -p sandboxrun-agent
+# tests/agent.rs runs the agent binary against the frontend's NodePort; tests/kubectl_plugin.rs
+# runs kubectl-sandboxrun through the cluster's kubectl (plugin discovery on PATH).
+cargo build --locked -p sandboxrun-agent -p sandboxrun-kubectl
 # Two at a time: each test starts Pods, and the machine has two cores.
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
   cargo test -p sandboxrun-e2e --locked --no-fail-fast -- --test-threads=2

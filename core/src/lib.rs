@@ -30,8 +30,9 @@ pub use query::{
     load_databases_file, redact_url,
 };
 pub use runner::{
-    EnvelopeError, NO_PROGRAM_EXIT, Observed, PROGRAM_RECEIVED, RUNNER_SCRIPT, RunnerResult,
-    parse_envelope, program_frame, runner_argv,
+    EnvelopeError, NO_PROGRAM_EXIT, Observed, OutputChunk, OutputFn, PROGRAM_RECEIVED,
+    RUNNER_SCRIPT, RunnerResult, Stream, parse_envelope, parse_output_line, program_frame,
+    runner_argv,
 };
 pub use sql::{
     Columns, GuardViolation, GuardedQuery, SqlDialect, SqlRules, TableRule, ViolationKind, guard,

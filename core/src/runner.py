@@ -18,6 +18,13 @@
 #      "stderrTruncated":b,"signal":n|null,"oomKill":b|null,
 #      "timedOut":b,"durationMillis":n}
 # and exits with the child's exit code (128+signal when the child was killed by a signal).
+# While the code runs, what it prints also reaches the runner's stdout as it comes, in output
+# lines the result readers skip (they look for the envelope) and live readers forward:
+#     {"sandboxrunOutput":1,"stream":"stdout"|"stderr","data":"..."}
+# batched (one line per stream every LIVE_INTERVAL seconds at most), within each stream's
+# OUTPUT_BYTES, and LIVE_MAX_LINES lines in all, so the log stays bounded whatever the code does;
+# the envelope stays the complete result. The code's stdout is line-buffered (stderr already is,
+# as in `python3 -c`), so a program that prints a line per second is seen a line per second.
 # TIMEOUT_SECONDS is enforced here, from the moment the child starts, so the code gets exactly its
 # budget whatever the sandbox start-up cost, and the output printed before the kill is kept; the
 # Pod's activeDeadlineSeconds is only the backstop should the runner itself hang.
@@ -38,9 +45,10 @@
 # closed, the only writer of that log is the runner.
 #
 # Only the standard library is used, and besides ctypes (for prctl) only modules that Debian's
-# python3-minimal ships (os, resource, signal, site, sys, threading, time), which is also why the
-# envelope is encoded by hand instead of with the json package.
+# python3-minimal ships (codecs, os, resource, signal, site, sys, threading, time), which is also
+# why the envelope is encoded by hand instead of with the json package.
 
+import codecs
 import os
 import resource
 import signal
@@ -49,6 +57,10 @@ import threading
 import time
 
 ENVELOPE_VERSION = 1
+OUTPUT_LINE_VERSION = 1
+# Live output: how often each stream's new output is written out, and how many lines at most.
+LIVE_INTERVAL = 0.1
+LIVE_MAX_LINES = 2000
 
 
 # JSON string escapes: quote, backslash and every control character (RFC 8259, section 7).
@@ -86,16 +98,55 @@ def utf8_boundary(data, cut):
     return cut
 
 
+class Live:
+    """Writes the code's output to the runner's stdout while it runs, as output lines."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.lines = 0
+        self.done = threading.Event()
+
+    def write(self, stream, text):
+        if not text:
+            return
+        with self.lock:
+            if self.lines >= LIVE_MAX_LINES:
+                return
+            self.lines += 1
+            line = json_object([("sandboxrunOutput", OUTPUT_LINE_VERSION), ("stream", stream),
+                                ("data", text)])
+            try:
+                sys.stdout.buffer.write(line.encode("utf-8", errors="replace") + b"\n")
+                sys.stdout.buffer.flush()
+            except OSError:
+                pass
+
+    def pump(self, captures):
+        """Flushes the captures' new output every LIVE_INTERVAL until `done` is set, then once
+        more (a thread of its own: the readers never wait on the log)."""
+        while not self.done.wait(LIVE_INTERVAL):
+            for c in captures:
+                c.flush_live(self)
+        for c in captures:
+            c.flush_live(self, final=True)
+
+
 class Capture(threading.Thread):
     """Reads a pipe to EOF, keeping the first `cap` bytes (plus one byte of lookahead)."""
 
-    def __init__(self, fd, cap):
+    def __init__(self, fd, cap, name):
         super().__init__(daemon=True)
         self.fd = fd
         self.cap = cap
+        self.name = name
         # One byte past the cap tells both whether anything was cut and whether the cut
         # falls inside a multi-byte character.
         self.kept = bytearray()
+        self.lock = threading.Lock()
+        # How much of `kept` went out as live output, and its decoder (a character may be split
+        # between two reads).
+        self.sent = 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def run(self):
         fd = self.fd
@@ -108,9 +159,17 @@ class Capture(threading.Thread):
                 break
             room = self.cap + 1 - len(self.kept)
             if room > 0:
-                self.kept += chunk[:room]
+                with self.lock:
+                    self.kept += chunk[:room]
             # Everything past the lookahead byte is read and dropped: the child must never
             # block on a full pipe, or it would hang until the deadline.
+
+    def flush_live(self, live, final=False):
+        with self.lock:
+            end = min(len(self.kept), self.cap)
+            data = bytes(self.kept[self.sent:end])
+            self.sent = end
+        live.write(self.name, self.decoder.decode(data, final))
 
     def text(self):
         """The kept bytes as text, and whether the stream was longer than the cap."""
@@ -184,7 +243,8 @@ def become_user_program(code, max_procs, env, out_w, err_w):
         os.environ.clear()
         os.environ.update(env)
         sys.stdin = sys.__stdin__ = open(0, "r", encoding="utf-8", closefd=False)
-        sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)
+        # Line-buffered, unlike `python3 -c` into a pipe: the output is streamed as it comes.
+        sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, encoding="utf-8", closefd=False)
         sys.stderr = sys.__stderr__ = open(
             2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False
         )
@@ -401,10 +461,13 @@ def main(argv):
         become_user_program(code, max_procs, env, out_w, err_w)
     os.close(out_w)
     os.close(err_w)
-    out = Capture(out_r, cap)
-    err = Capture(err_r, cap)
+    out = Capture(out_r, cap, "stdout")
+    err = Capture(err_r, cap, "stderr")
     out.start()
     err.start()
+    live = Live()
+    pump = threading.Thread(target=live.pump, args=([out, err],), daemon=True)
+    pump.start()
     waiter = Waiter(pid)
     waiter.start()
     waiter.join(timeout)
@@ -426,6 +489,8 @@ def main(argv):
     kill_leftovers(pid)
     out.join()
     err.join()
+    live.done.set()
+    pump.join()
 
     stdout, stdout_truncated = out.text()
     stderr, stderr_truncated = err.text()

@@ -2,7 +2,10 @@
 //! [`runner_argv`], without any shell, and reads the program from its stdin, framed by
 //! [`program_frame`]; the script runs the user code in a child interpreter, captures its stdout
 //! and stderr separately (each capped), and prints one JSON envelope line. [`parse_envelope`]
-//! recovers the result from the container log.
+//! recovers the result from the container log. While the code runs, the runner also prints what
+//! it writes as output lines ([`parse_output_line`]), which live readers forward to the caller.
+
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -131,6 +134,69 @@ pub enum EnvelopeError {
     UnsupportedVersion(u64),
 }
 
+/// Which stream a piece of output came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    /// The code's standard output.
+    Stdout,
+    /// The code's standard error.
+    Stderr,
+}
+
+impl Stream {
+    /// `stdout` or `stderr`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// Output the code printed while it ran, as the runner reported it (within the stream's cap).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct OutputChunk {
+    /// Where it was printed.
+    pub stream: Stream,
+    /// What was printed since the previous chunk of this stream.
+    #[serde(rename = "data")]
+    pub text: String,
+}
+
+/// Receives a run's output while it runs (never after its result).
+pub type OutputFn = Arc<dyn Fn(OutputChunk) + Send + Sync>;
+
+/// The version of the runner's output lines (`"sandboxrunOutput": 1`).
+pub const OUTPUT_LINE_VERSION: u64 = 1;
+
+/// Most output lines the runner prints in a run (`LIVE_MAX_LINES` in runner.py).
+pub const MAX_OUTPUT_LINES: u64 = 2000;
+
+/// Most bytes the output lines add to a sandbox's log: both streams' capped output, each byte
+/// escaped to at most six, and each line's framing.
+pub fn output_lines_max_bytes(limits: &Limits) -> u64 {
+    12 * u64::from(limits.output_bytes) + MAX_OUTPUT_LINES * 64
+}
+
+/// The output chunk in one log line, if the line is one of the runner's output lines. Only the
+/// runner writes the log (the code cannot reach the runner's stdout), so a chunk is genuine.
+pub fn parse_output_line(line: &str) -> Option<OutputChunk> {
+    #[derive(Deserialize)]
+    struct Line {
+        #[serde(rename = "sandboxrunOutput")]
+        version: u64,
+        #[serde(flatten)]
+        chunk: OutputChunk,
+    }
+    let line = line.trim();
+    if !line.starts_with("{\"sandboxrunOutput\"") {
+        return None;
+    }
+    let parsed: Line = serde_json::from_str(line).ok()?;
+    (parsed.version == OUTPUT_LINE_VERSION).then_some(parsed.chunk)
+}
+
 /// Only the version field, to tell an envelope of another version from a line that is no
 /// envelope at all.
 #[derive(Deserialize)]
@@ -243,6 +309,31 @@ mod tests {
     fn skips_lines_that_are_not_envelopes() {
         let log = format!("{OK}\n{{\"other\":1}}\n{{not json\nplain text");
         assert_eq!(parse_envelope(&log).unwrap().stdout, "hi\n");
+    }
+
+    #[test]
+    fn output_lines_are_read_and_never_taken_for_the_envelope() {
+        let chunk = r#"{"sandboxrunOutput":1,"stream":"stderr","data":"tick \u00e9\n"}"#;
+        assert_eq!(
+            parse_output_line(chunk),
+            Some(OutputChunk {
+                stream: Stream::Stderr,
+                text: "tick é\n".into()
+            })
+        );
+        for not in [
+            OK,
+            "sandboxrun-program-received 8",
+            r#"{"sandboxrunOutput":2,"stream":"stdout","data":"x"}"#,
+            r#"{"sandboxrunOutput":1,"stream":"stdin","data":"x"}"#,
+            r#"{"sandboxrunOutput":1,"stream":"stdout"}"#,
+        ] {
+            assert_eq!(parse_output_line(not), None, "{not}");
+        }
+        // A log with output lines after the envelope's start still yields the envelope.
+        let log = format!("{chunk}\n\n{OK}\n");
+        assert_eq!(parse_envelope(&log).unwrap().stdout, "hi\n");
+        assert_eq!(parse_envelope(chunk), Err(EnvelopeError::Missing));
     }
 
     #[test]

@@ -347,6 +347,56 @@ async fn output_over_the_cap_is_truncated_and_flagged() {
     .await;
 }
 
+/// What the code prints reaches the caller while it runs: a line, then (2 s later) another.
+/// Each arrives before the run ends, the first long before; the chunks add up to the result's
+/// output, and past the cap nothing more is streamed.
+#[tokio::test]
+async fn output_is_streamed_while_the_code_runs() {
+    use sandboxrun_core::{OutputChunk, OutputFn, Stream};
+    use std::sync::{Arc, Mutex};
+    let _serial = serial().await;
+    let code = "import sys, time\nprint('first')\nprint('oops', file=sys.stderr)\n\
+                time.sleep(2)\nprint('second é')\nsys.stdout.write('x' * 3000)\n";
+    let limits = Limits {
+        output_bytes: 1024,
+        ..limits()
+    };
+    for (isolation, sandbox) in engines() {
+        let seen: Arc<Mutex<Vec<(Instant, OutputChunk)>>> = Arc::default();
+        let sink = seen.clone();
+        let output: OutputFn = Arc::new(move |c| sink.lock().unwrap().push((Instant::now(), c)));
+        let run = sandbox
+            .run_python_with_output(code, &limits, Some(output))
+            .await
+            .unwrap();
+        let ended = Instant::now();
+        let env = run.envelope.as_ref().expect("an envelope");
+        let seen = seen.lock().unwrap();
+        let text = |stream| {
+            seen.iter()
+                .filter(|(_, c)| c.stream == stream)
+                .map(|(_, c)| c.text.as_str())
+                .collect::<String>()
+        };
+        assert_eq!(text(Stream::Stdout), env.stdout, "{isolation}: {seen:?}");
+        assert_eq!(text(Stream::Stderr), "oops\n", "{isolation}");
+        assert!(
+            env.stdout_truncated && env.stdout.len() <= 1024,
+            "{isolation}"
+        );
+        let first = seen
+            .iter()
+            .find(|(_, c)| c.text.contains("first"))
+            .expect("the first line");
+        assert!(
+            ended.duration_since(first.0) > Duration::from_millis(1500),
+            "{isolation}: the first line came {:?} before the end",
+            ended.duration_since(first.0)
+        );
+        assert!(seen.len() >= 2, "{isolation}: {seen:?}");
+    }
+}
+
 #[tokio::test]
 async fn dropping_the_run_kills_everything() {
     let _serial = serial().await;

@@ -292,6 +292,12 @@ pub struct Approval {
     #[serde(default)]
     #[schemars(length(min = 1, max = 253))]
     pub by: String,
+    /// Why they decided so, in their words (optional; `kubectl sandboxrun deny RUN --reason
+    /// TEXT`). The operator carries it into the run's outcome: the `Approved` condition, the
+    /// status message of a denied run, its Event and its audit line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub reason: Option<String>,
 }
 
 /// The schema of [`Approval`] requires `by` (serde's `default` would make it optional with an

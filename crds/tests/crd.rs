@@ -284,4 +284,35 @@ fn an_approval_requires_by_but_an_old_one_still_reads() {
     // not read would stall its whole watch.
     let old: sandboxrun_api::Approval = serde_json::from_value(json!({"approved": true})).unwrap();
     assert_eq!(old.by, "");
+    assert_eq!(old.reason, None);
+}
+
+#[test]
+fn an_approval_may_say_why_in_at_most_1024_characters() {
+    let crd = serde_json::to_value(SandboxRun::crd()).unwrap();
+    let approval = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["approval"];
+    let reason = &approval["properties"]["reason"];
+    assert_eq!(reason["type"], "string", "{approval}");
+    assert_eq!(reason["maxLength"], 1024, "{approval}");
+    assert_eq!(
+        approval["required"],
+        json!(["by"]),
+        "the reason is optional"
+    );
+    let denial: sandboxrun_api::Approval = serde_json::from_value(
+        json!({"approved": false, "by": "bob", "reason": "not on a Friday"}),
+    )
+    .unwrap();
+    assert_eq!(denial.reason.as_deref(), Some("not on a Friday"));
+    // Without a reason, none is written (a merge patch of an approval leaves no null behind).
+    let bare = sandboxrun_api::Approval {
+        approved: true,
+        by: "alice".into(),
+        reason: None,
+    };
+    assert_eq!(
+        serde_json::to_value(&bare).unwrap(),
+        json!({"approved": true, "by": "alice"})
+    );
 }

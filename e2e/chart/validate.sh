@@ -5,8 +5,9 @@
 #
 # Offline: the schemas are generated here (schemagen/) from the OpenAPI document of the
 # k8s.io/kubernetes module of the cluster's version (e2e/cluster/versions.env), from the chart's
-# CRD and from prometheus-operator's ServiceMonitor CRD, both modules fetched through the Go module
-# proxy; kubeconform is built from the proxy too and cached under $SANDBOXRUN_CACHE.
+# CRD and from prometheus-operator's ServiceMonitor and PrometheusRule CRDs, both modules fetched
+# through the Go module proxy; kubeconform is built from the proxy too and cached under
+# $SANDBOXRUN_CACHE. Then the chart's alerts' unit tests (e2e/chart/alerts-test.sh, promtool).
 #
 #   e2e/chart/validate.sh        (HELM=/path/to/helm to use another helm than build.sh's)
 source "$(dirname "${BASH_SOURCE[0]}")/../cluster/lib.sh"
@@ -31,10 +32,11 @@ promop_dir="$(module_dir "github.com/prometheus-operator/prometheus-operator@v$P
 [[ -f $k8s_dir/api/openapi-spec/swagger.json ]] || die "no swagger.json in k8s.io/kubernetes@v$K8S_VERSION"
 
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
-log "generating Kubernetes v$K8S_VERSION schemas (+ SandboxRun, ServiceMonitor CRDs)"
+log "generating Kubernetes v$K8S_VERSION schemas (+ SandboxRun, ServiceMonitor, PrometheusRule CRDs)"
 (cd "$REPO_ROOT/e2e/chart/schemagen" && go run . -swagger "$k8s_dir/api/openapi-spec/swagger.json" \
   -out "$work/schemas" "$CHART"/crds/*.yaml \
-  "$promop_dir/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml")
+  "$promop_dir/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" \
+  "$promop_dir/example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml")
 location="$work/schemas/{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json"
 kubeconform() { "$KUBECONFORM" -strict -summary -schema-location "$location" "$@"; }
 
@@ -57,9 +59,11 @@ case_values=(
   "defaults:"
   "e2e:--set frontend.enabled=true --set frontend.service.type=NodePort --set frontend.service.nodePort=30080 --set frontend.apiKeys[0].agent=e2e --set frontend.apiKeys[0].sha256=$(printf x | sha256sum | cut -d' ' -f1)"
   "all-features:-f $CHART/ci/all-features-values.yaml"
+  "oauth-only:-f $CHART/ci/oauth-values.yaml"
 )
-# helm lint cannot be told about API groups; template renders the ServiceMonitors with this.
-monitoring=(--api-versions monitoring.coreos.com/v1/ServiceMonitor)
+# helm lint cannot be told about API groups; template renders the ServiceMonitors and the
+# PrometheusRule with this.
+monitoring=(--api-versions monitoring.coreos.com/v1/ServiceMonitor --api-versions monitoring.coreos.com/v1/PrometheusRule)
 for c in "${case_values[@]}"; do
   name=${c%%:*}; read -r -a args <<<"${c#*:}"
   log "helm lint --strict, helm template | kubeconform: $name"
@@ -79,6 +83,15 @@ refuse() {
 refuse "needs operator.leaderElection=true" --set operator.replicas=2 --set operator.leaderElection=false
 refuse "ingress.enabled needs frontend.enabled" --set ingress.enabled=true --set ingress.hosts[0]=a.example
 refuse "needs the prometheus-operator CRDs" --set serviceMonitor.enabled=true
+refuse "needs the prometheus-operator CRDs (monitoring.coreos.com/v1 PrometheusRule)" --set prometheusRule.enabled=true
 refuse "frontend.enabled needs frontend.apiKeys" --set frontend.enabled=true
+refuse "frontend.oauth.issuer needs frontend.oauth.resource" --set frontend.enabled=true --set frontend.oauth.issuer=https://auth.example.com
 refuse "sandboxNamespace.name" --set sandboxNamespace.name=Not_A_Name
+# The Grafana dashboard's ConfigMap carries the chart's JSON file unchanged, and it is JSON.
+python3 -m json.tool "$CHART/dashboards/sandboxrun.json" >/dev/null || die "dashboards/sandboxrun.json is not JSON"
+"$HELM" template sandboxrun "$CHART" "${kube[@]}" -f "$CHART/ci/all-features-values.yaml" "${monitoring[@]}" \
+  --show-only templates/grafana-dashboard.yaml |
+  awk 'found { sub(/^    /, ""); print } /^  sandboxrun.json: [|]-$/ { found = 1 }' |
+  cmp -s - "$CHART/dashboards/sandboxrun.json" || die "the dashboard ConfigMap differs from dashboards/sandboxrun.json"
+"$REPO_ROOT/e2e/chart/alerts-test.sh"
 log "chart OK"

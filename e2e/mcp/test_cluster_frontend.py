@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import anyio
 import httpx2
@@ -53,6 +54,43 @@ def test_run_python_through_the_cluster_frontend_records_the_agent():
     node = json.loads(subprocess.run([KUBECTL, "get", "nodes", "-o", "json"], check=True,
                                      capture_output=True, text=True).stdout)
     assert lines[1] != node["items"][0]["status"]["nodeInfo"]["kernelVersion"]
+
+
+TICKS = "import sys, time\nfor i in range(3):\n    print('tick', i)\n    time.sleep(1)\nprint('done', file=sys.stderr)\n"
+
+
+def test_output_reaches_the_client_while_the_sandbox_pod_runs():
+    """A program printing a line a second in a sandbox Pod: the frontend follows the Pod's log
+    and each line arrives as a progress message while the code runs, in order, after Running
+    and long before the result; the result holds all of it."""
+
+    async def main():
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=180) as client, \
+                streamable_http_client(URL, http_client=client) as streams, \
+                ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            seen: list[tuple[float, str]] = []
+
+            async def on_progress(value, total, message):
+                seen.append((time.monotonic(), message or ""))
+
+            result = await session.call_tool("run_python", {"code": TICKS}, progress_callback=on_progress,
+                                             read_timeout_seconds=170)
+            return result, seen, time.monotonic()
+
+    result, seen, returned = anyio.run(main)
+    assert result.is_error is False, result.content
+    assert result.structured_content["stdout"] == "tick 0\ntick 1\ntick 2\n"
+    messages = [m for _, m in seen]
+    output = [m for m in messages if m.startswith(("stdout: ", "stderr: "))]
+    assert "".join(m[len("stdout: "):] for m in output if m.startswith("stdout: ")) == \
+        "tick 0\ntick 1\ntick 2\n", messages
+    assert "stderr: done\n" in output, messages
+    running = next(i for i, m in enumerate(messages) if m.startswith("Running"))
+    assert running < messages.index(output[0]), messages
+    ticks = [t for t, m in seen if "tick" in m]
+    assert len(ticks) == 3 and ticks[2] - ticks[0] > 1.0, seen
+    assert returned - ticks[0] > 1.5, seen
 
 
 def test_the_cluster_frontend_refuses_calls_without_a_valid_key():

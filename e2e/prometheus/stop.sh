@@ -3,6 +3,8 @@
 set -euo pipefail
 PORT="${SANDBOXRUN_PROM_PORT:-59090}"
 BASE="${SANDBOXRUN_PROM_DIR:-/tmp/sandboxrun-prometheus-$PORT}"
+# The target refresher of SANDBOXRUN_PROM_KUBECONFIG (it would end with the server anyway).
+if [[ -f $BASE/sd.pid ]]; then kill "$(cat "$BASE/sd.pid")" 2>/dev/null || true; fi
 if [[ -f $BASE/pid ]]; then
   pid="$(cat "$BASE/pid")"
   if kill -0 "$pid" 2>/dev/null; then

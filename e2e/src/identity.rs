@@ -9,8 +9,9 @@ use kube::api::{Api, PostParams};
 use kube::config::AuthInfo;
 use kube::{Client, Config};
 
-/// A client authenticated as `system:serviceaccount:<namespace>:<name>` (token valid 10 min).
-pub async fn client_as(admin: &Client, namespace: &str, name: &str) -> Result<Client> {
+/// A token of `system:serviceaccount:<namespace>:<name>` (valid 10 min), from the TokenRequest
+/// API.
+pub async fn token_for(admin: &Client, namespace: &str, name: &str) -> Result<String> {
     let request: TokenRequest = serde_json::from_value(serde_json::json!({
         "spec": { "audiences": [], "expirationSeconds": 600 }
     }))?;
@@ -22,6 +23,12 @@ pub async fn client_as(admin: &Client, namespace: &str, name: &str) -> Result<Cl
     let Some(token) = issued.status.map(|s| s.token) else {
         bail!("the API server issued no token for {namespace}/{name}");
     };
+    Ok(token)
+}
+
+/// A client authenticated as `system:serviceaccount:<namespace>:<name>` (token valid 10 min).
+pub async fn client_as(admin: &Client, namespace: &str, name: &str) -> Result<Client> {
+    let token = token_for(admin, namespace, name).await?;
     // Same API server and CA as the admin kubeconfig; only the credentials change.
     let mut config = Config::infer().await.context("reading KUBECONFIG")?;
     config.auth_info = AuthInfo {

@@ -28,11 +28,24 @@ fn dry_run() -> PostParams {
     }
 }
 
-/// A Pod that passes the restricted Pod Security profile and the namespace's quota, so that the
-/// only possible refusal is the authorizer's.
+/// A Pod that passes the restricted Pod Security profile, the namespace's quota and the sandbox
+/// Pod policy (labels, owner, read-only root: as the operator builds them), so that the only
+/// possible refusal is the authorizer's.
 fn sandbox_like_pod() -> Pod {
     serde_json::from_value(json!({
-        "metadata": { "name": unique_name("rbac-probe") },
+        "metadata": {
+            "name": unique_name("rbac-probe"),
+            "labels": {
+                "app.kubernetes.io/managed-by": "sandboxrun-operator",
+                "sandboxrun.dev/pool": "rbac-probe",
+                "sandboxrun.dev/tool": "python",
+            },
+            "ownerReferences": [{
+                "apiVersion": "sandboxrun.dev/v1alpha1", "kind": "SandboxPool",
+                "name": "rbac-probe", "uid": "00000000-0000-4000-8000-000000000000",
+                "controller": true,
+            }],
+        },
         "spec": {
             "runtimeClassName": "gvisor",
             "automountServiceAccountToken": false,
@@ -50,6 +63,7 @@ fn sandbox_like_pod() -> Pod {
                 },
                 "securityContext": {
                     "allowPrivilegeEscalation": false,
+                    "readOnlyRootFilesystem": true,
                     "capabilities": { "drop": ["ALL"] }
                 }
             }]
@@ -130,6 +144,19 @@ async fn frontend_cannot_create_pods_or_read_secrets() -> Result<()> {
     ensure!(
         !can_i(&fe, "create", "", "pods", "exec", RUNS_NAMESPACE).await?,
         "frontend may exec into Pods"
+    );
+    ensure!(
+        !can_i(&fe, "create", "", "pods", "attach", RUNS_NAMESPACE).await?,
+        "frontend may attach to Pods"
+    );
+    // It reads sandbox logs (a run's output while it runs), and only in the sandbox namespace.
+    ensure!(
+        can_i(&fe, "get", "", "pods", "log", RUNS_NAMESPACE).await?,
+        "frontend may not read sandbox logs (live output)"
+    );
+    ensure!(
+        !can_i(&fe, "get", "", "pods", "log", SYSTEM_NAMESPACE).await?,
+        "frontend may read logs in its own namespace"
     );
     Ok(())
 }

@@ -38,7 +38,7 @@ pub enum Command {
         backend: BackendArgs,
         /// HTTP settings.
         #[command(flatten)]
-        http: HttpArgs,
+        http: Box<HttpArgs>,
     },
     /// Print the SHA-256 of an API key read from stdin, for the key file's `sha256` field.
     HashKey,
@@ -178,6 +178,43 @@ pub struct HttpArgs {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
+    /// OAuth access tokens, next to API keys.
+    #[command(flatten)]
+    pub oauth: OAuthArgs,
+}
+
+/// OAuth 2.1 resource server options (the MCP authorization specification): with an issuer,
+/// bearer JWT access tokens from that authorization server are accepted next to API keys.
+#[derive(Debug, Args)]
+pub struct OAuthArgs {
+    /// Issuer identifier of the authorization server whose access tokens are accepted, exactly
+    /// as its tokens' `iss` claim says it; its keys are found through its metadata
+    /// (/.well-known/oauth-authorization-server or /.well-known/openid-configuration).
+    #[arg(long, env = "SANDBOXRUN_OAUTH_ISSUER", requires = "oauth_resource")]
+    pub oauth_issuer: Option<String>,
+    /// This server's MCP URL as clients reach it (https://host/mcp): the resource tokens are
+    /// asked for (RFC 8707), named in the protected resource metadata.
+    #[arg(long, env = "SANDBOXRUN_OAUTH_RESOURCE", requires = "oauth_issuer")]
+    pub oauth_resource: Option<String>,
+    /// The `aud` access tokens must carry (default: --oauth-resource).
+    #[arg(long, env = "SANDBOXRUN_OAUTH_AUDIENCE", requires = "oauth_issuer")]
+    pub oauth_audience: Option<String>,
+    /// The token claim that names the agent.
+    #[arg(long, env = "SANDBOXRUN_OAUTH_AGENT_CLAIM", default_value = "sub")]
+    pub oauth_agent_claim: String,
+    /// Put before the claim's value to make the agent identity, so that no token can take the
+    /// name (and the policy rules) of an API key's agent; key agents may not start with it.
+    #[arg(long, env = "SANDBOXRUN_OAUTH_AGENT_PREFIX", default_value = "oauth:")]
+    pub oauth_agent_prefix: String,
+    /// YAML map of scope name to the tools and environments it grants
+    /// (`{tools: [run_python], environments: [staging]}`). Default: sandboxrun:run_python,
+    /// sandboxrun:execute_sql and sandboxrun:fetch_metrics grant their tool; sandboxrun:staging
+    /// and sandboxrun:production grant those environments (the sandbox one is always granted).
+    #[arg(long, env = "SANDBOXRUN_OAUTH_SCOPES_FILE", requires = "oauth_issuer")]
+    pub oauth_scopes_file: Option<PathBuf>,
+    /// The authorization server's key set URL, for one that publishes no metadata.
+    #[arg(long, env = "SANDBOXRUN_OAUTH_JWKS_URI", requires = "oauth_issuer")]
+    pub oauth_jwks_uri: Option<String>,
 }
 
 /// A duration of zero or more: bare seconds (`30`) or a friendly/ISO 8601 duration (`90s`, `5m`,

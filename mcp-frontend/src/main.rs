@@ -6,6 +6,7 @@
 mod backend;
 mod cli;
 mod embedded;
+mod grant;
 mod http;
 mod inflight;
 mod metrics;
@@ -63,7 +64,8 @@ async fn main() -> anyhow::Result<()> {
             transport::serve_stdio(SandboxRunServer::new(shared, Some(agent))).await
         }
         Command::Serve { backend, http } => {
-            let keys = load_keys(&http, &backend).await?;
+            let oauth = oauth_server(&http)?;
+            let keys = load_keys(&http, &backend, oauth.as_deref()).await?;
             let shared = shared_state(&backend, keys.environments()).await?;
             let config = http::HttpConfig {
                 listen: http.listen,
@@ -72,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
                 rate_per_minute: http.rate_limit_per_minute,
                 rate_burst: http.rate_limit_burst,
                 body_limit: http.max_body_bytes,
+                oauth,
             };
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
@@ -128,8 +131,47 @@ async fn shared_state(
     }))
 }
 
-/// Keys from the file and/or the Secret; serving HTTP without any key is refused.
-async fn load_keys(http: &HttpArgs, backend: &BackendArgs) -> anyhow::Result<KeyStore> {
+/// The OAuth resource server, when an issuer is configured.
+fn oauth_server(http: &HttpArgs) -> anyhow::Result<Option<Arc<http::oauth::ResourceServer>>> {
+    let args = &http.oauth;
+    let (Some(issuer), Some(resource)) = (&args.oauth_issuer, &args.oauth_resource) else {
+        return Ok(None);
+    };
+    let scopes = match &args.oauth_scopes_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the scope file {}", path.display()))?;
+            grant::ScopeMap::parse(&text, &path.display().to_string())
+                .map_err(anyhow::Error::msg)?
+        }
+        None => grant::ScopeMap::default(),
+    };
+    let server = http::oauth::ResourceServer::new(http::oauth::OAuthConfig {
+        issuer: issuer.clone(),
+        resource: resource.clone(),
+        audience: args.oauth_audience.clone(),
+        agent_claim: args.oauth_agent_claim.clone(),
+        agent_prefix: args.oauth_agent_prefix.clone(),
+        scopes,
+        jwks_uri: args.oauth_jwks_uri.clone(),
+    })
+    .map_err(anyhow::Error::msg)?;
+    if args.oauth_agent_prefix.is_empty() {
+        tracing::warn!(
+            "--oauth-agent-prefix is empty: a token whose claim equals an API key's agent acts \
+             under that agent's name and policy rules"
+        );
+    }
+    Ok(Some(Arc::new(server)))
+}
+
+/// Keys from the file and/or the Secret. Serving HTTP without any credential is refused: no key
+/// and no OAuth issuer. A key's agent may not look like a token's (the OAuth agent prefix).
+async fn load_keys(
+    http: &HttpArgs,
+    backend: &BackendArgs,
+    oauth: Option<&http::oauth::ResourceServer>,
+) -> anyhow::Result<KeyStore> {
     let mut keys = KeyStore::default();
     if let Some(path) = &http.api_keys_file {
         keys.merge(KeyStore::load_file(path)?);
@@ -138,10 +180,21 @@ async fn load_keys(http: &HttpArgs, backend: &BackendArgs) -> anyhow::Result<Key
         keys.merge(load_secret_keys(&backend.namespace, secret).await?);
     }
     anyhow::ensure!(
-        !keys.is_empty(),
-        "serve needs API keys: pass --api-keys-file (YAML list of {{agent, sha256}}; \
-         `sandboxrun-mcp hash-key` prints a key's sha256) or --api-keys-secret"
+        !keys.is_empty() || oauth.is_some(),
+        "serve needs API keys or an OAuth issuer: pass --api-keys-file (YAML list of {{agent, \
+         sha256}}; `sandboxrun-mcp hash-key` prints a key's sha256), --api-keys-secret, or \
+         --oauth-issuer with --oauth-resource"
     );
+    if let Some(oauth) = oauth
+        && !oauth.agent_prefix().is_empty()
+        && let Some(agent) = keys.agents().find(|a| a.starts_with(oauth.agent_prefix()))
+    {
+        anyhow::bail!(
+            "the API key agent {agent:?} starts with the OAuth agent prefix {:?}, so a token \
+             could act as it: rename the agent or change --oauth-agent-prefix",
+            oauth.agent_prefix()
+        );
+    }
     Ok(keys)
 }
 

@@ -13,7 +13,7 @@ use rmcp::service::RequestContext;
 use sandboxrun_api::ClusterTool;
 use sandboxrun_core::metrics::CallRecord;
 use sandboxrun_core::tools::CallSummary;
-use sandboxrun_core::{Environment, Phase, Verdict};
+use sandboxrun_core::{Environment, OutputChunk, OutputFn, Phase, Verdict};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -28,6 +28,7 @@ const CANCELLED: &str = "Cancelled";
 const UNAVAILABLE: &str = "Unavailable";
 const THROTTLED: &str = "Throttled";
 const NOT_PERMITTED: &str = "EnvironmentNotPermitted";
+const SCOPE_MISSING: &str = "ScopeNotGranted";
 
 impl SandboxRunServer {
     /// Runs one call of tool `T` with the raw `args` through the whole pipeline.
@@ -52,6 +53,15 @@ impl SandboxRunServer {
         let started = Instant::now();
         let shared = &self.shared;
         let tool = T::TOOL.mcp_name();
+        let grant = self.grant(&ctx);
+        // An access token's scopes bind which tools its bearer may call at all.
+        if let Some(message) = grant.as_ref().and_then(|g| g.tool_refusal(&agent, T::TOOL)) {
+            shared
+                .metrics
+                .observe_call(tool, Outcome::Rejected, started.elapsed());
+            self.record::<T>(&agent, Environment::Sandbox, None, SCOPE_MISSING);
+            return CallToolResult::error(vec![ContentBlock::text(message)]);
+        }
         let parse = shared.policy.parse_context();
         let call = match T::parse(&args, &parse) {
             Ok(call) => call,
@@ -64,8 +74,18 @@ impl SandboxRunServer {
             }
         };
         let environment = T::environment(&call);
-        // What an agent may target is bound to its identity (its API key entry), not to what
-        // it asks for: the caller chooses the environment argument.
+        // What an agent may target is bound to its credential (its access token's scopes, its
+        // API key entry), not to what it asks for: the caller chooses the environment argument.
+        if let Some(message) = grant
+            .as_ref()
+            .and_then(|g| g.environment_refusal(&agent, environment))
+        {
+            shared
+                .metrics
+                .observe_call(tool, Outcome::Rejected, started.elapsed());
+            self.record::<T>(&agent, environment, None, NOT_PERMITTED);
+            return CallToolResult::error(vec![ContentBlock::text(message)]);
+        }
         if let Some(allowed) = shared.environments.get(&agent)
             && !allowed.contains(&environment)
         {
@@ -98,14 +118,14 @@ impl SandboxRunServer {
             ))]);
         };
         tracing::info!(backend = shared.backend.name(), %environment, "tool call");
-        let (progress, forwarder) = progress_forwarder(&ctx);
+        let (progress, output, forwarder) = progress_forwarder(&ctx);
         // Notifications go out while the run goes on (and while it waits for an approval); the
         // forwarder ends once the backend has dropped the progress function, so they all
         // precede the result (on Streamable HTTP the response closes the request's stream).
         let (result, ()) = tokio::join!(
             shared
                 .backend
-                .call::<T>(&agent, call.clone(), progress, ctx.ct.clone()),
+                .call::<T>(&agent, call.clone(), progress, output, ctx.ct.clone()),
             forwarder
         );
         let (outcome, tool_result) = match result {
@@ -178,29 +198,48 @@ pub fn tool_result(output: Value, error_text: Option<String>) -> CallToolResult 
     }
 }
 
-/// Turns backend phases into `notifications/progress` when the request carries a progress
-/// token. Notifications go out in order from one task; the returned future ends once the
-/// progress function is dropped and everything queued was sent.
+/// What the forwarder sends, in the order it happened.
+enum Note {
+    Phase(Phase, String),
+    Output(OutputChunk),
+}
+
+/// Turns backend phases, and the output a run prints while it runs, into
+/// `notifications/progress` when the request carries a progress token (no token: neither is
+/// collected). Notifications go out in order from one task; the returned future ends once the
+/// backend has dropped both functions and everything queued was sent.
 fn progress_forwarder(
     ctx: &RequestContext<RoleServer>,
-) -> (ProgressFn, impl Future<Output = ()> + use<>) {
+) -> (
+    ProgressFn,
+    Option<OutputFn>,
+    impl Future<Output = ()> + use<>,
+) {
     let token = ctx.meta.get_progress_token();
     let peer = ctx.peer.clone();
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Phase, String)>();
-    let progress: ProgressFn = if token.is_some() {
-        Arc::new(move |phase, run| {
-            let _ = tx.send((phase, run.to_owned()));
-        })
+    let (tx, mut rx) = mpsc::unbounded_channel::<Note>();
+    let (progress, output): (ProgressFn, Option<OutputFn>) = if token.is_some() {
+        let out = tx.clone();
+        (
+            Arc::new(move |phase, run| {
+                let _ = tx.send(Note::Phase(phase, run.to_owned()));
+            }),
+            Some(Arc::new(move |chunk| {
+                let _ = out.send(Note::Output(chunk));
+            })),
+        )
     } else {
-        Arc::new(|_, _| {})
+        (Arc::new(|_, _| {}), None)
     };
     let forward = async move {
         let Some(token) = token else { return };
         let mut step = 0.0;
-        while let Some((phase, run)) = rx.recv().await {
-            let Some(message) = progress_message(phase, &run) else {
-                continue;
+        while let Some(note) = rx.recv().await {
+            let message = match note {
+                Note::Phase(phase, run) => progress_message(phase, &run),
+                Note::Output(chunk) => Some(output_message(&chunk)),
             };
+            let Some(message) = message else { continue };
             step += 1.0;
             let param = ProgressNotificationParam::new(token.clone(), step).with_message(message);
             if let Err(e) = peer.notify_progress(param).await {
@@ -208,7 +247,13 @@ fn progress_forwarder(
             }
         }
     };
-    (progress, forward)
+    (progress, output, forward)
+}
+
+/// The progress message of output printed while the code runs: the stream, then the text as
+/// printed (clients show progress messages as they come; the result holds all of it again).
+fn output_message(chunk: &OutputChunk) -> String {
+    format!("{}: {}", chunk.stream.as_str(), chunk.text)
 }
 
 /// The progress message of a phase: the phase first (clients may match on it), then what it

@@ -12,11 +12,13 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ResultType,
     ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use sandboxrun_core::Tool;
 use sandboxrun_core::metrics::CallStore;
 use sandboxrun_core::tools::ToolSpec;
 use sandboxrun_core::tools::metrics::{self as metrics_tool, FetchMetrics};
@@ -37,6 +39,8 @@ refused or failed call comes back as an error result that says what to change.";
 /// extensions; rmcp hands the request's `http::request::Parts` to the tool.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Agent(pub String);
+
+pub use crate::grant::Grant;
 
 /// Everything the handler needs, shared by all sessions.
 pub struct Shared {
@@ -67,6 +71,9 @@ pub struct SandboxRunServer {
     /// Caller identity when the transport carries none per request: the local user for stdio,
     /// the authenticated agent of a legacy SSE session.
     default_agent: Option<String>,
+    /// What the caller's access token allows when the transport carries no [`Grant`] per
+    /// request: the token that opened a legacy SSE session.
+    default_grant: Option<Grant>,
 }
 
 impl SandboxRunServer {
@@ -83,7 +90,14 @@ impl SandboxRunServer {
             tool_router,
             shared,
             default_agent,
+            default_grant: None,
         }
+    }
+
+    /// The same server bound to the access token's grant of the session that opens it.
+    pub fn with_grant(mut self, grant: Option<Grant>) -> Self {
+        self.default_grant = grant;
+        self
     }
 
     /// What the server tells a client at initialization: the preamble and the part of every
@@ -113,6 +127,17 @@ impl SandboxRunServer {
             .map(|a| a.0.clone())
             .or_else(|| self.default_agent.clone())
             .unwrap_or_else(|| "anonymous".to_owned())
+    }
+
+    /// The caller's access token grant: per request from HTTP auth, else the session's. `None`
+    /// for a caller with an API key (bound by its key entry) or the local user of stdio.
+    pub(crate) fn grant(&self, ctx: &RequestContext<RoleServer>) -> Option<Grant> {
+        ctx.extensions
+            .get::<Parts>()
+            .and_then(|parts| parts.extensions.get::<Grant>())
+            .or_else(|| ctx.extensions.get::<Grant>())
+            .or(self.default_grant.as_ref())
+            .cloned()
     }
 }
 
@@ -205,6 +230,44 @@ impl ServerHandler for SandboxRunServer {
                     .with_title("sandboxrun"),
             )
             .with_instructions(self.instructions())
+    }
+
+    /// The tools this server offers, less those the caller's access token does not grant (a
+    /// call to one would be refused anyway). The list then depends on the caller, so a
+    /// 2026-07-28 client is told to keep it private.
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let grant = self.grant(&context);
+        let tools = self
+            .tool_router
+            .list_all()
+            .into_iter()
+            .filter(|t| {
+                let Some(grant) = &grant else { return true };
+                Tool::ALL
+                    .into_iter()
+                    .find(|tool| tool.mcp_name() == t.name)
+                    .is_none_or(|tool| grant.allows(tool))
+            })
+            .collect();
+        let cache_hints = context
+            .protocol_version()
+            .is_some_and(|version| version >= ProtocolVersion::V_2026_07_28);
+        Ok(ListToolsResult {
+            result_type: Some(ResultType::COMPLETE),
+            tools,
+            meta: None,
+            next_cursor: None,
+            ttl_ms: cache_hints.then_some(0),
+            cache_scope: cache_hints.then_some(if grant.is_some() {
+                CacheScope::Private
+            } else {
+                CacheScope::Public
+            }),
+        })
     }
 
     /// Like the generated router call, but an unknown tool gets a message naming the tools

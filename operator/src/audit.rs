@@ -4,8 +4,10 @@
 //! whether a person approved it, how it ended (phase, phase reason) and how long it took from
 //! creation. With the operator's JSON logs each line reads
 //! `{"timestamp":…,"level":"INFO","fields":{"message":"audit","run":…,"namespace":…,"agent":…,
-//! "tool":…,"environment":…,"verdict":…,"rule":…,"reason":…,"approved":…,"decided_by":…,"phase":…,
-//! "phase_reason":…,"duration_ms":…},"target":"audit"}`; keep `audit=info` in `RUST_LOG`.
+//! "tool":…,"environment":…,"verdict":…,"rule":…,"reason":…,"approved":…,"decided_by":…,
+//! "approval_reason":…,"phase":…,"phase_reason":…,"duration_ms":…},"target":"audit"}`; keep
+//! `audit=info` in `RUST_LOG`. `approval_reason` is what the person who approved or denied the run
+//! gave as their reason (`spec.approval.reason`; empty when nobody decided or they gave none).
 //! `verdict` is the API's word (`Allow`, `Block`, `Escalate`: `Verdict::as_str`), `environment`
 //! and `tool` the resource's (`sandbox`, `python`).
 //!
@@ -50,6 +52,7 @@ pub fn record(
     now: Timestamp,
 ) {
     let decision = status.decision.as_ref();
+    let decided = approval_state(run.spec.approval.as_ref(), run.metadata.generation);
     tracing::info!(
         target: TARGET,
         run = %run.name_any(),
@@ -62,9 +65,9 @@ pub fn record(
         reason = decision.map_or("", |d| d.reason.as_str()),
         approved = approved(status),
         // Who approved or denied the escalated run (`spec.approval.by`; empty: nobody did).
-        decided_by = approval_state(run.spec.approval.as_ref(), run.metadata.generation)
-            .by()
-            .unwrap_or_default(),
+        decided_by = decided.by().unwrap_or_default(),
+        // Why they decided so (`spec.approval.reason`; empty: they did not say, or nobody did).
+        approval_reason = decided.reason().unwrap_or_default(),
         phase = phase.as_str(),
         phase_reason,
         duration_ms = age_millis(run, now),

@@ -406,11 +406,12 @@ impl<'a> Reconcile<'a> {
                 let newly_approved =
                     decision.verdict == Verdict::Escalate && !audit::approved(&prev);
                 if newly_approved {
-                    let by = approval.by().unwrap_or_default();
-                    gate::mark_approved(&mut prev, by, self.generation, self.now);
+                    let (by, reason) = (approval.by().unwrap_or_default(), approval.reason());
+                    gate::mark_approved(&mut prev, by, reason, self.generation, self.now);
                     self.apply(&prev).await?;
                     info!(run = %self.name, namespace = %self.ns, "run approved");
-                    self.ctx.events.approved(self.run).await;
+                    let note = gate::approved_message(by, reason);
+                    self.ctx.events.approved(self.run, note).await;
                 }
                 Ok(ControlFlow::Continue(prev))
             }
@@ -911,6 +912,9 @@ pub async fn run(
         watcher::Config::default().labels(&format!("{}={}", pod::LABEL_MANAGED_BY, pod::MANAGER));
     // The cache holds what reconciling needs, not every run in full: see `trim`.
     let (reader, writer) = reflector::store();
+    // While this controller runs, the metrics report its unfinished runs (the leader's count).
+    let metrics = ctx.metrics.clone();
+    metrics.watch_runs(Some(reader.clone()));
     // A streaming list (the API server's WatchList: the initial state as watch events from its
     // cache): each run is decoded and trimmed on its own, where a paged list holds 500 full runs
     // at once, outputs included, and leaves the allocator that much fragmented (measured with
@@ -932,6 +936,7 @@ pub async fn run(
             }
         })
         .await;
+    metrics.watch_runs(None);
 }
 
 #[cfg(test)]

@@ -317,6 +317,69 @@ async fn an_escalated_run_waits_and_runs_once_approved() {
     );
     assert_eq!(status["phase"], "Pending");
     assert!(api.with(|s| s.events.contains(&"Approved".to_owned())));
+    assert!(
+        api.with(|s| s
+            .event_notes
+            .iter()
+            .any(|n| n.starts_with("alice approved"))),
+        "the Approved Event names who approved"
+    );
+}
+
+#[tokio::test]
+async fn a_denial_carries_the_persons_reason_into_status_event_and_audit_line() {
+    let (audit, _guard) = Captured::audit();
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, Some("default: escalate\nrules: []\n"));
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.status()["phase"], "AwaitingApproval");
+
+    // A person denies it, saying why (`kubectl sandboxrun deny r --reason ...`).
+    let why = "production data needs a ticket first";
+    api.with(|s| {
+        let run = s.run.as_mut().unwrap();
+        run["spec"]["approval"] = json!({"approved": false, "by": "bob", "reason": why});
+        run["metadata"]["generation"] = json!(2);
+    });
+    reconcile_as(cached(&api), &ctx).await;
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Rejected"), &json!("ApprovalDenied"))
+    );
+    let message = status["message"].as_str().unwrap();
+    assert!(message.contains("bob denied it"), "{message}");
+    assert!(message.ends_with(&format!(": {why}")), "{message}");
+    let approved = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Approved")
+        .unwrap();
+    assert_eq!(
+        (&approved["status"], &approved["reason"]),
+        (&json!("False"), &json!("ApprovalDenied"))
+    );
+    assert!(
+        approved["message"].as_str().unwrap().contains(why),
+        "{approved}"
+    );
+    let (events, notes) = api.with(|s| (s.events.clone(), s.event_notes.clone()));
+    let denied = events.iter().position(|r| r == "ApprovalDenied");
+    let note = denied.map(|i| notes[i].clone()).unwrap_or_default();
+    assert!(note.contains(why), "{events:?} {notes:?}");
+    let lines = audit.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    let fields = &lines[0]["fields"];
+    assert_eq!(
+        (
+            &fields["phase_reason"],
+            &fields["decided_by"],
+            &fields["approval_reason"]
+        ),
+        (&json!("ApprovalDenied"), &json!("bob"), &json!(why)),
+        "{fields}"
+    );
 }
 
 #[tokio::test]

@@ -119,16 +119,11 @@ impl Events {
         .await;
     }
 
-    /// A person approved an escalated run.
-    pub async fn approved(&self, run: &SandboxRun) {
-        self.publish(
-            run,
-            EventType::Normal,
-            "Approved",
-            "Approve",
-            "a person approved the run (spec.approval.approved: true)".to_owned(),
-        )
-        .await;
+    /// A person approved an escalated run; `note` says who, and why if they said
+    /// (`gate::approved_message`).
+    pub async fn approved(&self, run: &SandboxRun, note: String) {
+        self.publish(run, EventType::Normal, "Approved", "Approve", note)
+            .await;
     }
 
     /// The run reached a terminal phase.

@@ -53,6 +53,8 @@ pub struct ApiState {
     pub requests: Vec<String>,
     /// The reasons of the Events published, in order.
     pub events: Vec<String>,
+    /// The notes of the Events published, in the same order.
+    pub event_notes: Vec<String>,
 }
 
 /// A handle on a running fake API server.
@@ -209,6 +211,8 @@ async fn handle(
     if path.ends_with("/events") && method == Method::POST {
         s.events
             .push(body["reason"].as_str().unwrap_or_default().to_owned());
+        s.event_notes
+            .push(body["note"].as_str().unwrap_or_default().to_owned());
         return json_response(201, &body);
     }
     if let Some(rest) = path.strip_prefix(&runs) {

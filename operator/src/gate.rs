@@ -6,7 +6,9 @@
 //! - `Block`: the run ends `Rejected` (`PolicyBlocked`), no Pod is ever created.
 //! - `Escalate`: the run waits in `AwaitingApproval` (no Pod) until a person sets
 //!   `spec.approval.approved`: `true` proceeds, `false` ends it `Rejected` (`ApprovalDenied`);
-//!   no answer within the approval timeout ends it `Rejected` (`ApprovalTimedOut`).
+//!   no answer within the approval timeout ends it `Rejected` (`ApprovalTimedOut`). The words
+//!   the person gave (`spec.approval.reason`) go into the `Approved` condition, the message of a
+//!   denied run, its Events and its audit line.
 //!
 //! An approval only counts when it was set after the run was created (`metadata.generation`
 //! above 1): whoever creates a run cannot approve it in the same breath.
@@ -90,11 +92,15 @@ pub enum ApprovalState {
     Approved {
         /// Who approved (`spec.approval.by`).
         by: String,
+        /// Why, in their words (`spec.approval.reason`), if they said.
+        reason: Option<String>,
     },
     /// A person (`by`) set `spec.approval.approved: false`.
     Denied {
         /// Who denied (`spec.approval.by`).
         by: String,
+        /// Why, in their words (`spec.approval.reason`), if they said.
+        reason: Option<String>,
     },
 }
 
@@ -103,9 +109,43 @@ impl ApprovalState {
     pub fn by(&self) -> Option<&str> {
         match self {
             Self::Pending => None,
-            Self::Approved { by } | Self::Denied { by } => Some(by),
+            Self::Approved { by, .. } | Self::Denied { by, .. } => Some(by),
         }
     }
+
+    /// Why the person decided so, if anyone decided and said why.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Pending => None,
+            Self::Approved { reason, .. } | Self::Denied { reason, .. } => reason.as_deref(),
+        }
+    }
+}
+
+/// The reason of an approval as recorded: trimmed, and none when blank.
+fn given_reason(approval: &Approval) -> Option<String> {
+    approval
+        .reason
+        .as_deref()
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .map(str::to_owned)
+}
+
+/// `text`, followed by `: reason` when the person gave one.
+fn with_reason(text: String, reason: Option<&str>) -> String {
+    match reason {
+        Some(reason) => format!("{text}: {reason}"),
+        None => text,
+    }
+}
+
+/// What the `Approved=True` condition and the `Approved` Event say: who approved, and why.
+pub fn approved_message(by: &str, reason: Option<&str>) -> String {
+    with_reason(
+        format!("{by} approved the run (spec.approval.approved: true)"),
+        reason,
+    )
 }
 
 /// Who decided, as recorded (an approval from before `by` existed names nobody).
@@ -122,8 +162,14 @@ pub fn approval_state(approval: Option<&Approval>, generation: Option<i64>) -> A
     match approval {
         // Set at creation (generation 1): the creator cannot approve, nor deny, its own run.
         Some(_) if generation.unwrap_or(1) <= 1 => ApprovalState::Pending,
-        Some(a) if a.approved => ApprovalState::Approved { by: approver(a) },
-        Some(a) => ApprovalState::Denied { by: approver(a) },
+        Some(a) if a.approved => ApprovalState::Approved {
+            by: approver(a),
+            reason: given_reason(a),
+        },
+        Some(a) => ApprovalState::Denied {
+            by: approver(a),
+            reason: given_reason(a),
+        },
         None => ApprovalState::Pending,
     }
 }
@@ -163,11 +209,14 @@ pub fn gate(
         )),
         Verdict::Escalate => match approval {
             ApprovalState::Approved { .. } => Gate::Proceed,
-            ApprovalState::Denied { by } => Gate::Reject(rejected(
+            ApprovalState::Denied { by, reason } => Gate::Reject(rejected(
                 Reason::ApprovalDenied,
-                format!(
-                    "policy rule {} escalated the run ({}) and {by} denied it (spec.approval.approved: false)",
-                    decision.rule, decision.reason
+                with_reason(
+                    format!(
+                        "policy rule {} escalated the run ({}) and {by} denied it (spec.approval.approved: false)",
+                        decision.rule, decision.reason
+                    ),
+                    reason.as_deref(),
                 ),
                 now,
             )),
@@ -262,11 +311,12 @@ pub fn awaiting_status(
     s
 }
 
-/// Marks the approval by `by` on a status (the condition `Approved=True`), before the run
-/// proceeds.
+/// Marks the approval by `by` (who said `reason`, if anything) on a status (the condition
+/// `Approved=True`), before the run proceeds.
 pub fn mark_approved(
     status: &mut SandboxRunStatus,
     by: &str,
+    reason: Option<&str>,
     generation: Option<i64>,
     now: Timestamp,
 ) {
@@ -275,7 +325,7 @@ pub fn mark_approved(
         CONDITION_APPROVED,
         true,
         APPROVED,
-        &format!("{by} approved the run (spec.approval.approved: true)"),
+        &approved_message(by, reason),
         generation,
         now,
     );

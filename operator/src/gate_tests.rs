@@ -63,7 +63,10 @@ fn block_rejects_with_the_policy_reason() {
     let g = gate(
         &decision(Verdict::Block),
         // Even an approval cannot override a block.
-        ApprovalState::Approved { by: "alice".into() },
+        ApprovalState::Approved {
+            by: "alice".into(),
+            reason: None,
+        },
         t(T0),
         TIMEOUT,
         t(T0),
@@ -108,7 +111,10 @@ fn escalate_times_out() {
 fn escalate_approved_proceeds_even_late() {
     let g = gate(
         &decision(Verdict::Escalate),
-        ApprovalState::Approved { by: "alice".into() },
+        ApprovalState::Approved {
+            by: "alice".into(),
+            reason: None,
+        },
         t(T0),
         TIMEOUT,
         t(T0),
@@ -120,7 +126,10 @@ fn escalate_approved_proceeds_even_late() {
 fn escalate_denied_rejects() {
     let g = gate(
         &decision(Verdict::Escalate),
-        ApprovalState::Denied { by: "bob".into() },
+        ApprovalState::Denied {
+            by: "bob".into(),
+            reason: None,
+        },
         t(T0),
         TIMEOUT,
         t(T0),
@@ -131,14 +140,71 @@ fn escalate_denied_rejects() {
 }
 
 #[test]
+fn escalate_denied_with_a_reason_says_it() {
+    let g = gate(
+        &decision(Verdict::Escalate),
+        ApprovalState::Denied {
+            by: "bob".into(),
+            reason: Some("no production data without a ticket".into()),
+        },
+        t(T0),
+        TIMEOUT,
+        t(T0),
+    );
+    let (reason, message) = rejected_reason(g);
+    assert_eq!(reason, "ApprovalDenied");
+    assert_eq!(
+        message,
+        "policy rule r escalated the run (because) and bob denied it \
+         (spec.approval.approved: false): no production data without a ticket"
+    );
+}
+
+#[test]
+fn an_approvals_reason_is_recorded_trimmed_and_blank_is_none() {
+    let with = |reason: Option<&str>| Approval {
+        approved: false,
+        by: "bob".into(),
+        reason: reason.map(str::to_owned),
+    };
+    let said = approval_state(Some(&with(Some("  not today \n"))), Some(2));
+    assert_eq!(said.reason(), Some("not today"));
+    assert_eq!(said.by(), Some("bob"));
+    assert_eq!(
+        approval_state(Some(&with(Some(" \t"))), Some(2)).reason(),
+        None
+    );
+    assert_eq!(approval_state(Some(&with(None)), Some(2)).reason(), None);
+    // At creation an approval does not count, nor does what it says.
+    assert_eq!(
+        approval_state(Some(&with(Some("x"))), Some(1)).reason(),
+        None
+    );
+    let mut approve = with(Some("ticket OPS-1"));
+    approve.approved = true;
+    let approved = approval_state(Some(&approve), Some(2));
+    assert_eq!(approved.reason(), Some("ticket OPS-1"));
+    assert_eq!(
+        approved_message("alice", approved.reason()),
+        "alice approved the run (spec.approval.approved: true): ticket OPS-1"
+    );
+    assert_eq!(
+        approved_message("alice", None),
+        "alice approved the run (spec.approval.approved: true)"
+    );
+}
+
+#[test]
 fn approval_counts_only_after_creation() {
     let yes = Approval {
         approved: true,
         by: "alice".into(),
+        reason: None,
     };
     let no = Approval {
         approved: false,
         by: "bob".into(),
+        reason: None,
     };
     assert_eq!(approval_state(None, Some(3)), ApprovalState::Pending);
     // Set by whoever created the run: not an approval.
@@ -146,10 +212,22 @@ fn approval_counts_only_after_creation() {
     assert_eq!(approval_state(Some(&no), Some(1)), ApprovalState::Pending);
     assert_eq!(approval_state(Some(&yes), None), ApprovalState::Pending);
     let approved = approval_state(Some(&yes), Some(2));
-    assert_eq!(approved, ApprovalState::Approved { by: "alice".into() });
+    assert_eq!(
+        approved,
+        ApprovalState::Approved {
+            by: "alice".into(),
+            reason: None
+        }
+    );
     assert_eq!(approved.by(), Some("alice"));
     let denied = approval_state(Some(&no), Some(2));
-    assert_eq!(denied, ApprovalState::Denied { by: "bob".into() });
+    assert_eq!(
+        denied,
+        ApprovalState::Denied {
+            by: "bob".into(),
+            reason: None
+        }
+    );
     assert_eq!(denied.by(), Some("bob"));
     assert_eq!(approval_state(Some(&yes), Some(1)).by(), None);
 }
@@ -174,7 +252,13 @@ fn awaiting_status_records_the_wait_and_keeps_its_start() {
         t(T0)
     );
     let mut approved = again.clone();
-    mark_approved(&mut approved, "alice", Some(2), t("2026-11-29T08:06:00Z"));
+    mark_approved(
+        &mut approved,
+        "alice",
+        None,
+        Some(2),
+        t("2026-11-29T08:06:00Z"),
+    );
     let c = approved
         .conditions
         .iter()

@@ -172,7 +172,7 @@ async fn main() -> anyhow::Result<()> {
             None => kube::Api::all(client.clone()),
         }
     };
-    tokio::spawn(pool::mirror(pools_api(), pool_writer));
+    tokio::spawn(pool::mirror(pools_api(), pool_writer, metrics.clone()));
 
     let ctx = Arc::new(
         Context::new(

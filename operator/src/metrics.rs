@@ -8,11 +8,15 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use prometheus_client::encoding::{EncodeLabelSet, text::encode};
+use kube::runtime::reflector::Store;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, text::encode};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use sandboxrun_api::SandboxRun;
 use sandboxrun_core::{Environment, Phase, Tool, Verdict};
 
 /// Label set naming a phase.
@@ -96,8 +100,86 @@ pub struct Metrics {
     pub warm_claims: Family<ClaimLabels, Counter>,
     /// Time to claim a warm sandbox (list the pool's idle Pods, claim one), seconds.
     pub warm_claim: Histogram,
-    /// Ready idle sandboxes per pool, as of its last reconcile.
-    pub pool_ready: Family<PoolLabels, prometheus_client::metrics::gauge::Gauge>,
+    /// Ready idle sandboxes per pool, as of its last reconcile (set with
+    /// [`Metrics::set_pool_ready`], dropped with [`Metrics::retain_pools`]).
+    pool_ready: Family<PoolLabels, prometheus_client::metrics::gauge::Gauge>,
+    /// The pools `pool_ready` has a series of.
+    pools: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Runs not finished yet, counted at each scrape in the run controller's cache.
+    unfinished: Arc<Unfinished>,
+}
+
+/// The phases a run is in before it finishes, the `phase` label of `sandboxrun_unfinished_runs`:
+/// `None` (label `""`) is a run the operator has not reconciled yet.
+const UNFINISHED_PHASES: [Option<Phase>; 4] = [
+    None,
+    Some(Phase::Pending),
+    Some(Phase::AwaitingApproval),
+    Some(Phase::Running),
+];
+
+/// `sandboxrun_unfinished_runs{phase}` and `sandboxrun_oldest_unfinished_run_seconds{phase}`,
+/// read at each scrape from the cache of the run controller: only while it runs (on the leader),
+/// so a standby replica reports neither and `max`/`sum` over replicas count each run once.
+#[derive(Debug, Default)]
+struct Unfinished {
+    runs: std::sync::RwLock<Option<Store<SandboxRun>>>,
+}
+
+impl Unfinished {
+    /// Per phase of [`UNFINISHED_PHASES`]: the number of runs in it and the age in seconds of
+    /// the oldest (since its creation; 0 when there is none), as of `now`.
+    fn count(runs: &Store<SandboxRun>, now: jiff::Timestamp) -> [(usize, f64); 4] {
+        let mut out = [(0usize, 0f64); 4];
+        for run in runs.state() {
+            let phase = run.status.as_ref().and_then(|s| s.phase);
+            // Terminal phases are not among them.
+            let Some(i) = UNFINISHED_PHASES.iter().position(|p| *p == phase) else {
+                continue;
+            };
+            let age = run
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(0.0, |t| now.duration_since(t.0).as_secs_f64().max(0.0));
+            out[i].0 += 1;
+            out[i].1 = out[i].1.max(age);
+        }
+        out
+    }
+}
+
+impl Collector for Unfinished {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(runs) = self.runs.read().expect("not poisoned").clone() else {
+            return Ok(());
+        };
+        let counts = Self::count(&runs, jiff::Timestamp::now());
+        let number = Family::<PhaseLabels, Gauge>::default();
+        let oldest = Family::<PhaseLabels, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        for (phase, (n, age)) in UNFINISHED_PHASES.iter().zip(counts) {
+            let labels = PhaseLabels {
+                phase: phase.map(|p| p.to_string()).unwrap_or_default(),
+            };
+            number
+                .get_or_create(&labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+            oldest.get_or_create(&labels).set(age);
+        }
+        number.encode(encoder.encode_descriptor(
+            "unfinished_runs",
+            "Runs not finished yet, by phase (empty: not reconciled yet), in the leader's cache",
+            None,
+            number.metric_type(),
+        )?)?;
+        oldest.encode(encoder.encode_descriptor(
+            "oldest_unfinished_run_seconds",
+            "Age since creation of the oldest run not finished yet, by phase (0: none)",
+            None,
+            oldest.metric_type(),
+        )?)?;
+        Ok(())
+    }
 }
 
 impl Default for Metrics {
@@ -128,6 +210,8 @@ impl Default for Metrics {
         let warm_claim =
             Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]);
         let pool_ready = Family::<PoolLabels, prometheus_client::metrics::gauge::Gauge>::default();
+        let unfinished = Arc::new(Unfinished::default());
+        registry.register_collector(Box::new(unfinished.clone()));
         registry.register(
             "warm_claims",
             "Python runs that a warm pool fitted, by pool and result (hit: took a ready sandbox; miss: went cold)",
@@ -204,11 +288,44 @@ impl Default for Metrics {
             warm_claims,
             warm_claim,
             pool_ready,
+            pools: Default::default(),
+            unfinished,
         }
     }
 }
 
 impl Metrics {
+    /// Reports the unfinished runs of `runs` (the run controller's cache) from now on, `None`:
+    /// no more (the controller stopped, e.g. this replica is no longer the leader).
+    pub fn watch_runs(&self, runs: Option<Store<SandboxRun>>) {
+        *self.unfinished.runs.write().expect("not poisoned") = runs;
+    }
+
+    /// Sets the ready idle sandboxes of pool `pool` (namespace/name).
+    pub fn set_pool_ready(&self, pool: &str, ready: usize) {
+        self.pools
+            .lock()
+            .expect("not poisoned")
+            .insert(pool.to_owned());
+        self.pool_ready
+            .get_or_create(&PoolLabels {
+                pool: pool.to_owned(),
+            })
+            .set(i64::try_from(ready).unwrap_or(i64::MAX));
+    }
+
+    /// Drops the ready-sandboxes series of every pool for which `exists` is false: a deleted
+    /// pool is never reconciled again, and its last value (often 0) would stay forever.
+    pub fn retain_pools(&self, exists: impl Fn(&str) -> bool) {
+        self.pools.lock().expect("not poisoned").retain(|pool| {
+            let keep = exists(pool);
+            if !keep {
+                self.pool_ready.remove(&PoolLabels { pool: pool.clone() });
+            }
+            keep
+        });
+    }
+
     /// Counts one python run that pool `pool` fitted: `hit` when it took a sandbox.
     pub fn warm_claim_result(&self, pool: &str, hit: bool) {
         self.warm_claims
@@ -322,6 +439,84 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run(name: &str, created: &str, phase: Option<&str>) -> SandboxRun {
+        let mut run = serde_json::json!({
+            "apiVersion": "sandboxrun.dev/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": name, "namespace": "r", "creationTimestamp": created},
+            "spec": {"agent": "a", "python": {"code": "print(1)"}},
+        });
+        if let Some(phase) = phase {
+            run["status"] = serde_json::json!({"phase": phase});
+        }
+        serde_json::from_value(run).expect("a valid SandboxRun")
+    }
+
+    #[test]
+    fn a_deleted_pool_loses_its_series() {
+        let m = Metrics::default();
+        m.set_pool_ready("r/default", 2);
+        m.set_pool_ready("r/gone", 0);
+        m.retain_pools(|pool| pool == "r/default");
+        let text = m.render();
+        assert!(
+            text.contains("sandboxrun_pool_ready_sandboxes{pool=\"r/default\"} 2"),
+            "{text}"
+        );
+        assert!(!text.contains("r/gone"), "{text}");
+        m.set_pool_ready("r/gone", 1);
+        assert!(
+            m.render().contains("r/gone"),
+            "a pool created again is reported again"
+        );
+    }
+
+    #[test]
+    fn counts_unfinished_runs_of_the_cache_while_it_is_watched() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        for r in [
+            run("new", "2025-01-01T00:58:20Z", None),
+            run(
+                "waits-long",
+                "2025-01-01T00:55:00Z",
+                Some("AwaitingApproval"),
+            ),
+            run("waits", "2025-01-01T00:59:10Z", Some("AwaitingApproval")),
+            run("runs", "2025-01-01T00:59:40Z", Some("Running")),
+            run("done", "2025-01-01T00:00:00Z", Some("Succeeded")),
+            run("failed", "2025-01-01T00:10:00Z", Some("Failed")),
+        ] {
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(r));
+        }
+        let now: jiff::Timestamp = "2025-01-01T01:00:00Z".parse().unwrap();
+        assert_eq!(
+            Unfinished::count(&store, now),
+            [(1, 100.0), (0, 0.0), (2, 300.0), (1, 20.0)]
+        );
+        let m = Metrics::default();
+        assert!(
+            !m.render().contains("unfinished"),
+            "nothing before the controller runs"
+        );
+        m.watch_runs(Some(store));
+        let text = m.render();
+        for needle in [
+            "# TYPE sandboxrun_unfinished_runs gauge",
+            "sandboxrun_unfinished_runs{phase=\"AwaitingApproval\"} 2",
+            "sandboxrun_unfinished_runs{phase=\"Pending\"} 0",
+            "sandboxrun_unfinished_runs{phase=\"\"} 1",
+            "# TYPE sandboxrun_oldest_unfinished_run_seconds gauge",
+            "sandboxrun_oldest_unfinished_run_seconds{phase=\"Pending\"} 0.0",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+        m.watch_runs(None);
+        assert!(
+            !m.render().contains("unfinished"),
+            "nothing once it stopped"
+        );
+    }
 
     #[test]
     fn renders_every_metric() {

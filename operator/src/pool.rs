@@ -417,12 +417,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
     let idle = sorted.ready.len() + sorted.starting.len() - deleted_live + created;
     let starting = idle - ready;
     let pool_key = key(&ns, &name);
-    ctx.metrics
-        .pool_ready
-        .get_or_create(&crate::metrics::PoolLabels {
-            pool: pool_key.clone(),
-        })
-        .set(i64::try_from(ready).unwrap_or(i64::MAX));
+    ctx.metrics.set_pool_ready(&pool_key, ready);
 
     let prev = pool.status.clone().unwrap_or_default();
     let claimed = ctx.claims.take(&pool_key);
@@ -518,16 +513,32 @@ fn error_policy(pool: Arc<SandboxPool>, error: &Error, _ctx: Arc<PoolContext>) -
 
 /// Keeps `writer` (the store behind `Context::pools`) in step with the pools in `pools`, for as
 /// long as the process runs: only the leader reconciles runs, but its store of pools must be
-/// current the moment it becomes the leader.
+/// current the moment it becomes the leader. A pool deleted (or gone when the watch was
+/// relisted) loses its `sandboxrun_pool_ready_sandboxes` series.
 pub async fn mirror(
     pools: Api<SandboxPool>,
     writer: kube::runtime::reflector::store::Writer<SandboxPool>,
+    metrics: Arc<Metrics>,
 ) {
     use kube::runtime::WatchStreamExt;
+    let store = writer.as_reader();
     watcher(pools, watcher::Config::default().any_semantic())
         .default_backoff()
         .reflect(writer)
-        .for_each(|_| async {})
+        .for_each(|event| {
+            if matches!(
+                event,
+                Ok(watcher::Event::Delete(_) | watcher::Event::InitDone)
+            ) {
+                let existing: std::collections::BTreeSet<String> = store
+                    .state()
+                    .iter()
+                    .map(|p| key(&p.namespace().unwrap_or_default(), &p.name_any()))
+                    .collect();
+                metrics.retain_pools(|pool| existing.contains(pool));
+            }
+            async {}
+        })
         .await;
 }
 

@@ -70,7 +70,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use crate::limits::Limits;
-use crate::runner::{Observed, RunnerResult, parse_envelope, program_frame, runner_argv};
+use crate::runner::{
+    Observed, OutputFn, RunnerResult, parse_envelope, parse_output_line, program_frame, runner_argv,
+};
 
 pub use crate::quantity::{cpu_millis, memory_bytes};
 pub use rootfs::MARKER as ROOTFS_MARKER;
@@ -506,7 +508,7 @@ impl LocalSandbox {
         // Torn down before detect returns: nothing of the probe outlives it.
         let started = self.start(&limits).map_err(|e| failed(e.to_string()))?;
         let run = self
-            .finish(started, "print(1)", &limits, Teardown::Inline)
+            .finish(started, "print(1)", &limits, Teardown::Inline, None)
             .await
             .map_err(|e| failed(e.to_string()))?;
         match &run.envelope {
@@ -534,13 +536,24 @@ impl LocalSandbox {
         code: &str,
         limits: &Limits,
     ) -> Result<LocalRun, LocalSandboxError> {
+        self.run_python_with_output(code, limits, None).await
+    }
+
+    /// [`LocalSandbox::run_python`], handing what the code prints to `output` while it runs
+    /// (within the output cap; the result still holds all of it).
+    pub async fn run_python_with_output(
+        &self,
+        code: &str,
+        limits: &Limits,
+        output: Option<OutputFn>,
+    ) -> Result<LocalRun, LocalSandboxError> {
         let limits = limits.clamped();
         let started = match self.take_armed(&limits) {
             Some(armed) => armed,
             None => self.start(&limits)?,
         };
         self.refill();
-        self.finish(started, code, &limits, Teardown::Background)
+        self.finish(started, code, &limits, Teardown::Background, output)
             .await
     }
 
@@ -760,6 +773,7 @@ impl LocalSandbox {
         code: &str,
         limits: &Limits,
         teardown: Teardown,
+        output: Option<OutputFn>,
     ) -> Result<LocalRun, LocalSandboxError> {
         let Started {
             mut child,
@@ -787,7 +801,8 @@ impl LocalSandbox {
                 drop(stdin);
             };
             let reading = async {
-                let ((), found) = tokio::join!(feed, read_output(&mut stdout, &mut out));
+                let ((), found) =
+                    tokio::join!(feed, read_output(&mut stdout, &mut out, output.as_ref()));
                 found
             };
             let engine_stderr = read_head(&mut stderr, &mut err, ENGINE_STDERR_BYTES);
@@ -1094,21 +1109,75 @@ impl TailBuffer {
 }
 
 /// Reads the sandbox's stdout into `buf` (a bounded tail) until it holds a complete envelope line
-/// or ends. Returns whether it holds an envelope.
-async fn read_output(pipe: &mut (impl AsyncRead + Unpin), buf: &mut TailBuffer) -> bool {
+/// or ends. Returns whether it holds an envelope. The runner's output lines go to `output` as
+/// they arrive.
+async fn read_output(
+    pipe: &mut (impl AsyncRead + Unpin),
+    buf: &mut TailBuffer,
+    output: Option<&OutputFn>,
+) -> bool {
     let has_envelope =
         |buf: &TailBuffer| parse_envelope(&String::from_utf8_lossy(buf.bytes())).is_ok();
+    let mut lines = LineSplitter::new(buf.keep);
     let mut chunk = vec![0u8; 64 * 1024];
     while let Ok(n) = pipe.read(&mut chunk).await {
         if n == 0 {
             break;
         }
         buf.push(&chunk[..n]);
-        if buf.bytes().ends_with(b"\n") && has_envelope(buf) {
+        let mut envelope_line = false;
+        lines.push(&chunk[..n], |line| {
+            if line.starts_with(b"{\"sandboxrun\"") {
+                envelope_line = true;
+            } else if let Some(output) = output
+                && let Some(chunk) = parse_output_line(&String::from_utf8_lossy(line))
+            {
+                output(chunk);
+            }
+        });
+        if envelope_line && has_envelope(buf) {
             return true;
         }
     }
     has_envelope(buf)
+}
+
+/// Splits a byte stream into lines; of a line longer than `max` only its start is kept (only the
+/// envelope can be that long, the tail buffer holds it whole, and its start says what it is).
+struct LineSplitter {
+    max: usize,
+    partial: Vec<u8>,
+    overlong: bool,
+}
+
+impl LineSplitter {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            partial: Vec::new(),
+            overlong: false,
+        }
+    }
+
+    fn push(&mut self, mut bytes: &[u8], mut line: impl FnMut(&[u8])) {
+        while let Some(at) = bytes.iter().position(|b| *b == b'\n') {
+            if !self.overlong {
+                self.partial.extend_from_slice(&bytes[..at]);
+            }
+            line(&self.partial);
+            self.partial.clear();
+            self.overlong = false;
+            bytes = &bytes[at + 1..];
+        }
+        if !self.overlong {
+            self.partial.extend_from_slice(bytes);
+            if self.partial.len() > self.max {
+                // Keep the start: whether it is an envelope is decided by its first bytes.
+                self.partial.truncate(64);
+                self.overlong = true;
+            }
+        }
+    }
 }
 
 async fn read_head(pipe: &mut (impl AsyncRead + Unpin), buf: &mut Vec<u8>, cap: usize) {
@@ -1158,6 +1227,31 @@ mod tests {
         }
         assert_eq!(t.bytes(), b"ghij");
         assert!(t.data.len() <= 8);
+    }
+
+    #[test]
+    fn lines_are_split_across_reads_and_overlong_ones_keep_their_start() {
+        let mut seen: Vec<Vec<u8>> = Vec::new();
+        let mut s = LineSplitter::new(8);
+        for chunk in [
+            &b"ab"[..],
+            b"c\nde",
+            b"f\n\n",
+            b"0123456789abcdef",
+            b"XYZ\nok\n",
+        ] {
+            s.push(chunk, |l| seen.push(l.to_vec()));
+        }
+        assert_eq!(
+            seen,
+            [
+                b"abc".to_vec(),
+                b"def".to_vec(),
+                b"".to_vec(),
+                b"0123456789abcdef".to_vec(),
+                b"ok".to_vec()
+            ]
+        );
     }
 
     #[test]

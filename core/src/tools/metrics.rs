@@ -428,6 +428,7 @@ impl ToolSpec for FetchMetrics {
         agent: &str,
         run_name: String,
         call: MetricsCall,
+        _output: Option<crate::runner::OutputFn>,
     ) -> Result<MetricsOutput, String> {
         let decision =
             embedded

@@ -121,11 +121,13 @@ pub trait ToolSpec: Send + Sync + 'static {
 
     /// Judges and executes the call on this machine (embedded mode), as run `run_name`. `Err`
     /// means the tool could not run at all (its resource is missing or broken); the message
-    /// says what to check.
+    /// says what to check. A tool whose runs print as they go hands that output to `output`
+    /// while the call runs.
     fn run_embedded(
         embedded: &Embedded,
         agent: &str,
         run_name: String,
         call: Self::Call,
+        output: Option<crate::runner::OutputFn>,
     ) -> impl Future<Output = Result<Self::Output, String>> + Send;
 }

@@ -493,6 +493,7 @@ impl ToolSpec for RunPython {
         agent: &str,
         run_name: String,
         call: PythonCall,
+        output: Option<crate::runner::OutputFn>,
     ) -> Result<PythonOutput, String> {
         let mut context = CallContext::new(agent, Tool::Python, Environment::Sandbox);
         context.limits = call.limits.clone();
@@ -525,7 +526,7 @@ impl ToolSpec for RunPython {
         };
         // The decision's limits: the requested ones, lowered to the rule's ceilings.
         let run = sandbox
-            .run_python(&call.code, &decision.limits)
+            .run_python_with_output(&call.code, &decision.limits, output)
             .await
             .map_err(|e| format!("the local sandbox failed: {e}"))?;
         let classified = classify(run.envelope.as_ref(), &run.observed, &decision.limits);

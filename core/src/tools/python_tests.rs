@@ -403,7 +403,7 @@ rules:
   - {name: analysts, agents: [analyst], tools: [python], verdict: allow}
 "#,
     );
-    let blocked = RunPython::run_embedded(&e, "stranger", "local-1".into(), call())
+    let blocked = RunPython::run_embedded(&e, "stranger", "local-1".into(), call(), None)
         .await
         .unwrap();
     assert_eq!(blocked.phase, Phase::Rejected);
@@ -416,7 +416,7 @@ rules:
     assert!(text.contains("blocked by rule default"), "{text}");
     assert_eq!(RunPython::summary(&blocked).verdict, Some(Verdict::Block));
 
-    let escalated = RunPython::run_embedded(&e, "intern", "local-2".into(), call())
+    let escalated = RunPython::run_embedded(&e, "intern", "local-2".into(), call(), None)
         .await
         .unwrap();
     assert_eq!(escalated.phase, Phase::Rejected);
@@ -431,7 +431,7 @@ rules:
     );
 
     // Allowed: it reaches the sandbox (none here, so the call cannot run at all).
-    let err = RunPython::run_embedded(&e, "analyst", "local-3".into(), call())
+    let err = RunPython::run_embedded(&e, "analyst", "local-3".into(), call(), None)
         .await
         .unwrap_err();
     assert!(err.contains("no local sandbox"), "{err}");

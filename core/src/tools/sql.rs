@@ -390,6 +390,7 @@ impl ToolSpec for ExecuteSql {
         agent: &str,
         run_name: String,
         call: ExecuteSqlArgs,
+        _output: Option<crate::runner::OutputFn>,
     ) -> Result<SqlOutput, String> {
         let Some(databases) = embedded.databases.as_ref() else {
             return Err("execute_sql has no databases on this server".to_owned());

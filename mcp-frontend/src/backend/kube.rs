@@ -17,12 +17,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use sandboxrun_api::{ClusterTool, SandboxRun, SandboxRunSpec, SandboxRunStatus};
-use sandboxrun_core::Phase;
+use sandboxrun_core::{OutputFn, Phase};
 use tokio_util::sync::CancellationToken;
 
+use super::live_log::LogFollower;
 use super::run_watch::{Seen, Subscribers, Subscription};
 use super::{BackendError, ProgressFn};
 
@@ -40,6 +42,8 @@ const CREATE_ATTEMPTS: u32 = 5;
 #[derive(Clone)]
 pub struct KubeBackend {
     api: Api<SandboxRun>,
+    /// The sandbox Pods, whose logs carry a run's output while it runs.
+    pods: Api<Pod>,
     namespace: String,
     /// Time allowed on top of a run's own timeout for scheduling, image start and result
     /// collection before the frontend gives up on the operator.
@@ -64,7 +68,8 @@ impl KubeBackend {
         let client = kube::client::ClientBuilder::try_from(kube::Config::infer().await?)?
             .with_layer(&sandboxrun_api::client::RateLimitLayer::new(rate))
             .build();
-        let api = Api::namespaced(client, &namespace);
+        let api = Api::namespaced(client.clone(), &namespace);
+        let pods = Api::namespaced(client, &namespace);
         let subscribers = Arc::new(Subscribers::default());
         let (key, value) = CREATED_BY_LABEL;
         tokio::spawn(super::run_watch::run(
@@ -74,6 +79,7 @@ impl KubeBackend {
         ));
         Ok(Self {
             api,
+            pods,
             namespace,
             grace,
             approval_wait,
@@ -94,11 +100,12 @@ impl KubeBackend {
         agent: &str,
         call: T::Call,
         progress: ProgressFn,
+        output: Option<OutputFn>,
         cancel: CancellationToken,
     ) -> Result<T::Output, BackendError> {
         let run = Self::build(T::spec(agent, &call));
         let timeout = T::timeout_seconds(&call).max(run.spec.limits.timeout_seconds);
-        self.create_and_follow(run, timeout, progress, cancel, |name, status| {
+        self.create_and_follow(run, timeout, progress, output, cancel, |name, status| {
             T::output(name, status, &call)
         })
         .await
@@ -111,6 +118,7 @@ impl KubeBackend {
         run: SandboxRun,
         timeout_seconds: u32,
         progress: ProgressFn,
+        output: Option<OutputFn>,
         cancel: CancellationToken,
         read: impl Fn(&str, &SandboxRunStatus) -> Option<T>,
     ) -> Result<T, BackendError> {
@@ -132,7 +140,7 @@ impl KubeBackend {
             Duration::from_secs(u64::from(timeout_seconds)) + self.grace + self.approval_wait;
 
         let result = tokio::select! {
-            r = self.follow(&name, subscription, &progress, &keep, &read) => r,
+            r = self.follow(&name, subscription, &progress, output.as_ref(), &keep, &read) => r,
             () = cancel.cancelled() => Err(BackendError::Cancelled),
             () = tokio::time::sleep(deadline) => match self.final_look(&name, &read).await {
                 Some(output) => Ok(output),
@@ -202,16 +210,29 @@ impl KubeBackend {
     /// awaits approval is returned at once when the approval wait is zero; otherwise the watch
     /// goes on (with progress) until the run moves on or the wait is over, and only then is the
     /// awaiting result returned. `keep` is called once the run awaits approval: from then on
-    /// the run must outlive the call.
+    /// the run must outlive the call. With `output`, the run's sandbox log is followed once its
+    /// Pod is known, and what the code prints goes there while it runs.
     async fn follow<T>(
         &self,
         name: &str,
         mut subscription: Subscription,
         progress: &ProgressFn,
+        output: Option<&OutputFn>,
         keep: &(dyn Fn() + Send + Sync),
         read: &impl Fn(&str, &SandboxRunStatus) -> Option<T>,
     ) -> Result<T, BackendError> {
-        let mut reported_running = false;
+        // Running is reported once: when the status says so, or before the first output.
+        let reported_running = Arc::new(AtomicBool::new(false));
+        let report_running = {
+            let (progress, reported, name) =
+                (progress.clone(), reported_running.clone(), name.to_owned());
+            move || {
+                if !reported.swap(true, Ordering::Relaxed) {
+                    progress(Phase::Running, &name);
+                }
+            }
+        };
+        let mut log: Option<LogFollower> = None;
         // The result to return when the approval wait is over, while the run awaits approval.
         let mut awaiting: Option<T> = None;
         let wait_over = tokio::time::sleep(self.approval_wait);
@@ -262,12 +283,28 @@ impl KubeBackend {
             }
             // Approved (or decided otherwise): the approval wait no longer applies.
             awaiting = None;
-            if let Some(output) = read(name, status) {
-                return Ok(output);
+            if let Some(result) = read(name, status) {
+                if let Some(log) = log.take() {
+                    log.finish().await;
+                }
+                return Ok(result);
             }
-            if status.phase == Some(Phase::Running) && !reported_running {
-                reported_running = true;
-                progress(Phase::Running, name);
+            if log.is_none()
+                && let (Some(output), Some(pod)) = (output, status.pod_name.as_deref())
+            {
+                let (output, report_running) = (output.clone(), report_running.clone());
+                let output: OutputFn = Arc::new(move |chunk| {
+                    report_running();
+                    output(chunk);
+                });
+                log = Some(LogFollower::start(
+                    self.pods.clone(),
+                    pod.to_owned(),
+                    output,
+                ));
+            }
+            if status.phase == Some(Phase::Running) {
+                report_running();
             }
         }
         Err(BackendError::Unavailable(format!(

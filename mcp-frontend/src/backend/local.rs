@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use sandboxrun_core::Phase;
 use sandboxrun_core::tools::{Embedded, ToolSpec};
+use sandboxrun_core::{OutputFn, Phase};
 use tokio_util::sync::CancellationToken;
 
 use super::{BackendError, ProgressFn};
@@ -28,6 +28,7 @@ impl LocalBackend {
         agent: &str,
         call: T::Call,
         progress: ProgressFn,
+        output: Option<OutputFn>,
         cancel: CancellationToken,
     ) -> Result<T::Output, BackendError> {
         let run_name = format!("local-{}", uuid::Uuid::new_v4().simple());
@@ -36,7 +37,7 @@ impl LocalBackend {
         // Dropping the executor's future kills its sandbox or query, so losing the race to
         // `cancel` leaves nothing running.
         tokio::select! {
-            r = T::run_embedded(&self.embedded, agent, run_name, call) => {
+            r = T::run_embedded(&self.embedded, agent, run_name, call, output) => {
                 r.map_err(BackendError::Unavailable)
             }
             () = cancel.cancelled() => Err(BackendError::Cancelled),

@@ -3,13 +3,14 @@
 //! tool: a call becomes a SandboxRun in a cluster (`kube`) or runs on this machine (`local`).
 
 pub mod kube;
+pub mod live_log;
 pub mod local;
 pub mod run_watch;
 
 use std::sync::Arc;
 
 use sandboxrun_api::ClusterTool;
-use sandboxrun_core::Phase;
+use sandboxrun_core::{OutputFn, Phase};
 use tokio_util::sync::CancellationToken;
 
 /// Receives the non-terminal phases a run passes through (Pending, Running, and
@@ -48,7 +49,8 @@ impl Backend {
         }
     }
 
-    /// Runs `call` for `agent` to its result. `progress` hears the run's phases; when `cancel`
+    /// Runs `call` for `agent` to its result. `progress` hears the run's phases, `output` what
+    /// the code prints while it runs (run_python; in the cluster from the sandbox's log); when `cancel`
     /// fires the run is deleted (kube) or killed (local) and [`BackendError::Cancelled`] is
     /// returned. Dropping the future cleans up the same way.
     pub async fn call<T: ClusterTool>(
@@ -56,11 +58,12 @@ impl Backend {
         agent: &str,
         call: T::Call,
         progress: ProgressFn,
+        output: Option<OutputFn>,
         cancel: CancellationToken,
     ) -> Result<T::Output, BackendError> {
         match self {
-            Backend::Kube(kube) => kube.call::<T>(agent, call, progress, cancel).await,
-            Backend::Local(local) => local.call::<T>(agent, call, progress, cancel).await,
+            Backend::Kube(kube) => kube.call::<T>(agent, call, progress, output, cancel).await,
+            Backend::Local(local) => local.call::<T>(agent, call, progress, output, cancel).await,
         }
     }
 }

@@ -173,6 +173,11 @@ impl KeyStore {
         self.environments.clone()
     }
 
+    /// The agents of the keys.
+    pub fn agents(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|(agent, _)| agent.as_str())
+    }
+
     /// Number of keys.
     pub fn len(&self) -> usize {
         self.entries.len()
@@ -198,16 +203,21 @@ impl KeyStore {
     }
 }
 
-/// The key a request presents: `Authorization: Bearer KEY`, else `X-Api-Key: KEY`.
-pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
-    let bearer = headers
+/// The credential in `Authorization: Bearer …`, if any.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| {
             let (scheme, rest) = v.trim().split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
-        });
-    bearer
+        })
+        .filter(|t| !t.is_empty())
+}
+
+/// The key a request presents: `Authorization: Bearer KEY`, else `X-Api-Key: KEY`.
+pub fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    bearer_token(headers)
         .or_else(|| {
             headers
                 .get("x-api-key")

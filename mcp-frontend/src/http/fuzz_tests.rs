@@ -302,6 +302,7 @@ fn http_config(rate_per_minute: u32, burst: u32) -> HttpConfig {
         rate_per_minute: NonZeroU32::new(rate_per_minute).expect("rate"),
         rate_burst: NonZeroU32::new(burst).expect("burst"),
         body_limit: BODY_LIMIT,
+        oauth: None,
     }
 }
 

@@ -3,9 +3,13 @@
 //! and `/messages`, and unauthenticated `/healthz` and `/metrics` for probes and scrapers.
 //!
 //! Every MCP route passes, outermost first: the body size limit (413), Origin and Host
-//! validation (403), the API key (401) and the agent's rate limit (429).
+//! validation (403), the credential (401: an API key, or with `--oauth-issuer` an OAuth access
+//! token, see [`oauth`]) and the agent's rate limit (429). With OAuth, the protected resource
+//! metadata is served without a credential at `/.well-known/oauth-protected-resource[/path]`.
 
 pub mod auth;
+pub mod jwks;
+pub mod oauth;
 pub mod origin;
 pub mod owners;
 pub mod ratelimit;
@@ -31,6 +35,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 
 use crate::server::{Agent, SandboxRunServer, Shared};
 use auth::KeyStore;
+use oauth::{ResourceServer, TokenRefusal};
 use origin::{OriginPolicy, Refusal};
 use ratelimit::{RateLimiter, retry_after_secs};
 
@@ -48,6 +53,8 @@ pub struct HttpConfig {
     pub rate_burst: NonZeroU32,
     /// Largest request body, in bytes.
     pub body_limit: usize,
+    /// OAuth access tokens, next to the API keys.
+    pub oauth: Option<Arc<ResourceServer>>,
 }
 
 /// State of the HTTP routes.
@@ -55,6 +62,7 @@ pub struct HttpState {
     /// The MCP server's shared state.
     pub shared: Arc<Shared>,
     keys: KeyStore,
+    oauth: Option<Arc<ResourceServer>>,
     limiter: RateLimiter,
     origin: OriginPolicy,
     sessions: sse::Sessions,
@@ -79,6 +87,7 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
     let state = Arc::new(HttpState {
         shared: shared.clone(),
         keys: config.keys.clone(),
+        oauth: config.oauth.clone(),
         limiter: RateLimiter::new(config.rate_per_minute, config.rate_burst),
         origin: config.origin.clone(),
         sessions: sse::Sessions::default(),
@@ -111,16 +120,39 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .layer(middleware::from_fn_with_state(state.clone(), check_origin));
 
-    Router::new()
+    let mut app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/metrics", get(metrics))
-        .merge(mcp)
+        .route("/metrics", get(metrics));
+    if let Some(oauth) = &config.oauth {
+        // RFC 9728: at the resource's own path, and at the bare well-known path for clients
+        // that look only there.
+        app = app.route(oauth.metadata_path(), get(resource_metadata));
+        if oauth.metadata_path() != BARE_METADATA_PATH {
+            app = app.route(BARE_METADATA_PATH, get(resource_metadata));
+        }
+    }
+    app.merge(mcp)
         .layer(RequestBodyLimitLayer::new(config.body_limit))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             explain_too_large,
         ))
         .with_state(state)
+}
+
+const BARE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// The protected resource metadata: public, and readable from any web origin (browser-based
+/// clients discover the authorization server with it before they hold any credential).
+async fn resource_metadata(State(state): State<Arc<HttpState>>) -> Response {
+    let Some(oauth) = &state.oauth else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    (
+        [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")],
+        axum::Json(oauth.metadata()),
+    )
+        .into_response()
 }
 
 /// Serves until `shutdown` is cancelled.
@@ -131,7 +163,15 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let app = router(&config, shared, shutdown.clone());
     let listener = tokio::net::TcpListener::bind(config.listen).await?;
-    tracing::info!(addr = %listener.local_addr()?, keys = config.keys.len(), "serving MCP over HTTP");
+    if let Some(oauth) = &config.oauth {
+        oauth.prefetch().await;
+    }
+    tracing::info!(
+        addr = %listener.local_addr()?,
+        keys = config.keys.len(),
+        oauth = config.oauth.is_some(),
+        "serving MCP over HTTP"
+    );
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await?;
@@ -266,25 +306,76 @@ async fn check_origin(State(state): State<Arc<HttpState>>, req: Request, next: N
     }
 }
 
-/// 401 without a valid key; 429 past the agent's rate. Puts the [`Agent`] into the request.
+/// 401 without a valid credential (403 for a token without this server's scopes); 429 past the
+/// agent's rate. Puts the [`Agent`] (and for a token its [`crate::grant::Grant`]) into the
+/// request. A credential is first compared with the API keys; one that is not a key is verified
+/// as an access token when OAuth is on.
 async fn authenticate(
     State(state): State<Arc<HttpState>>,
     mut req: Request,
     next: Next,
 ) -> Response {
-    let Some(key) = auth::presented_key(req.headers()) else {
-        return unauthorized(
-            &state,
-            "missing API key: send it as 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'",
-            "Bearer realm=\"sandboxrun\"",
-        );
+    let Some(credential) = auth::presented_key(req.headers()).map(str::to_owned) else {
+        let message = match state.oauth {
+            Some(_) => {
+                "missing credential: send an OAuth access token as 'Authorization: Bearer \
+                 <token>' (the authorization server is named in this server's protected resource \
+                 metadata) or an API key as 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'"
+            }
+            None => {
+                "missing API key: send it as 'Authorization: Bearer <key>' or 'X-Api-Key: <key>'"
+            }
+        };
+        return unauthorized(&state, message, None);
     };
-    let Some(agent) = state.keys.agent_for(key).map(str::to_owned) else {
-        return unauthorized(
-            &state,
-            "invalid API key: check the key you were given; keys are case-sensitive",
-            "Bearer realm=\"sandboxrun\", error=\"invalid_token\"",
-        );
+    let agent = match state.keys.agent_for(&credential) {
+        Some(agent) => agent.to_owned(),
+        None => match (&state.oauth, auth::bearer_token(req.headers())) {
+            // Tokens travel only in the Authorization header (RFC 6750 section 2.1).
+            (Some(oauth), Some(token)) => match oauth.verify(token).await {
+                Ok(caller) => {
+                    req.extensions_mut().insert(caller.grant);
+                    caller.agent
+                }
+                Err(TokenRefusal::Invalid(why)) => {
+                    tracing::info!(reason = %why, "refused an access token");
+                    return unauthorized(
+                        &state,
+                        &format!("invalid access token: {why}"),
+                        Some(("invalid_token", &why)),
+                    );
+                }
+                Err(TokenRefusal::InsufficientScope(why)) => {
+                    state.shared.metrics.observe_rejection("forbidden");
+                    let mut resp = jsonrpc_error_response(
+                        StatusCode::FORBIDDEN,
+                        -32001,
+                        &format!("insufficient scope: {why}"),
+                    );
+                    resp.headers_mut().insert(
+                        header::WWW_AUTHENTICATE,
+                        oauth.challenge(Some(("insufficient_scope", &why))),
+                    );
+                    return resp;
+                }
+                Err(TokenRefusal::Unavailable(why)) => {
+                    tracing::warn!(reason = %why, "cannot verify access tokens");
+                    state.shared.metrics.observe_rejection("unavailable");
+                    let mut resp =
+                        jsonrpc_error_response(StatusCode::SERVICE_UNAVAILABLE, -32603, &why);
+                    resp.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(5));
+                    return resp;
+                }
+            },
+            _ => {
+                return unauthorized(
+                    &state,
+                    "invalid API key: check the key you were given; keys are case-sensitive",
+                    Some(("invalid_token", "unknown API key")),
+                );
+            }
+        },
     };
     if let Err(wait) = state.limiter.check(&agent) {
         state.shared.metrics.observe_rejection("rate_limited");
@@ -302,13 +393,20 @@ async fn authenticate(
     next.run(req).await
 }
 
-fn unauthorized(state: &HttpState, message: &str, challenge: &'static str) -> Response {
+/// A 401 whose challenge names the protected resource metadata when OAuth is on (that is how
+/// an MCP client finds the authorization server), else the API key realm.
+fn unauthorized(state: &HttpState, message: &str, error: Option<(&str, &str)>) -> Response {
     state.shared.metrics.observe_rejection("unauthorized");
     let mut resp = jsonrpc_error_response(StatusCode::UNAUTHORIZED, -32001, message);
-    resp.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static(challenge),
-    );
+    let challenge = match (&state.oauth, error) {
+        (Some(oauth), error) => oauth.challenge(error),
+        (None, None) => HeaderValue::from_static("Bearer realm=\"sandboxrun\""),
+        (None, Some(_)) => {
+            HeaderValue::from_static("Bearer realm=\"sandboxrun\", error=\"invalid_token\"")
+        }
+    };
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, challenge);
     resp
 }
 

@@ -20,7 +20,7 @@ use rmcp::model::ClientJsonRpcMessage;
 use tokio_util::sync::CancellationToken;
 
 use super::{HttpState, jsonrpc_error_response};
-use crate::server::{Agent, SandboxRunServer};
+use crate::server::{Agent, Grant, SandboxRunServer};
 use crate::transport::{ChannelEnds, Parsed, parse_client_message, spawn_server, to_wire};
 
 /// An open SSE session: where its POSTed messages go.
@@ -75,10 +75,14 @@ impl Drop for SessionGuard {
 pub async fn connect(
     State(state): State<Arc<HttpState>>,
     Extension(agent): Extension<Agent>,
+    grant: Option<Extension<Grant>>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     let ct = state.shutdown.child_token();
-    let server = SandboxRunServer::new(state.shared.clone(), Some(agent.0.clone()));
+    // The session keeps the grant of the token that opened it; each message is still
+    // authenticated, and must come from the same agent.
+    let server = SandboxRunServer::new(state.shared.clone(), Some(agent.0.clone()))
+        .with_grant(grant.map(|Extension(g)| g));
     let ChannelEnds {
         inbound, outbound, ..
     } = spawn_server(server, ct.clone());

@@ -49,10 +49,11 @@ def free_port() -> int:
 
 
 class Server:
-    """A `sandboxrun-mcp serve` process on a free loopback port."""
+    """A `sandboxrun-mcp serve` process on a free loopback port (or on `port`, for a caller that
+    must name the server's URL in its arguments)."""
 
-    def __init__(self, binary: str, key_file: Path, log: Path, *extra: str):
-        self.port = free_port()
+    def __init__(self, binary: str, key_file: Path, log: Path, *extra: str, port: int | None = None):
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.proc = subprocess.Popen(

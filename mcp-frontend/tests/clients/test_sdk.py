@@ -4,6 +4,7 @@ initialize, list tools with their schemas, call run_python, and survive malforme
 from __future__ import annotations
 
 import contextlib
+import time
 
 import anyio
 import httpx2
@@ -83,7 +84,44 @@ def test_list_tools_and_run(transport, binary, request):
             assert isinstance(sc["durationMs"], int)
             # The same result as text, for clients that ignore structuredContent.
             assert '"stdout":"42\\n"' in result.content[0].text
-            assert [m.split(":")[0] for m in progress] == ["Pending", "Running"]
+            # The phases, then the output as it was printed.
+            assert [m.split(":")[0] for m in progress] == ["Pending", "Running", "stdout"]
+            assert progress[2] == "stdout: 42\n"
+
+    anyio.run(main)
+
+
+TICKS = "import sys, time\nfor i in range(3):\n    print('tick', i)\n    time.sleep(1)\nprint('done', file=sys.stderr)\n"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_output_reaches_the_client_while_the_code_runs(transport, binary, request):
+    """A program that prints a line a second: each line arrives as a progress message about a
+    second after the one before, the first well before the result; the result is unchanged."""
+    server = http_or_none(transport, request)
+
+    async def main():
+        async with connect(transport, binary, server) as session:
+            seen: list[tuple[float, str]] = []
+
+            async def on_progress(value, total, message):
+                seen.append((time.monotonic(), message or ""))
+
+            result = await session.call_tool("run_python", {"code": TICKS}, progress_callback=on_progress)
+            returned = time.monotonic()
+            assert result.is_error is False, result.content
+            assert result.structured_content["stdout"] == "tick 0\ntick 1\ntick 2\n"
+            assert result.structured_content["stderr"] == "done\n"
+            output = [(t, m) for t, m in seen if m.startswith(("stdout: ", "stderr: "))]
+            assert "".join(m[len("stdout: "):] for _, m in output if m.startswith("stdout: ")) == \
+                "tick 0\ntick 1\ntick 2\n", seen
+            assert [m for _, m in output if m.startswith("stderr: ")] == ["stderr: done\n"], seen
+            ticks = [t for t, m in output if "tick" in m]
+            assert len(ticks) == 3, seen
+            # A second apart as printed (not batched until the end), the first long before the
+            # result.
+            assert ticks[1] - ticks[0] > 0.5 and ticks[2] - ticks[1] > 0.5, seen
+            assert returned - ticks[0] > 1.5, seen
 
     anyio.run(main)
 

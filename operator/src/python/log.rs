@@ -12,10 +12,13 @@ use super::pod::CONTAINER;
 
 /// Most log bytes to read: the envelope holds both streams (each at most `outputBytes`), and
 /// JSON escaping can grow a byte sixfold (control characters become `\u00XX`); plus room for
-/// the envelope's own fields. Larger logs can only come from code that wrote into the runner's
-/// stdout on purpose; the cut envelope then fails to parse and the run ends NoResult.
+/// the envelope's own fields; plus the output lines the runner printed before it while the code
+/// ran (bounded the same way, and in number). The log is read from its start, so a larger one
+/// would cut the envelope; it then fails to parse and the run ends NoResult.
 pub fn log_limit_bytes(limits: &Limits) -> i64 {
-    12 * i64::from(limits.output_bytes) + 65_536
+    let lines = i64::try_from(sandboxrun_core::runner::output_lines_max_bytes(limits))
+        .unwrap_or(i64::MAX / 2);
+    12 * i64::from(limits.output_bytes) + 65_536 + lines
 }
 
 /// How long one read of a finished sandbox's log may take. The log comes from the node's
@@ -60,6 +63,10 @@ mod tests {
 
     #[test]
     fn limit_covers_the_worst_case_envelope() {
-        assert_eq!(log_limit_bytes(&Limits::default()), 12 * 65_536 + 65_536);
+        let output_lines = 12 * 65_536 + 2000 * 64;
+        assert_eq!(
+            log_limit_bytes(&Limits::default()),
+            12 * 65_536 + 65_536 + output_lines
+        );
     }
 }
