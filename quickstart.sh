@@ -55,7 +55,7 @@ fi
 
 say "building sandboxrun-mcp"
 (cd "$REPO_ROOT" && cargo build --release --locked -p sandboxrun-mcp >&2)
-BIN="$REPO_ROOT/target/release/sandboxrun-mcp"
+BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/sandboxrun-mcp"
 
 if [[ $MODE == stdio ]]; then
   exec "$BIN" stdio --backend local --enable-sql --enable-metrics --rootfs "$ROOTFS"

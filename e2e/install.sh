@@ -22,8 +22,8 @@ APPS=(operator)
 # a link instead of a second 7-minute optimised build; the documented benchmarks use release.
 PROFILE=${SANDBOXRUN_CARGO_PROFILE:-release}
 case $PROFILE in
-  release) TARGET_DIR=target/release ;;
-  dev) TARGET_DIR=target/debug ;;
+  release) TARGET_DIR="${CARGO_TARGET_DIR:-target}/release" ;;
+  dev) TARGET_DIR="${CARGO_TARGET_DIR:-target}/debug" ;;
   *) die "SANDBOXRUN_CARGO_PROFILE must be release or dev, not '$PROFILE'" ;;
 esac
 

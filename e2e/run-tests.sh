@@ -11,6 +11,8 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$PATH"
 step() { printf '\n==> %s\n' "$*"; }
+# Where cargo puts what it builds (.ci/run keeps it outside the clone, in the cache).
+TARGET="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 
 step "dependencies: Debian packages, pinned upstream binaries, images, the sandbox root filesystem"
 "$REPO_ROOT/e2e/cluster/install-deps.sh"
@@ -154,7 +156,7 @@ step "scale, short form: the operator with 500 and 2000 stored runs (the full 10
 # A debug build of the benchmark (it only drives the API server), measuring the operator binary the
 # cluster's image carries (a dev build here; the documented full form measures release).
 cargo build --locked -p sandboxrun-e2e --bin scale
-target/debug/scale 500 2000 --idle-seconds 5 --operator target/debug/sandboxrun-operator
+"$TARGET"/debug/scale 500 2000 --idle-seconds 5 --operator "$TARGET"/debug/sandboxrun-operator
 
 step "NetworkPolicy enforced (kube-network-policies): sandbox and frontend Pods with a network stack, each block paired with its control"
 # One at a time: each takes one of the chart's policies away for its control.

@@ -2,6 +2,7 @@
 //! `sandboxrun-operator`).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::KubeSchema;
 use sandboxrun_core::{Phase, Tool, Verdict};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -11,9 +12,24 @@ pub const CONDITION_STARTED: &str = "Started";
 /// Condition type: the run reached a terminal phase (True, reason says how) or not yet (False).
 pub const CONDITION_COMPLETED: &str = "Completed";
 
+/// A run's status only moves forward, whoever writes it and whenever a write arrives: the phase
+/// never goes back (AwaitingApproval, Pending, Running, then one terminal phase that is final)
+/// and the sandbox Pod, once recorded, stays the run's. A status write can commit after its
+/// answer was lost, so a late write of an older status would otherwise undo a newer one: a
+/// finished run would run again (a second end, a second audit line), or a run whose Pod is
+/// recorded would get a second Pod. The API server refuses such a write (422); the operator
+/// reads the run again and goes on from what it finds.
+pub const STATUS_FORWARD_RULE: &str = "(!has(oldSelf.phase) || (has(self.phase) && \
+(oldSelf.phase in ['Succeeded', 'Failed', 'TimedOut', 'Rejected', 'Cancelled'] \
+? self.phase == oldSelf.phase \
+: {'AwaitingApproval': 1, 'Pending': 2, 'Running': 3, 'Succeeded': 4, 'Failed': 4, 'TimedOut': 4, 'Rejected': 4, 'Cancelled': 4}[self.phase] \
+>= {'AwaitingApproval': 1, 'Pending': 2, 'Running': 3}[oldSelf.phase]))) \
+&& (!has(oldSelf.podName) || (has(self.podName) && self.podName == oldSelf.podName))";
+
 /// What happened to a run. Absent fields are unknown or not applicable yet.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(STATUS_FORWARD_RULE).message("a run's status only moves forward: its phase never goes back, a terminal phase is final, and its recorded sandbox Pod stays its own"))]
 pub struct SandboxRunStatus {
     /// Where the run is in its life.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -6,6 +6,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -84,6 +85,18 @@ pub struct Metrics {
     calls: Family<CallLabels, Counter>,
     latency: Family<ToolLabels, Histogram, fn() -> Histogram>,
     http_rejections: Family<RejectionLabels, Counter>,
+    in_flight: Family<ToolLabels, Gauge>,
+}
+
+/// A call counted in `calls_in_flight` until it is dropped, however the call ends.
+pub struct InFlightCall {
+    gauge: Gauge,
+}
+
+impl Drop for InFlightCall {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
 }
 
 impl Default for Metrics {
@@ -100,6 +113,7 @@ impl Metrics {
         let latency: Family<ToolLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(latency_histogram);
         let http_rejections = Family::<RejectionLabels, Counter>::default();
+        let in_flight = Family::<ToolLabels, Gauge>::default();
         registry.register(
             "tool_calls",
             "Tool calls by tool and outcome",
@@ -115,12 +129,30 @@ impl Metrics {
             "HTTP requests refused before MCP, by reason (unauthorized, forbidden, rate_limited, too_large)",
             http_rejections.clone(),
         );
+        registry.register(
+            "calls_in_flight",
+            "Tool calls being served now, by tool (runs, queries and approval waits)",
+            in_flight.clone(),
+        );
         Self {
             registry,
             calls,
             latency,
             http_rejections,
+            in_flight,
         }
+    }
+
+    /// Counts one call of `tool` in flight until the returned guard is dropped.
+    pub fn call_started(&self, tool: &str) -> InFlightCall {
+        let gauge = self
+            .in_flight
+            .get_or_create(&ToolLabels {
+                tool: tool.to_owned(),
+            })
+            .clone();
+        gauge.inc();
+        InFlightCall { gauge }
     }
 
     /// Records one finished tool call.
@@ -166,7 +198,14 @@ mod tests {
         m.observe_call("run_python", Outcome::Succeeded, Duration::from_millis(30));
         m.observe_call("run_python", Outcome::TimedOut, Duration::from_secs(2));
         m.observe_rejection("unauthorized");
+        let call = m.call_started("run_python");
+        assert!(
+            m.encode()
+                .contains(r#"sandboxrun_mcp_calls_in_flight{tool="run_python"} 1"#)
+        );
+        drop(call);
         let text = m.encode();
+        assert!(text.contains(r#"sandboxrun_mcp_calls_in_flight{tool="run_python"} 0"#));
         assert!(
             text.contains(
                 r#"sandboxrun_mcp_tool_calls_total{tool="run_python",outcome="succeeded"} 1"#

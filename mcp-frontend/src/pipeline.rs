@@ -53,6 +53,7 @@ impl SandboxRunServer {
         let started = Instant::now();
         let shared = &self.shared;
         let tool = T::TOOL.mcp_name();
+        let _in_flight = shared.metrics.call_started(tool);
         let grant = self.grant(&ctx);
         // An access token's scopes bind which tools its bearer may call at all.
         if let Some(message) = grant.as_ref().and_then(|g| g.tool_refusal(&agent, T::TOOL)) {

@@ -585,11 +585,28 @@ impl<'a> Reconcile<'a> {
     ) -> Result<Action, Error> {
         // A run ends once: one terminal status, one audit line, even when this reconcile started
         // from a cached copy that predates a terminal status written by the previous one.
-        if let Some(done) = self.terminal_now().await? {
+        let fresh = self.runs.get_opt(&self.name).await?;
+        if let Some(done) = fresh
+            .as_ref()
+            .and_then(|r| r.status.clone())
+            .filter(is_terminal)
+        {
             return self.finished(&done).await;
         }
         // The status first: the Pod (and its log) must outlive the only record of the result.
-        if let Err(e) = self.apply(&status).await {
+        // Only over the run as just read: a replica that lost its lease with this very end in
+        // flight (held by a slow API server, say) may still deliver it after the new leader
+        // ended the run; its late write then fails the precondition instead of ending the run a
+        // second time with a second audit line.
+        let read_at = fresh.and_then(|r| r.metadata.resource_version);
+        if let Err(e) = self.apply_if_unchanged(&status, read_at).await {
+            if let Error::Kube(kube::Error::Api(conflict)) = &e
+                && conflict.code == 409
+            {
+                // Not written: someone else wrote the run since it was read. Look again.
+                info!(run = %self.name, "the run changed before its end was recorded; looking again");
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
             // It may have committed all the same: then the reconcile that finds the run ended
             // writes the audit line (`finished`); if it did not, this end is simply retried.
             self.ctx.unaudited.lock().expect("not poisoned").insert(
@@ -718,17 +735,6 @@ impl<'a> Reconcile<'a> {
             .get_opt(&self.name)
             .await?
             .map(|fresh| fresh.status.unwrap_or_default()))
-    }
-
-    /// The run's status as the API server has it now, if that is terminal. Reconciles start
-    /// from the watch cache, which can lag the operator's own last status write.
-    pub async fn terminal_now(&self) -> Result<Option<SandboxRunStatus>, Error> {
-        Ok(self
-            .runs
-            .get_opt(&self.name)
-            .await?
-            .and_then(|fresh| fresh.status)
-            .filter(is_terminal))
     }
 
     /// Writes the whole status with server-side apply: fields the operator stops setting are

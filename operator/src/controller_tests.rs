@@ -723,9 +723,9 @@ async fn a_finished_run_of_long_ago_sends_no_delete_for_its_pod() {
     assert_eq!(api.take_requests(), [delete_pod()]);
 }
 
-#[tokio::test]
-async fn a_terminal_write_that_committed_with_its_answer_lost_still_gets_one_audit_line() {
-    let (audit, _guard) = Captured::audit();
+/// A python run whose cold Pod was created and whose code then exited 0 two seconds later, with
+/// its envelope in the log: the next reconcile ends it.
+async fn a_run_whose_code_succeeded() -> (FakeApi, Arc<Context>) {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, None);
     reconcile_as(cached(&api), &ctx).await;
@@ -736,9 +736,16 @@ async fn a_terminal_write_that_committed_with_its_answer_lost_still_gets_one_aud
     api.with(|s| {
         s.pod.as_mut().unwrap()["status"] = succeeded(started, finished);
         s.log = OK_LOG.to_owned();
-        // Every answer to a status write is lost, however often the client retries it.
-        s.lose_status_responses = 100;
     });
+    (api, ctx)
+}
+
+#[tokio::test]
+async fn a_terminal_write_that_committed_with_its_answer_lost_still_gets_one_audit_line() {
+    let (audit, _guard) = Captured::audit();
+    let (api, ctx) = a_run_whose_code_succeeded().await;
+    // Every answer to a status write is lost, however often the client retries it.
+    api.with(|s| s.lose_status_responses = 100);
     let stale = cached(&api);
     assert!(
         reconcile(Arc::new(stale.clone()), ctx.clone())
@@ -839,6 +846,31 @@ async fn a_query_another_replica_claimed_is_not_executed_again() {
         "{status}"
     );
     assert_eq!(audit.lines().len(), 1);
+}
+
+#[tokio::test]
+async fn an_end_written_over_a_run_that_changed_since_it_was_read_is_refused_and_not_audited() {
+    // A replica that lost its lease with this run's end in flight, and the new leader, both end
+    // the run. Each end is written only over the run as it read it: the other one's write moved
+    // the run on, so this one is refused (409), writes no audit line and looks again; the run
+    // ends once.
+    let (audit, _guard) = Captured::audit();
+    let (api, ctx) = a_run_whose_code_succeeded().await;
+    // Another writer moves the run on right after this reconcile reads it.
+    api.with(|s| s.write_after_reads = 1);
+    let action = reconcile_as(cached(&api), &ctx).await;
+    assert_ne!(
+        api.status()["phase"],
+        "Succeeded",
+        "not ended over a changed run"
+    );
+    assert!(audit.lines().is_empty(), "{:?}", audit.lines());
+    assert!(action != Action::await_change());
+    // Looking again, it ends the run: once.
+    reconcile_as(cached(&api), &ctx).await;
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.status()["phase"], "Succeeded");
+    assert_eq!(audit.lines().len(), 1, "{:?}", audit.lines());
 }
 
 #[tokio::test]

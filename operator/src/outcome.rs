@@ -146,7 +146,10 @@ pub fn outcome_status(
     s.stdout = outcome.stdout.clone();
     s.stderr = outcome.stderr.clone();
     s.truncated = outcome.truncated;
-    s.pod_name = pod_name.map(str::to_owned);
+    // A recorded sandbox stays the run's (the CRD refuses a status that drops it).
+    s.pod_name = pod_name
+        .map(str::to_owned)
+        .or_else(|| prev.pod_name.clone());
     s.start_time = outcome.started_at.map(Time);
     s.completion_time = Some(Time(outcome.finished_at));
     s.duration_millis = outcome.duration_millis.or_else(|| {

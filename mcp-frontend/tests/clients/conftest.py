@@ -22,6 +22,8 @@ BIN = os.environ.get("SANDBOXRUN_MCP_BIN", str(ROOT / "target" / "debug" / "sand
 # Two agents with their keys; the key file holds only the hashes.
 KEYS = {"analyst-01": "test-key-analyst", "ci-bot": "test-key-ci"}
 ALLOWED_ORIGIN = "http://localhost:6274"
+# A program that prints a line a second, for the tests of output streamed while the code runs.
+TICKS = "import sys, time\nfor i in range(3):\n    print('tick', i)\n    time.sleep(1)\nprint('done', file=sys.stderr)\n"
 
 
 def hash_key(key: str) -> str:

@@ -57,7 +57,7 @@ export OIDC_NODE="$INSPECTOR_NODE"
 export OIDC_PROVIDER_DIR="$OIDC_DIR"
 
 (cd "$ROOT" && cargo build --quiet -p sandboxrun-mcp)
-export SANDBOXRUN_MCP_BIN="$ROOT/target/debug/sandboxrun-mcp"
+export SANDBOXRUN_MCP_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/sandboxrun-mcp"
 export RUST_LOG="${RUST_LOG:-sandboxrun_mcp=warn,warn}"
 
 cd "$HERE"

@@ -14,7 +14,7 @@ from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from conftest import auth
+from conftest import TICKS, auth
 
 TRANSPORTS = ["stdio", "streamable-http", "sse"]
 
@@ -89,9 +89,6 @@ def test_list_tools_and_run(transport, binary, request):
             assert progress[2] == "stdout: 42\n"
 
     anyio.run(main)
-
-
-TICKS = "import sys, time\nfor i in range(3):\n    print('tick', i)\n    time.sleep(1)\nprint('done', file=sys.stderr)\n"
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
