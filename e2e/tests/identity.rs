@@ -13,7 +13,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Error};
 use sandboxrun_core::{Environment, Phase};
-use sandboxrun_e2e::identity::{client_as, whoami};
+use sandboxrun_e2e::identity::{can_i, client_as, whoami};
 use sandboxrun_e2e::runs::{RUNS_NAMESPACE, python_run, runs};
 use sandboxrun_e2e::{client, unique_name};
 use serde_json::json;
@@ -42,7 +42,27 @@ async fn run_creator(admin: &Client, name: &str) -> Result<Client> {
     Api::<RoleBinding>::namespaced(admin.clone(), RUNS_NAMESPACE)
         .create(&pp, &binding)
         .await?;
-    client_as(admin, RUNS_NAMESPACE, name).await
+    let creator = client_as(admin, RUNS_NAMESPACE, name).await?;
+    // The API server's authorizer learns of a new binding through its own watch: until then the
+    // new account is refused. Wait until it says yes (a dry run's 403 later would be a flake).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !can_i(
+        &creator,
+        "create",
+        "sandboxrun.dev",
+        "sandboxruns",
+        "",
+        RUNS_NAMESPACE,
+    )
+    .await?
+    {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "the RoleBinding {name} did not take effect within 30 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok(creator)
 }
 
 async fn remove_creator(admin: &Client, name: &str) {

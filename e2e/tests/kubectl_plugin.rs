@@ -25,7 +25,7 @@ use kube::{Client, ResourceExt};
 use sandboxrun_api::SandboxRun;
 use sandboxrun_core::{Phase, Verdict};
 use sandboxrun_e2e::governance::{decision, python_run_in, the_audit_line};
-use sandboxrun_e2e::identity::{token_for, whoami};
+use sandboxrun_e2e::identity::{can_i, client_as, token_for, whoami};
 use sandboxrun_e2e::runs::{RUNS_NAMESPACE, create, runs, wait_for, wait_terminal};
 use sandboxrun_e2e::{client, unique_name};
 use serde_json::json;
@@ -481,6 +481,26 @@ impl Viewer {
         Api::<RoleBinding>::namespaced(admin.clone(), RUNS_NAMESPACE)
             .create(&pp, &binding)
             .await?;
+        // The API server's authorizer learns of a new binding through its own watch: wait until
+        // the account may read runs, so every refusal below is the one under test.
+        let viewer = client_as(admin, RUNS_NAMESPACE, &name).await?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !can_i(
+            &viewer,
+            "get",
+            "sandboxrun.dev",
+            "sandboxruns",
+            "",
+            RUNS_NAMESPACE,
+        )
+        .await?
+        {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "the RoleBinding {name} did not take effect within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         let token = token_for(admin, RUNS_NAMESPACE, &name).await?;
         // The admin's kubeconfig (server, CA), with the service account's token as its user.
         let mut config = Kubeconfig::read().context("reading KUBECONFIG")?;
