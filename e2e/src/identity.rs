@@ -1,10 +1,13 @@
 //! Clients that act as one of the chart's service accounts, to test RBAC by doing, not by
 //! reading the Roles: the token comes from the TokenRequest API, exactly as a Pod's would.
 
-use anyhow::{Context, Result, bail};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest};
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PostParams};
 use kube::config::AuthInfo;
 use kube::{Client, Config};
@@ -69,4 +72,57 @@ pub async fn whoami(client: &Client) -> Result<String> {
         .and_then(|s| s.user_info)
         .and_then(|u| u.username)
         .context("the SelfSubjectReview names no user")
+}
+
+/// A service account `name` in `namespace` with a Role of `verbs` on SandboxRuns there, bound to
+/// it; returns a client acting as it once the binding is in force. The API server's authorizer
+/// learns of a new binding through its own watch, so until then the account is refused: a test
+/// using it at once would meet that lag as a 403 (`can_i` is polled on the Role's first verb).
+pub async fn run_account(
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+    verbs: &[&str],
+) -> Result<Client> {
+    let pp = PostParams::default();
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+    Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create(&pp, &sa)
+        .await?;
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": ["sandboxrun.dev"], "resources": ["sandboxruns"], "verbs": verbs}],
+    }))?;
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(&pp, &role)
+        .await?;
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+    }))?;
+    Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+        .create(&pp, &binding)
+        .await?;
+    let client = client_as(admin, namespace, name).await?;
+    let probe = verbs.first().copied().unwrap_or("get");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !can_i(
+        &client,
+        probe,
+        "sandboxrun.dev",
+        "sandboxruns",
+        "",
+        namespace,
+    )
+    .await?
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the RoleBinding {namespace}/{name} did not take effect within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(client)
 }

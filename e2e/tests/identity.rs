@@ -13,7 +13,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, Error};
 use sandboxrun_core::{Environment, Phase};
-use sandboxrun_e2e::identity::{can_i, client_as, whoami};
+use sandboxrun_e2e::identity::{client_as, run_account, whoami};
 use sandboxrun_e2e::runs::{RUNS_NAMESPACE, python_run, runs};
 use sandboxrun_e2e::{client, unique_name};
 use serde_json::json;
@@ -21,48 +21,15 @@ use serde_json::json;
 /// A service account in the sandbox namespace with full rights on SandboxRuns there (removed
 /// with its Role and binding by [`remove_creator`] at the end of the test).
 async fn run_creator(admin: &Client, name: &str) -> Result<Client> {
-    let pp = PostParams::default();
-    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-    Api::<ServiceAccount>::namespaced(admin.clone(), RUNS_NAMESPACE)
-        .create(&pp, &sa)
-        .await?;
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "rules": [{"apiGroups": ["sandboxrun.dev"], "resources": ["sandboxruns"],
-                   "verbs": ["create", "get", "list", "watch", "patch", "update", "delete"]}],
-    }))?;
-    Api::<Role>::namespaced(admin.clone(), RUNS_NAMESPACE)
-        .create(&pp, &role)
-        .await?;
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": RUNS_NAMESPACE}],
-    }))?;
-    Api::<RoleBinding>::namespaced(admin.clone(), RUNS_NAMESPACE)
-        .create(&pp, &binding)
-        .await?;
-    let creator = client_as(admin, RUNS_NAMESPACE, name).await?;
-    // The API server's authorizer learns of a new binding through its own watch: until then the
-    // new account is refused. Wait until it says yes (a dry run's 403 later would be a flake).
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !can_i(
-        &creator,
-        "create",
-        "sandboxrun.dev",
-        "sandboxruns",
-        "",
+    run_account(
+        admin,
         RUNS_NAMESPACE,
+        name,
+        &[
+            "create", "get", "list", "watch", "patch", "update", "delete",
+        ],
     )
-    .await?
-    {
-        ensure!(
-            std::time::Instant::now() < deadline,
-            "the RoleBinding {name} did not take effect within 30 s"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    Ok(creator)
+    .await
 }
 
 async fn remove_creator(admin: &Client, name: &str) {

@@ -19,13 +19,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Event, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::config::{AuthInfo, Kubeconfig, NamedAuthInfo};
 use kube::{Client, ResourceExt};
 use sandboxrun_api::SandboxRun;
 use sandboxrun_core::{Phase, Verdict};
 use sandboxrun_e2e::governance::{decision, python_run_in, the_audit_line};
-use sandboxrun_e2e::identity::{can_i, client_as, token_for, whoami};
+use sandboxrun_e2e::identity::{run_account, token_for, whoami};
 use sandboxrun_e2e::runs::{RUNS_NAMESPACE, create, runs, wait_for, wait_terminal};
 use sandboxrun_e2e::{client, unique_name};
 use serde_json::json;
@@ -460,47 +460,9 @@ struct Viewer {
 impl Viewer {
     async fn create(admin: &Client) -> Result<Self> {
         let name = unique_name("e2e-kubectl-viewer");
-        let pp = PostParams::default();
-        let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-        Api::<ServiceAccount>::namespaced(admin.clone(), RUNS_NAMESPACE)
-            .create(&pp, &sa)
-            .await?;
-        let role: Role = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "rules": [{"apiGroups": ["sandboxrun.dev"], "resources": ["sandboxruns"],
-                       "verbs": ["get", "list", "watch"]}],
-        }))?;
-        Api::<Role>::namespaced(admin.clone(), RUNS_NAMESPACE)
-            .create(&pp, &role)
-            .await?;
-        let binding: RoleBinding = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": RUNS_NAMESPACE}],
-        }))?;
-        Api::<RoleBinding>::namespaced(admin.clone(), RUNS_NAMESPACE)
-            .create(&pp, &binding)
-            .await?;
-        // The API server's authorizer learns of a new binding through its own watch: wait until
-        // the account may read runs, so every refusal below is the one under test.
-        let viewer = client_as(admin, RUNS_NAMESPACE, &name).await?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while !can_i(
-            &viewer,
-            "get",
-            "sandboxrun.dev",
-            "sandboxruns",
-            "",
-            RUNS_NAMESPACE,
-        )
-        .await?
-        {
-            ensure!(
-                std::time::Instant::now() < deadline,
-                "the RoleBinding {name} did not take effect within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        // Read rights only, in force before the plugin runs as it, so every refusal below is
+        // the one under test.
+        run_account(admin, RUNS_NAMESPACE, &name, &["get", "list", "watch"]).await?;
         let token = token_for(admin, RUNS_NAMESPACE, &name).await?;
         // The admin's kubeconfig (server, CA), with the service account's token as its user.
         let mut config = Kubeconfig::read().context("reading KUBECONFIG")?;

@@ -72,16 +72,29 @@ async fn issuer() -> Issuer {
     Issuer { url, keys, fetches }
 }
 
-fn server(issuer: &Issuer) -> ResourceServer {
-    let mut rs = ResourceServer::new(OAuthConfig {
-        issuer: issuer.url.clone(),
-        resource: RESOURCE.to_owned(),
+/// The default settings for `issuer` and `resource`, agents prefixed with `prefix`.
+fn config(
+    issuer: impl Into<String>,
+    resource: impl Into<String>,
+    prefix: impl Into<String>,
+) -> OAuthConfig {
+    OAuthConfig {
+        issuer: issuer.into(),
+        resource: resource.into(),
         audience: None,
         agent_claim: "sub".to_owned(),
-        agent_prefix: "oauth:".to_owned(),
+        agent_prefix: prefix.into(),
         scopes: ScopeMap::default(),
         jwks_uri: None,
-    })
+    }
+}
+
+fn server(issuer: &Issuer) -> ResourceServer {
+    let mut rs = ResourceServer::new(config(
+        issuer.url.clone(),
+        RESOURCE.to_owned(),
+        "oauth:".to_owned(),
+    ))
     .unwrap();
     rs.keys = KeySource::new(&issuer.url, None)
         .unwrap()
@@ -314,15 +327,11 @@ async fn rotated_keys_are_fetched_once_and_the_removed_key_is_no_longer_trusted(
 
 #[tokio::test]
 async fn an_unreachable_issuer_makes_tokens_unverifiable_not_valid() {
-    let rs = ResourceServer::new(OAuthConfig {
-        issuer: "http://127.0.0.1:9".to_owned(),
-        resource: RESOURCE.to_owned(),
-        audience: None,
-        agent_claim: "sub".to_owned(),
-        agent_prefix: "oauth:".to_owned(),
-        scopes: ScopeMap::default(),
-        jwks_uri: None,
-    })
+    let rs = ResourceServer::new(config(
+        "http://127.0.0.1:9".to_owned(),
+        RESOURCE.to_owned(),
+        "oauth:".to_owned(),
+    ))
     .unwrap();
     let token = sign(
         &serde_json::json!({"iss": "http://127.0.0.1:9", "aud": RESOURCE, "sub": "a", "exp": now() + 60, "scope": "sandboxrun:run_python"}),
@@ -337,15 +346,11 @@ async fn an_unreachable_issuer_makes_tokens_unverifiable_not_valid() {
 
 #[test]
 fn the_metadata_and_the_challenge_point_at_each_other() {
-    let rs = ResourceServer::new(OAuthConfig {
-        issuer: "https://as.example.com".to_owned(),
-        resource: RESOURCE.to_owned(),
-        audience: None,
-        agent_claim: "sub".to_owned(),
-        agent_prefix: "oauth:".to_owned(),
-        scopes: ScopeMap::default(),
-        jwks_uri: None,
-    })
+    let rs = ResourceServer::new(config(
+        "https://as.example.com".to_owned(),
+        RESOURCE.to_owned(),
+        "oauth:".to_owned(),
+    ))
     .unwrap();
     assert_eq!(
         rs.metadata_path(),
@@ -376,15 +381,11 @@ fn the_metadata_and_the_challenge_point_at_each_other() {
         ("https://as.example.com", "https://h/mcp#f"),
     ] {
         assert!(
-            ResourceServer::new(OAuthConfig {
-                issuer: issuer.to_owned(),
-                resource: resource.to_owned(),
-                audience: None,
-                agent_claim: "sub".to_owned(),
-                agent_prefix: String::new(),
-                scopes: ScopeMap::default(),
-                jwks_uri: None,
-            })
+            ResourceServer::new(config(
+                issuer.to_owned(),
+                resource.to_owned(),
+                String::new()
+            ))
             .is_err(),
             "{issuer} {resource}"
         );
