@@ -23,8 +23,11 @@ cargo_fetch=$!
 "$REPO_ROOT/e2e/cluster/build.sh"
 "$REPO_ROOT/images/build.sh"
 "$REPO_ROOT/images/build.sh" rootfs sandbox-python "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs/sandbox-python"
+"$REPO_ROOT/images/build.sh" rootfs sandbox-python-data "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs/sandbox-python-data"
 # Both local sandbox engines exist on this machine: their tests must run, not skip.
 export SANDBOXRUN_REQUIRE_ENGINES=gvisor,bubblewrap
+# The data profile's root file system was unpacked above: its tests must run, not skip.
+export SANDBOXRUN_REQUIRE_DATA_PROFILE=1
 
 step "checks: cargo fmt, cargo clippy"
 wait "$cargo_fetch" || { cat "$cargo_fetch_log"; echo "cargo fetch --locked failed"; exit 1; }

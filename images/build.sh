@@ -3,22 +3,27 @@
 # as OCI image-layout tarballs, and import them into containerd.
 #
 #   build.sh [build] [NAME...] [--import-address SOCK]
-#                                 build images (default: sandbox-python pause base)
+#                                 build images (default: sandbox-python
+#                                 sandbox-python-data pause base)
 #   build.sh all [--import-address SOCK]
-#                                 the same three images, optionally imported
+#                                 the same four images, optionally imported
 #   build.sh app NAME BINARY [--import-address SOCK]
 #                                 localhost/sandboxrun/NAME:dev = base + BINARY
 #                                 at /usr/local/bin/NAME (its entrypoint)
 #   build.sh import --address SOCK [--snapshotter S] [NAME...]
 #                                 `ctr images import` into namespace k8s.io
 #   build.sh path NAME            print the tarball path of an image
-#   build.sh rootfs NAME DIR      unpack the root file system of sandbox-python
-#                                 or base into DIR (for the local sandbox driver);
-#                                 a no-op when DIR already holds that layer
+#   build.sh rootfs NAME DIR      unpack the root file system of sandbox-python,
+#                                 sandbox-python-data or base into DIR (for the
+#                                 local sandbox driver); a no-op when DIR already
+#                                 holds that layer
 #   build.sh clean                delete the image cache
 #
 # Images (the names are a contract other scripts rely on):
 #   localhost/sandboxrun/sandbox-python:dev  Debian bookworm minbase + python3
+#   localhost/sandboxrun/sandbox-python-data:dev
+#                                            the same + numpy, pandas, scipy,
+#                                            matplotlib (Agg backend by default)
 #   localhost/sandboxrun/pause:3.10          a static /pause, for pod sandboxes
 #   localhost/sandboxrun/base:dev            Debian bookworm minbase + ca-certificates
 #   localhost/sandboxrun/NAME:dev            base + one binary (build.sh app)
@@ -42,8 +47,10 @@ readonly SUITE=bookworm
 readonly SANDBOX_ID=65532           # uid and gid of the unprivileged `sandbox` user
 readonly EPOCH=0                    # mtime of every file in every layer
 readonly PYTHON_PACKAGES=python3    # --include for sandbox-python
+# --include for sandbox-python-data (Debian's own builds; their Depends come too)
+readonly DATA_PACKAGES=python3,python3-numpy,python3-pandas,python3-matplotlib,python3-scipy,fonts-dejavu-core
 readonly BASE_PACKAGES=ca-certificates   # --include for base
-readonly DEFAULT_IMAGES=(sandbox-python pause base)
+readonly DEFAULT_IMAGES=(sandbox-python sandbox-python-data pause base)
 readonly CACHE=${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/images
 
 # Debian's own python3 is preferred: the helper only needs the standard library.
@@ -237,6 +244,73 @@ precompile_python() {
     --invalidation-mode unchecked-hash "${dirs[@]}" >/dev/null
 }
 
+# configure_matplotlib DIR: make Agg (no display, no Tk) matplotlib's default
+# backend; Debian's /etc/matplotlibrc, which matplotlib reads as its
+# mpl-data/matplotlibrc, says TkAgg.  A no-op without matplotlib.  Its font
+# cache cannot live in the read-only image: matplotlib builds it on first use
+# under $HOME/.cache/matplotlib (HOME is /tmp in a sandbox).
+configure_matplotlib() {
+  local rc=$1/etc/matplotlibrc
+  [[ -f $rc ]] || return 0
+  if grep -q '^backend *:' "$rc"; then
+    sed -i 's/^backend *:.*/backend: Agg/' "$rc"
+  else
+    printf 'backend: Agg\n' >>"$rc"
+  fi
+}
+
+# slim_data_rootfs DIR: sandbox-python-data only.  scipy's Debian package
+# depends on python3-pythran, scipy's build-time compiler, which pulls in a
+# C/C++ toolchain, headers (Boost's alone are 138 MB), static libraries and
+# libpython3.11-dev: about half the image, none of it used at run time (scipy
+# ships the modules pythran built; nothing imports pythran).  Deletes the
+# files of those build-only packages as dpkg lists them (gcc, g++, cpp and
+# their libraries, binutils, every *-dev package, python3-pythran), what is
+# left of /usr/include and of static libraries, the symlinks in /usr that this
+# leaves dangling (cc, c++, ...), and the test suites, the `tests` directories,
+# of numpy, pandas, scipy and matplotlib (the modules they import at run time,
+# numpy.testing, pandas._testing and matplotlib.testing, stay); then refreshes
+# ld.so.cache.  dpkg's database is kept as it is and still lists the removed
+# packages: nobody runs apt or dpkg in a sandbox.
+slim_data_rootfs() {
+  local root=$1 list pkg pat owner paths owned=() kept=()
+  local build_only=(
+    gcc 'gcc-[0-9][0-9]' g++ 'g++-[0-9][0-9]' cpp 'cpp-[0-9][0-9]' 'libcc1-*' 'libgcc-*-dev'
+    'libasan*' 'libtsan*' 'liblsan*' 'libubsan*' 'libhwasan*' libitm1 libatomic1
+    'libisl[0-9]*' libmpc3 libmpfr6 binutils 'binutils-*' libbinutils 'libctf*'
+    'libgprofng*' libjansson4 libc-dev-bin rpcsvc-proto '*-dev' python3-pythran
+  )
+  for list in "$root"/var/lib/dpkg/info/*.list; do
+    pkg=${list##*/}
+    pkg=${pkg%.list}
+    pkg=${pkg%%:*}
+    owner=kept
+    for pat in "${build_only[@]}"; do
+      # shellcheck disable=SC2053 # $pat is a glob on purpose
+      if [[ $pkg == $pat ]]; then owner=owned; break; fi
+    done
+    if [[ $owner == owned ]]; then owned+=("$list"); else kept+=("$list"); fi
+  done
+  # The paths only they list: their files and symlinks (rm follows none),
+  # then their directories with whatever else is in them (the __pycache__ of
+  # pythran's modules).  Directory symlinks are kept: the lists name merged
+  # /usr's /bin, /lib... (relative links, so paths through them stay in DIR).
+  paths=$(LC_ALL=C comm -23 <(LC_ALL=C sort -u "${owned[@]}") <(LC_ALL=C sort -u "${kept[@]}"))
+  while IFS= read -r path; do
+    [[ -d $root$path ]] || printf '%s\n' "$root$path"
+  done <<<"$paths" | xargs -r -d '\n' rm -f --
+  while IFS= read -r path; do
+    if [[ -d $root$path && ! -L $root$path ]]; then rm -rf "${root:?}$path"; fi
+  done <<<"$paths"
+  rm -rf "$root/usr/include"
+  find "$root/usr/lib" -name '*.a' \( -type f -o -type l \) -delete
+  # In the chroot, absolute symlinks resolve inside DIR.
+  chroot "$root" /usr/bin/find /usr -xtype l -delete
+  find "$root"/usr/lib/python3/dist-packages/{numpy,pandas,scipy,matplotlib} \
+    -type d -name tests -prune -exec rm -rf {} +
+  chroot "$root" /sbin/ldconfig
+}
+
 # tar_layer DIR OUT: a reproducible layer OUT (.tar.gz) of DIR plus OUT.diffid:
 # sorted entries, every mtime $EPOCH, numeric owners (root files stay 0:0; the
 # few files Debian gives other owners, like /etc/shadow's group, keep theirs),
@@ -253,13 +327,17 @@ tar_layer() {
   mv -f "$out.tmp.gz" "$out"
 }
 
-# rootfs_layer KIND PACKAGES: sets LAYER to the cached layer of a debootstrap
-# minbase $SUITE root with PACKAGES included, building it if needed.
+# rootfs_layer KIND PACKAGES [STEP...]: sets LAYER to the cached layer of a
+# debootstrap minbase $SUITE root with PACKAGES included, building it if
+# needed.  Each STEP, a recipe function of this KIND only (slim_data_rootfs),
+# runs on the root right after debootstrap; its text is part of KIND's key.
 rootfs_layer() {
-  local kind=$1 packages=$2 key out mirror
+  local kind=$1 packages=$2 key out mirror step
+  local steps=("${@:3}")
   key=$({
     echo "sandboxrun rootfs recipe"
-    declare -f rootfs_layer strip_rootfs add_sandbox_user precompile_python tar_layer
+    declare -f rootfs_layer strip_rootfs add_sandbox_user precompile_python \
+      configure_matplotlib tar_layer "${steps[@]}"
     echo "$kind $packages $SUITE $(oci_arch) $SANDBOX_ID $EPOCH"
   } | short_hash)
   out=$CACHE/layers/rootfs-$kind-$key.tar.gz
@@ -282,16 +360,24 @@ rootfs_layer() {
     tail -n 25 "$logfile" >&2
     die "$kind: debootstrap failed, see $logfile"
   fi
+  for step in "${steps[@]}"; do
+    log "$kind: $step"
+    "$step" "$root"
+  done
   if [[ $packages == *python3* ]]; then
     log "$kind: precompiling Python bytecode (unchecked-hash)"
     precompile_python "$root"
   fi
+  configure_matplotlib "$root"
   strip_rootfs "$root"
   add_sandbox_user "$root"
   log "$kind: rootfs is $(du -sh --apparent-size "$root" | cut -f1); writing layer"
   tar_layer "$root" "$out"
-  # Drop layers of this kind built from an older recipe.
-  find "$CACHE/layers" -maxdepth 1 -name "rootfs-$kind-*" ! -name "rootfs-$kind-$key.*" -delete
+  # Drop layers of this kind built from an older recipe.  The key's 16
+  # characters are spelled out so that sandbox-python's pattern does not also
+  # match sandbox-python-data's layers.
+  find "$CACHE/layers" -maxdepth 1 -name "rootfs-$kind-????????????????.*" \
+    ! -name "rootfs-$kind-$key.*" -delete
 }
 
 # pause_layer: sets LAYER to the cached layer holding /pause, compiled from
@@ -358,6 +444,16 @@ image_sandbox_python() {
   }' "$LAYER" "debootstrap --variant=minbase --include=$PYTHON_PACKAGES $SUITE"
 }
 
+image_sandbox_python_data() {
+  rootfs_layer sandbox-python-data "$DATA_PACKAGES" slim_data_rootfs
+  assemble sandbox-python-data '{
+    "User": "65532:65532",
+    "WorkingDir": "/tmp",
+    "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE=1"],
+    "Cmd": ["python3"]
+  }' "$LAYER" "debootstrap --variant=minbase --include=$DATA_PACKAGES $SUITE; slim_data_rootfs"
+}
+
 image_pause() {
   pause_layer
   # 65535:65535 as in the upstream pause image; /pause needs no privileges.
@@ -384,7 +480,7 @@ image_app() {
   local name=$1 binary=$2 base_layer
   [[ $name =~ ^[a-z0-9]+([._-][a-z0-9]+)*$ ]] || die "app: bad image name '$name' (lower-case letters, digits, . _ -)"
   [[ -f $binary ]] || die "app: $binary: no such file"
-  case $name in sandbox-python | pause | base) die "app: '$name' is a reserved image name" ;; esac
+  case $name in sandbox-python | sandbox-python-data | pause | base) die "app: '$name' is a reserved image name" ;; esac
   rootfs_layer base "$BASE_PACKAGES"
   base_layer=$LAYER
   make_tmp "app-$name"
@@ -402,6 +498,7 @@ image_app() {
 build_image() {
   case $1 in
     sandbox-python) image_sandbox_python ;;
+    sandbox-python-data) image_sandbox_python_data ;;
     pause) image_pause ;;
     base) image_base ;;
     *) die "unknown image '$1' (standard images: ${DEFAULT_IMAGES[*]}; use 'app NAME BINARY' for others)" ;;
@@ -454,13 +551,14 @@ readonly ROOTFS_MARKER=.sandboxrun-rootfs
 # layer is unpacked next to DIR and swapped in with renames, so DIR is never
 # seen half-written by a sandbox that starts meanwhile.
 unpack_rootfs() {
-  local name=$1 dir=$2 kind packages diffid want parent tmp old
+  local name=$1 dir=$2 kind packages diffid want parent tmp old steps=()
   case $name in
     sandbox-python) kind=sandbox-python packages=$PYTHON_PACKAGES ;;
+    sandbox-python-data) kind=sandbox-python-data packages=$DATA_PACKAGES steps=(slim_data_rootfs) ;;
     base) kind=base packages=$BASE_PACKAGES ;;
-    *) die "rootfs: no root file system for '$name' (sandbox-python or base)" ;;
+    *) die "rootfs: no root file system for '$name' (sandbox-python, sandbox-python-data or base)" ;;
   esac
-  rootfs_layer "$kind" "$packages"
+  rootfs_layer "$kind" "$packages" "${steps[@]}"
   diffid=$(<"$LAYER.diffid")
   want="image $REGISTRY/$name:$(tag_of "$name") layer $diffid"
   if [[ -f $dir/$ROOTFS_MARKER && $(<"$dir/$ROOTFS_MARKER") == "$want" ]]; then
@@ -570,7 +668,7 @@ main() {
       find "$CACHE" -mindepth 1 -maxdepth 1 ! -name .lock -exec rm -rf --one-file-system {} +
       return 0
       ;;
-    sandbox-python | pause | base)
+    sandbox-python | sandbox-python-data | pause | base)
       # Shorthand: build.sh pause == build.sh build pause.
       main build "$cmd" "$@"
       return 0

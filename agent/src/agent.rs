@@ -19,6 +19,7 @@ use async_openai::types::chat::{
 use serde::Serialize;
 
 use crate::error::AgentError;
+use crate::files::{FileSaver, SavedFile, saved_note};
 use crate::mcp::{Session, ToolOutcome};
 use crate::model::{AssistantTurn, Model};
 use crate::progress::Progress;
@@ -99,6 +100,9 @@ pub struct ToolCallRecord {
     pub duration_ms: u64,
     /// The text given back to the model.
     pub result: String,
+    /// The images it returned, as saved on this machine.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub saved_files: Vec<SavedFile>,
 }
 
 /// The outcome of a run.
@@ -120,6 +124,8 @@ pub struct RunOptions {
     pub max_steps: u32,
     /// Stream the answer to stdout (off for `--json`).
     pub stream_to_stdout: bool,
+    /// Where images that tools return are saved.
+    pub files: FileSaver,
 }
 
 /// Runs one question through the loop.
@@ -197,13 +203,7 @@ pub async fn run(
         for call in &turn.tool_calls {
             let started = Instant::now();
             let (outcome, rejected) = match toolbox.resolve(&call.name, &call.arguments) {
-                Err(Rejected(text)) => (
-                    ToolOutcome {
-                        text,
-                        is_error: true,
-                    },
-                    true,
-                ),
+                Err(Rejected(text)) => (ToolOutcome::text(text, true), true),
                 Ok((mcp_name, arguments)) => {
                     progress.start(format!("{} running", call.name));
                     (session.call(&mcp_name, arguments).await?, false)
@@ -211,6 +211,7 @@ pub async fn run(
             };
             let elapsed = started.elapsed();
             progress.finish_tool(&call.name, elapsed, outcome.is_error);
+            let (outcome, saved_files) = save_images(outcome, &options.files, progress);
             conversation
                 .push(ChatCompletionRequestMessage::Tool(
                     ChatCompletionRequestToolMessage {
@@ -229,6 +230,7 @@ pub async fn run(
                 rejected,
                 duration_ms: u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
                 result: outcome.text,
+                saved_files,
             });
         }
     }
@@ -238,6 +240,32 @@ pub async fn run(
         steps: options.max_steps,
         tool_calls: records,
     })
+}
+
+/// Saves the images of a tool's outcome, says on stderr where each went, and tells the model in
+/// the tool message (it cannot see them). Returns the outcome with that text and what was saved.
+fn save_images(
+    mut outcome: ToolOutcome,
+    files: &FileSaver,
+    progress: &Progress,
+) -> (ToolOutcome, Vec<SavedFile>) {
+    let mut saved_files = Vec::new();
+    for (index, image) in std::mem::take(&mut outcome.images).iter().enumerate() {
+        let saved = files.save(image, index);
+        progress.clear();
+        match &saved {
+            Ok(file) => eprintln!(
+                "sandboxrun-agent: saved {} → {}",
+                file.name,
+                file.path.display()
+            ),
+            Err(e) => eprintln!("sandboxrun-agent: could not save an image: {e}"),
+        }
+        outcome.text.push('\n');
+        outcome.text.push_str(&saved_note(image, &saved));
+        saved_files.extend(saved.ok());
+    }
+    (outcome, saved_files)
 }
 
 /// The assistant message for the history: its text and its tool calls, exactly as the model

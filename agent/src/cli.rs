@@ -62,6 +62,12 @@ pub struct Cli {
     #[arg(long)]
     pub json: bool,
 
+    /// Where images that tools return (charts, plots) are saved: the model cannot see them, so
+    /// it is told their path. Default: ./sandboxrun-files/THREAD with --thread, else
+    /// ./sandboxrun-files/YYYYMMDD-HHMMSS (created when the first image arrives).
+    #[arg(long, env = "SANDBOXRUN_AGENT_FILES_DIR", value_name = "DIR")]
+    pub files_dir: Option<PathBuf>,
+
     /// Seconds to wait for a connection to the model endpoint.
     #[arg(long, default_value_t = 15)]
     pub connect_timeout_seconds: u64,
@@ -132,6 +138,9 @@ mod tests {
         assert_eq!(cli.server_args, ["--enable-sql"]);
         assert_eq!(cli.max_steps, 4);
         assert!(!cli.json);
+        assert_eq!(cli.files_dir, None);
+        let cli = Cli::try_parse_from(["sandboxrun-agent", "--files-dir", "out", "q"]).unwrap();
+        assert_eq!(cli.files_dir, Some(PathBuf::from("out")));
     }
 
     #[test]

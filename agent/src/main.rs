@@ -4,6 +4,7 @@
 mod agent;
 mod cli;
 mod error;
+mod files;
 mod mcp;
 mod model;
 mod progress;
@@ -104,6 +105,11 @@ async fn run(cli: Cli) -> Result<ExitCode, AgentError> {
     let options = RunOptions {
         max_steps: cli.max_steps,
         stream_to_stdout: !cli.json,
+        files: files::FileSaver::new(
+            cli.files_dir
+                .clone()
+                .unwrap_or_else(|| files::FileSaver::default_dir(cli.thread.as_deref())),
+        ),
     };
     let report = agent::run(
         &model,

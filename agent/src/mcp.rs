@@ -21,10 +21,15 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::cli::API_KEY_ENV;
 use crate::error::{AgentError, causes};
+use crate::files::ReturnedImage;
 
 /// Largest tool result handed to the model, in characters: the sandbox already caps its output,
 /// this keeps a chatty tool from filling the model's context.
 const MAX_RESULT_CHARS: usize = 100_000;
+
+/// Largest part of one returned text file (an embedded text resource) handed to the model, in
+/// characters.
+const MAX_RESOURCE_CHARS: usize = 20_000;
 
 /// Lines of the embedded server's stderr kept to explain a failed start.
 const STDERR_TAIL_LINES: usize = 20;
@@ -78,6 +83,19 @@ pub struct ToolOutcome {
     pub text: String,
     /// Whether the tool reported an error (`isError`) or the server refused the call.
     pub is_error: bool,
+    /// The images it returned, to be saved on this machine (the model cannot see them).
+    pub images: Vec<ReturnedImage>,
+}
+
+impl ToolOutcome {
+    /// An outcome of text only.
+    pub fn text(text: String, is_error: bool) -> Self {
+        Self {
+            text,
+            is_error,
+            images: Vec::new(),
+        }
+    }
 }
 
 /// A live connection to an MCP server.
@@ -185,17 +203,17 @@ impl Session {
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
         match self.service.call_tool(params).await {
             Ok(result) => Ok(outcome(&result)),
-            Err(ServiceError::McpError(e)) => Ok(ToolOutcome {
-                text: format!("error: the server refused the call: {}", e.message),
-                is_error: true,
-            }),
-            Err(ServiceError::Timeout { timeout }) => Ok(ToolOutcome {
-                text: format!(
+            Err(ServiceError::McpError(e)) => Ok(ToolOutcome::text(
+                format!("error: the server refused the call: {}", e.message),
+                true,
+            )),
+            Err(ServiceError::Timeout { timeout }) => Ok(ToolOutcome::text(
+                format!(
                     "error: the call got no answer within {}s; nothing is known about its result",
                     timeout.as_secs()
                 ),
-                is_error: true,
-            }),
+                true,
+            )),
             Err(e) => Err(self.lost(&e, &format!("calling {tool}"))),
         }
     }
@@ -276,11 +294,49 @@ fn spawn_error(program: &Path, e: &std::io::Error) -> AgentError {
 }
 
 /// The text of a tool result: its text blocks (the sandboxrun tools put a sentence for the model
-/// first, then the structured result as JSON), other blocks described, `error: ` in front of a
-/// failure.
+/// first, then the structured result as JSON), returned text files with their name (each cut at
+/// [`MAX_RESOURCE_CHARS`]), other blocks described, `error: ` in front of a failure. Images are
+/// described by name and kept in [`ToolOutcome::images`] to be saved; their names come from the
+/// structured result's `files` list (sandboxrun returns one image block per image file, in that
+/// order), else they have none.
 pub fn outcome(result: &CallToolResult) -> ToolOutcome {
     let is_error = result.is_error.unwrap_or(false);
-    let mut parts: Vec<String> = result.content.iter().map(describe_block).collect();
+    let mut image_names = image_file_names(result.structured_content.as_ref()).into_iter();
+    let mut images = Vec::new();
+    let mut parts: Vec<String> = Vec::with_capacity(result.content.len());
+    for block in &result.content {
+        let ContentBlock::Image(image) = block else {
+            parts.push(describe_block(block));
+            continue;
+        };
+        let name = image_names.next().unwrap_or_default();
+        let shown = if name.is_empty() {
+            "an image".to_owned()
+        } else {
+            format!(
+                "the image {}",
+                sandboxrun_core::files::printable_name(&name)
+            )
+        };
+        match decode_base64(&image.data) {
+            Ok(data) => {
+                parts.push(format!(
+                    "[{shown} ({}, {} bytes), not shown]",
+                    image.mime_type,
+                    data.len()
+                ));
+                images.push(ReturnedImage {
+                    name,
+                    mime_type: image.mime_type.clone(),
+                    data,
+                });
+            }
+            Err(_) => parts.push(format!(
+                "[{shown} ({}) that is not valid base64, not shown]",
+                image.mime_type
+            )),
+        }
+    }
     if parts.iter().all(|p| p.trim().is_empty()) {
         parts = match &result.structured_content {
             Some(value) => vec![value.to_string()],
@@ -297,7 +353,49 @@ pub fn outcome(result: &CallToolResult) -> ToolOutcome {
             "\n[cut at {MAX_RESULT_CHARS} characters: print less, or summarise inside the tool]"
         ));
     }
-    ToolOutcome { text, is_error }
+    ToolOutcome {
+        text,
+        is_error,
+        images,
+    }
+}
+
+/// The names of the image files a structured result lists (`files: [{name, mimeType}]`), in
+/// order.
+fn image_file_names(structured: Option<&serde_json::Value>) -> Vec<String> {
+    let Some(files) = structured
+        .and_then(|s| s.get("files"))
+        .and_then(serde_json::Value::as_array)
+    else {
+        return Vec::new();
+    };
+    files
+        .iter()
+        .filter(|f| {
+            f.get("mimeType")
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|m| m.starts_with("image/"))
+        })
+        .map(|f| {
+            f.get("name")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// Standard base64 to bytes.
+fn decode_base64(text: &str) -> Result<Vec<u8>, serde_json::Error> {
+    sandboxrun_core::files::base64_bytes::deserialize(serde_json::Value::String(text.to_owned()))
+}
+
+/// The last path component of a resource URI, for naming a returned file.
+fn uri_name(uri: &str) -> &str {
+    uri.rsplit('/')
+        .next()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(uri)
 }
 
 fn describe_block(block: &ContentBlock) -> String {
@@ -306,9 +404,40 @@ fn describe_block(block: &ContentBlock) -> String {
         ContentBlock::Image(i) => format!("[{} image, not shown]", i.mime_type),
         ContentBlock::Audio(a) => format!("[{} audio, not shown]", a.mime_type),
         ContentBlock::Resource(r) => match &r.resource {
-            ResourceContents::TextResourceContents { text, .. } => text.clone(),
-            ResourceContents::BlobResourceContents { uri, .. } => {
-                format!("[binary resource {uri}, not shown]")
+            ResourceContents::TextResourceContents {
+                uri,
+                mime_type,
+                text,
+                ..
+            } => {
+                let total = text.chars().count();
+                let mut shown: String = text.chars().take(MAX_RESOURCE_CHARS).collect();
+                if total > MAX_RESOURCE_CHARS {
+                    shown.push_str(&format!(
+                        "\n[cut at {MAX_RESOURCE_CHARS} of {total} characters: write a smaller \
+                         file, or print a summary instead]"
+                    ));
+                }
+                format!(
+                    "[file {} ({}, {uri}):]\n{shown}",
+                    sandboxrun_core::files::printable_name(uri_name(uri)),
+                    mime_type.as_deref().unwrap_or("text/plain"),
+                )
+            }
+            ResourceContents::BlobResourceContents {
+                uri,
+                mime_type,
+                blob,
+                ..
+            } => {
+                let size = decode_base64(blob)
+                    .map(|b| format!("{} bytes", b.len()))
+                    .unwrap_or_else(|_| "not valid base64".to_owned());
+                format!(
+                    "[binary file {} ({}, {size}, {uri}), not shown]",
+                    sandboxrun_core::files::printable_name(uri_name(uri)),
+                    mime_type.as_deref().unwrap_or("application/octet-stream"),
+                )
             }
             _ => "[a resource of a kind this agent does not know, not shown]".to_owned(),
         },
@@ -364,5 +493,111 @@ mod tests {
         let o = outcome(&r);
         assert!(o.text.starts_with(&"x".repeat(MAX_RESULT_CHARS)));
         assert!(o.text.ends_with("summarise inside the tool]"));
+    }
+
+    /// A result as sandboxrun-mcp returns a run that wrote files: the structured JSON as text,
+    /// then one block per file in the order of `files`, then a note.
+    fn result_with_files() -> CallToolResult {
+        let structured = json!({
+            "stdout": "total 42\n",
+            "files": [
+                {"name": "totals.csv", "mimeType": "text/csv", "size": 12},
+                {"name": "chart.png", "mimeType": "image/png", "size": 4},
+                {"name": "model.bin", "mimeType": "application/octet-stream", "size": 3},
+                {"name": "logo.svg", "mimeType": "image/svg+xml", "size": 11},
+            ],
+        });
+        let mut r = CallToolResult::structured(structured);
+        r.content.extend([
+            ContentBlock::resource(
+                ResourceContents::text("region,n\nx,1\n", "file:///tmp/outputs/totals.csv")
+                    .with_mime_type("text/csv"),
+            ),
+            ContentBlock::image("iVBORw==", "image/png"),
+            ContentBlock::resource(
+                ResourceContents::blob("AQID", "file:///tmp/outputs/model.bin")
+                    .with_mime_type("application/octet-stream"),
+            ),
+            ContentBlock::image("PHN2Zz48L3N2Zz4=", "image/svg+xml"),
+            ContentBlock::text(
+                "1 file(s) in /tmp/outputs were not returned: link (notARegularFile)",
+            ),
+        ]);
+        r
+    }
+
+    #[test]
+    fn files_become_text_for_the_model_and_images_to_save() {
+        let o = outcome(&result_with_files());
+        assert!(!o.is_error);
+        assert_eq!(
+            o.images,
+            [
+                ReturnedImage {
+                    name: "chart.png".into(),
+                    mime_type: "image/png".into(),
+                    data: vec![0x89, b'P', b'N', b'G'],
+                },
+                ReturnedImage {
+                    name: "logo.svg".into(),
+                    mime_type: "image/svg+xml".into(),
+                    data: b"<svg></svg>".to_vec(),
+                },
+            ]
+        );
+        let lines: Vec<&str> = o.text.lines().collect();
+        assert!(lines[0].starts_with("{\"files\""), "{}", o.text);
+        assert_eq!(
+            &lines[1..],
+            [
+                "[file totals.csv (text/csv, file:///tmp/outputs/totals.csv):]",
+                "region,n",
+                "x,1",
+                "",
+                "[the image chart.png (image/png, 4 bytes), not shown]",
+                "[binary file model.bin (application/octet-stream, 3 bytes, \
+                 file:///tmp/outputs/model.bin), not shown]",
+                "[the image logo.svg (image/svg+xml, 11 bytes), not shown]",
+                "1 file(s) in /tmp/outputs were not returned: link (notARegularFile)",
+            ]
+        );
+    }
+
+    #[test]
+    fn images_without_a_listed_name_or_valid_data() {
+        let r = CallToolResult::success(vec![
+            ContentBlock::image("iVBORw==", "image/png"),
+            ContentBlock::image("not base64!", "image/png"),
+        ]);
+        let o = outcome(&r);
+        assert_eq!(o.images.len(), 1);
+        assert_eq!(o.images[0].name, "");
+        assert_eq!(
+            o.text,
+            "[an image (image/png, 4 bytes), not shown]\n\
+             [an image (image/png) that is not valid base64, not shown]"
+        );
+    }
+
+    #[test]
+    fn long_text_files_are_cut_for_the_model() {
+        let text = "y".repeat(MAX_RESOURCE_CHARS + 5);
+        let r = CallToolResult::success(vec![ContentBlock::resource(ResourceContents::text(
+            text,
+            "file:///tmp/outputs/big.txt",
+        ))]);
+        let o = outcome(&r);
+        assert!(
+            o.text
+                .starts_with("[file big.txt (text/plain, file:///tmp/outputs/big.txt):]\n")
+        );
+        assert!(o.text.contains(&"y".repeat(MAX_RESOURCE_CHARS)));
+        assert!(!o.text.contains(&"y".repeat(MAX_RESOURCE_CHARS + 1)));
+        assert!(
+            o.text
+                .ends_with(&format!("[cut at {MAX_RESOURCE_CHARS} of {} characters: write a smaller file, or print a summary instead]", MAX_RESOURCE_CHARS + 5)),
+            "{}",
+            &o.text[o.text.len() - 200..]
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! of Kubernetes and MCP. The API crate, the operator and the frontend build on these types, so
 //! defaults, maxima and the sandbox runner protocol have exactly one definition.
 
+pub mod files;
 pub mod limits;
 // The local sandbox driver is the one place that needs unsafe code: system calls between fork
 // and exec (rlimits, joining a cgroup), signalling its own process group, geteuid.
@@ -18,6 +19,7 @@ pub mod schema;
 pub mod sql;
 pub mod tools;
 
+pub use files::{FileCaps, InputFile, OutputFile, Profile};
 pub use limits::Limits;
 pub use local::{
     Isolation, LocalRun, LocalSandbox, LocalSandboxConfig, LocalSandboxError, Preference,
@@ -30,7 +32,7 @@ pub use query::{
     load_databases_file, redact_url,
 };
 pub use runner::{
-    EnvelopeError, NO_PROGRAM_EXIT, Observed, OutputChunk, OutputFn, PROGRAM_RECEIVED,
+    EnvelopeError, NO_PROGRAM_EXIT, Observed, OutputChunk, OutputFn, PROGRAM_RECEIVED, Program,
     RUNNER_SCRIPT, RunnerResult, Stream, parse_envelope, parse_output_line, program_frame,
     runner_argv,
 };

@@ -242,6 +242,8 @@ pub enum Reason {
     InvalidQuery,
     /// The Prometheus could not be reached.
     PrometheusUnavailable,
+    /// The run asks for a sandbox profile this installation has no image for.
+    ProfileUnavailable,
 }
 
 impl Reason {
@@ -277,6 +279,7 @@ impl Reason {
             Reason::QueryFailed => "QueryFailed",
             Reason::InvalidQuery => "InvalidQuery",
             Reason::PrometheusUnavailable => "PrometheusUnavailable",
+            Reason::ProfileUnavailable => "ProfileUnavailable",
         }
     }
 }

@@ -2,9 +2,13 @@
 #
 # Invoked without any shell as
 #     python3 -I -S -c <this file> OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS
-# with the program on stdin, framed as `<byte count> <timeout> <output bytes>\n<CODE as UTF-8>`
+# with the program on stdin, framed as
+#     `<code bytes> <timeout> <output bytes> <input bytes> <output files> <output file bytes>\n`
+#     `<CODE as UTF-8><input section>`
 # (the run's timeout and output cap; the lower of these and the argv's apply, so a sandbox
-# started before its run was known keeps its ceilings): the code never travels in
+# started before its run was known keeps its ceilings; the input section holds the input files,
+# `<name bytes> <content bytes>\n<name><content>` each, which are written read-only into
+# /tmp/inputs before the code starts; core/src/runner.rs: program_frame): the code never travels in
 # a command line or a Pod spec (one argv string is capped at 128 KiB: execve fails with E2BIG),
 # and a program cut short (the sender died mid-write) is refused, never run truncated (exit 126,
 # no envelope). The runner reads exactly the announced bytes, then closes stdin and prints
@@ -16,7 +20,11 @@
 # exactly one envelope line to its own stdout:
 #     {"sandboxrun":1,"exitCode":N,"stdout":"...","stderr":"...","stdoutTruncated":b,
 #      "stderrTruncated":b,"signal":n|null,"oomKill":b|null,
-#      "timedOut":b,"durationMillis":n}
+#      "timedOut":b,"durationMillis":n,"files":[{"name","size","data"(base64)}],
+#      "filesOmitted":[{"name","size","reason"}]}
+# where files are the regular files the code left directly in /tmp/outputs, whole, within the
+# frame's count and byte caps (never a symlink, FIFO, device or directory, never anything outside
+# it: see collect_outputs), and filesOmitted names what was left out and why,
 # and exits with the child's exit code (128+signal when the child was killed by a signal).
 # While the code runs, what it prints also reaches the runner's stdout as it comes, in output
 # lines the result readers skip (they look for the envelope) and live readers forward:
@@ -69,7 +77,7 @@ _ESCAPES.update({0x22: '\\"', 0x5C: "\\\\", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t
 
 
 def json_value(value):
-    """Encodes None, bool, int or str as JSON."""
+    """Encodes None, bool, int, str, a list of values, or an Obj of (key, value) pairs as JSON."""
     if value is None:
         return "null"
     if value is True:
@@ -78,7 +86,18 @@ def json_value(value):
         return "false"
     if isinstance(value, int):
         return str(value)
+    if isinstance(value, Obj):
+        return json_object(value.pairs)
+    if isinstance(value, list):
+        return "[" + ",".join(json_value(v) for v in value) + "]"
     return '"' + value.translate(_ESCAPES) + '"'
+
+
+class Obj:
+    """A JSON object nested in another (json_object takes the outermost's pairs directly)."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
 
 
 def json_object(pairs):
@@ -239,7 +258,7 @@ def become_user_program(code, max_procs, env, out_w, err_w):
         os.dup2(err_w, 2)
         # Nothing of the runner's stays open: not the pipes' read ends, not the log.
         os.closerange(3, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-        os.chdir("/tmp")
+        os.chdir(TMP)
         os.environ.clear()
         os.environ.update(env)
         sys.stdin = sys.__stdin__ = open(0, "r", encoding="utf-8", closefd=False)
@@ -334,50 +353,241 @@ UNPROTECTED = 125
 NO_PROGRAM = 126
 # Largest program accepted on stdin (the SandboxRun schema allows 256 KiB of code).
 MAX_PROGRAM_BYTES = 1 << 20
+# Largest input section accepted on stdin (the tool allows 256 KiB of files, plus their framing).
+MAX_INPUT_SECTION_BYTES = 1 << 20
+# Bounds on returned files no frame can raise (core/src/files.rs: MAX_OUTPUT_FILES, _BYTES).
+MAX_OUTPUT_FILES = 20
+MAX_OUTPUT_FILE_BYTES = 384 * 1024
+# The sandbox's private, writable directory: the code's working directory, where input files are
+# placed (inputs/) and returned files are taken from (outputs/) (core/src/files.rs). Only the
+# runner's own tests, which run it on a host, move it (SANDBOXRUN_RUNNER_TMP): a sandbox's
+# environment is set by the operator or the local driver, never by the code.
+TMP = "/tmp"
+# Most names of left-out files reported (core/src/files.rs: MAX_OMITTED).
+MAX_OMITTED = 50
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def plain_name(name):
+    """Whether `name` is one plain file name (core/src/files.rs: check_name): 1 to 100 ASCII
+    letters, digits, '.', '_' or '-', starting with a letter or digit. Nothing else is ever
+    created or returned: no '/', no '..', no hidden or control-character names."""
+    return (0 < len(name) <= 100 and name[0] not in "._-"
+            and all(c in NAME_CHARS for c in name))
+
+
+def read_exactly(size, buf):
+    """`size` bytes: what `buf` holds first, then from stdin. Returns (data, rest of buf), or
+    (None, got) when stdin ended first."""
+    chunks = [buf[:size]]
+    got = len(chunks[0])
+    while got < size:
+        chunk = os.read(0, min(size - got, 65536))
+        if not chunk:
+            return None, got
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks), buf[size:]
+
+
+def parse_inputs(section):
+    """The input files of an input section as [(name, bytes)], or None (with the reason on stderr)
+    when it is malformed or names a file that is not a plain name."""
+    files = []
+    pos = 0
+    while pos < len(section):
+        nl = section.find(b"\n", pos, pos + 64)
+        fields = section[pos:nl].split() if nl >= 0 else []
+        name_len, data_len = -1, -1
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+            name_len, data_len = int(fields[0]), int(fields[1])
+        start = nl + 1
+        if name_len <= 0 or data_len < 0 or start + name_len + data_len > len(section):
+            sys.stderr.write("runner: malformed input file section on stdin; not running the code\n")
+            return None
+        name = section[start:start + name_len].decode("ascii", errors="replace")
+        if not plain_name(name) or any(n == name for n, _ in files):
+            sys.stderr.write("runner: refusing input file name %r; not running the code\n" % name[:100])
+            return None
+        files.append((name, section[start + name_len:start + name_len + data_len]))
+        pos = start + name_len + data_len
+    return files
 
 
 def read_program():
-    """The framed program from stdin as (code, timeout, cap), or None (with the reason on stderr)
-    when it is incomplete. The header is `<byte count> <timeout seconds> <output bytes>`; the
-    bare `<byte count>` of older senders is accepted (no per-run limits then). Read in chunks,
-    not a byte at a time: under gVisor every read is a trip through the sandbox's kernel."""
+    """The framed program from stdin as (code, timeout, cap, inputs, max_files, max_file_bytes),
+    or None (with the reason on stderr) when it is incomplete. The header is
+    `<code bytes> <timeout> <output bytes> <input bytes> <output files> <output file bytes>`
+    (core/src/runner.rs: program_frame); the 3-field and bare `<code bytes>` headers of older
+    senders are accepted (no per-run limits, no files then). Read in chunks, not a byte at a
+    time: under gVisor every read is a trip through the sandbox's kernel."""
     buf = b""
     while b"\n" not in buf:
         chunk = os.read(0, 65536)
-        if not chunk or len(buf) > 64:
+        if not chunk or len(buf) > 128:
             sys.stderr.write("runner: no program on stdin (expected '<byte count>\\n<code>')\n")
             return None
         buf += chunk
     header, _, rest = buf.partition(b"\n")
-    if len(header) > 64:
+    if len(header) > 128:
         sys.stderr.write("runner: no program on stdin (expected '<byte count>\\n<code>')\n")
         return None
     fields = header.split()
-    size, timeout, cap = -1, None, None
+    size, timeout, cap, input_size, max_files, max_file_bytes = -1, None, None, 0, 0, 0
     try:
-        size = int(fields[0]) if len(fields) in (1, 3) else -1
-        timeout = float(fields[1]) if len(fields) == 3 else None
-        cap = int(fields[2]) if len(fields) == 3 else None
+        size = int(fields[0]) if len(fields) in (1, 3, 6) else -1
+        timeout = float(fields[1]) if len(fields) >= 3 else None
+        cap = int(fields[2]) if len(fields) >= 3 else None
+        if len(fields) == 6:
+            input_size, max_files, max_file_bytes = (int(f) for f in fields[3:6])
     except ValueError:
         size = -1
-    if size < 0 or size > MAX_PROGRAM_BYTES or (timeout is not None and (timeout <= 0 or cap < 0)):
-        sys.stderr.write("runner: bad program header on stdin: %r\n" % header[:64])
+    if (size < 0 or size > MAX_PROGRAM_BYTES or (timeout is not None and (timeout <= 0 or cap < 0))
+            or not 0 <= input_size <= MAX_INPUT_SECTION_BYTES or max_files < 0 or max_file_bytes < 0):
+        sys.stderr.write("runner: bad program header on stdin: %r\n" % header[:128])
         return None
-    chunks = [rest[:size]]
-    left = size - len(chunks[0])
-    while left > 0:
-        chunk = os.read(0, min(left, 65536))
-        if not chunk:
-            sys.stderr.write("runner: the program ended after %d of %d bytes; not running it\n"
-                             % (size - left, size))
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
+    code, rest = read_exactly(size, rest)
+    if code is None:
+        sys.stderr.write("runner: the program ended after %d of %d bytes; not running it\n"
+                         % (rest, size))
+        return None
+    section, rest = read_exactly(input_size, rest)
+    if section is None:
+        sys.stderr.write("runner: the input files ended after %d of %d bytes; not running the code\n"
+                         % (rest, input_size))
+        return None
+    inputs = parse_inputs(section)
+    if inputs is None:
+        return None
     # Nothing more is read: whatever follows the program is not part of it.
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    return b"".join(chunks).decode("utf-8", errors="surrogateescape"), timeout, cap
+    return (code.decode("utf-8", errors="surrogateescape"), timeout, cap, inputs,
+            min(max_files, MAX_OUTPUT_FILES), min(max_file_bytes, MAX_OUTPUT_FILE_BYTES))
+
+
+def input_dir():
+    return os.path.join(TMP, "inputs")
+
+
+def output_dir():
+    return os.path.join(TMP, "outputs")
+
+
+def place_inputs(inputs):
+    """Writes the input files into inputs/, read-only, and makes outputs/; returns why not, or
+    None. Each name was checked (plain_name) and each file is created new, never through a link."""
+    try:
+        if inputs:
+            os.mkdir(input_dir(), 0o755)
+            dfd = os.open(input_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                for name, data in inputs:
+                    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444,
+                                 dir_fd=dfd)
+                    try:
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(fd, view):]
+                    finally:
+                        os.close(fd)
+                os.fchmod(dfd, 0o555)
+            finally:
+                os.close(dfd)
+        os.mkdir(output_dir(), 0o755)
+    except OSError as exc:
+        return "cannot prepare %s and %s: %s" % (input_dir(), output_dir(), exc)
+    return None
+
+
+def collect_outputs(max_files, max_bytes):
+    """The files in outputs/ to return, as (files, omitted): files a list of Obj (name, size,
+    base64 data), omitted a list of Obj (name, size, reason). Called once every process of the
+    code is dead, so nothing changes under it. Only regular files directly in outputs/ with
+    plain names are read: the directory is opened without following a link (code that replaced it
+    with a symlink gets nothing back), each entry is looked at without following links and opened
+    with O_NOFOLLOW | O_NONBLOCK (a FIFO cannot block the runner), and checked again on the open
+    descriptor. Whole files only, by name order, while the caps allow; the rest is reported."""
+    import binascii
+    import stat
+
+    files, omitted = [], []
+
+    def omit(name, size, reason):
+        if len(omitted) < MAX_OMITTED:
+            omitted.append(Obj([("name", name[:100]), ("size", size), ("reason", reason)]))
+
+    # Not O_DIRECTORY: gVisor follows a final symlink when O_DIRECTORY and O_NOFOLLOW come
+    # together (Linux refuses it). O_NOFOLLOW alone refuses a link everywhere; fstat then says
+    # whether what was opened is a directory, and the same one lstat saw.
+    try:
+        before = os.lstat(output_dir())
+        dfd = os.open(output_dir(), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        # Gone, or replaced by a link: nothing to return.
+        return files, omitted
+    opened = os.fstat(dfd)
+    if (not stat.S_ISDIR(before.st_mode) or not stat.S_ISDIR(opened.st_mode)
+            or (before.st_dev, before.st_ino) != (opened.st_dev, opened.st_ino)):
+        os.close(dfd)
+        return files, omitted
+    try:
+        try:
+            names = sorted(os.listdir(dfd))
+        except OSError:
+            return files, omitted
+        total = 0
+        for name in names:
+            shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            if not plain_name(name):
+                omit(shown, None, "badName")
+                continue
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                omit(shown, None, "unreadable")
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                omit(shown, None, "notARegularFile")
+                continue
+            if len(files) >= max_files:
+                omit(shown, st.st_size, "fileCount")
+                continue
+            if total + st.st_size > max_bytes:
+                omit(shown, st.st_size, "byteCount")
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+            except OSError:
+                omit(shown, st.st_size, "unreadable")
+                continue
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    omit(shown, None, "notARegularFile")
+                    continue
+                # One byte more than the room left tells a file that grew since its stat.
+                room = max_bytes - total
+                data = b""
+                while len(data) <= room:
+                    chunk = os.read(fd, min(65536, room + 1 - len(data)))
+                    if not chunk:
+                        break
+                    data += chunk
+            except OSError:
+                omit(shown, st.st_size, "unreadable")
+                continue
+            finally:
+                os.close(fd)
+            if len(data) > room:
+                omit(shown, len(data), "byteCount")
+                continue
+            total += len(data)
+            files.append(Obj([("name", name), ("size", len(data)),
+                              ("data", binascii.b2a_base64(data, newline=False).decode("ascii"))]))
+    finally:
+        os.close(dfd)
+    return files, omitted
 
 
 def make_unreachable():
@@ -422,9 +632,11 @@ def main(argv):
     if len(argv) != 4:
         sys.stderr.write("usage: runner OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS < framed program\n")
         return 2
+    global TMP
     cap = int(argv[1])
     max_procs = int(argv[2])
     timeout = float(argv[3])
+    TMP = os.environ.get("SANDBOXRUN_RUNNER_TMP") or TMP
     # Everything that does not need the program happens before it arrives: a warm sandbox waits
     # here for its program, so these costs are paid while it idles, not by its call.
     why = make_unreachable()
@@ -435,7 +647,7 @@ def main(argv):
     program = read_program()
     if program is None:
         return NO_PROGRAM
-    code, run_timeout, run_cap = program
+    code, run_timeout, run_cap, inputs, max_files, max_file_bytes = program
     # The run's own limits may only tighten the sandbox's (a warm sandbox's argv holds its
     # pool's ceilings).
     if run_timeout is not None:
@@ -452,6 +664,10 @@ def main(argv):
     if why is not None:
         sys.stderr.write("runner: refusing to run the code: its result could be forged: " + why + "\n")
         return UNPROTECTED
+    why = place_inputs(inputs)
+    if why is not None:
+        sys.stderr.write("runner: refusing to run the code: " + why + "\n")
+        return NO_PROGRAM
     sys.stdout.flush()
     sys.stderr.flush()
     started = time.monotonic()
@@ -492,6 +708,7 @@ def main(argv):
     live.done.set()
     pump.join()
 
+    files, files_omitted = collect_outputs(max_files, max_file_bytes)
     stdout, stdout_truncated = out.text()
     stderr, stderr_truncated = err.text()
     sig = -returncode if returncode < 0 else None
@@ -508,6 +725,8 @@ def main(argv):
             ("oomKill", oom_kill_seen() if sig == signal.SIGKILL and not timed_out else None),
             ("timedOut", timed_out),
             ("durationMillis", duration_millis),
+            ("files", files),
+            ("filesOmitted", files_omitted),
         ]
     )
     # Leading newline: a forged partial line written earlier cannot merge with the envelope.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::files::{FileCaps, InputFile, OmittedFile, RunnerFile};
 use crate::limits::Limits;
 
 /// The runner program (Python, standard library only), passed to `python3 -c`.
@@ -36,20 +37,57 @@ pub fn runner_argv(limits: &Limits) -> Vec<String> {
     ]
 }
 
-/// What the runner reads from stdin: `<byte count> <timeout seconds> <output bytes>\n` and the
-/// code. The count lets the runner refuse a program cut short (a sender that died mid-write)
-/// instead of running a prefix of it. The timeout and the output cap are this run's: a sandbox
-/// started before its run was known (a warm one) has only its profile's ceilings in its argv,
-/// and the runner takes the lower of the two, so a frame can tighten a limit, never loosen it.
-pub fn program_frame(code: &str, limits: &Limits) -> Vec<u8> {
+/// What a sandbox runs: the code, the input files placed before it starts, and the caps on the
+/// files it may return.
+#[derive(Clone, Copy, Debug)]
+pub struct Program<'a> {
+    /// The Python source.
+    pub code: &'a str,
+    /// Files placed read-only in [`crate::files::INPUT_DIR`] before the code runs.
+    pub inputs: &'a [InputFile],
+    /// The bounds on the files returned from [`crate::files::OUTPUT_DIR`].
+    pub outputs: FileCaps,
+}
+
+impl<'a> Program<'a> {
+    /// Code alone: no input files, the default output caps.
+    pub fn code(code: &'a str) -> Self {
+        Self {
+            code,
+            inputs: &[],
+            outputs: FileCaps::default(),
+        }
+    }
+}
+
+/// What the runner reads from stdin: the header
+/// `<code bytes> <timeout seconds> <output bytes> <input bytes> <output files> <output file bytes>\n`,
+/// the code, then the input section of `<input bytes>` bytes: per file
+/// `<name bytes> <content bytes>\n<name><content>`. The counts let the runner refuse a program cut
+/// short (a sender that died mid-write) instead of running a prefix of it. The timeout, the output
+/// cap and the file caps are this run's: a sandbox started before its run was known (a warm one)
+/// has only its profile's ceilings in its argv, and the runner takes the lower of the two, so a
+/// frame can tighten a limit, never loosen it.
+pub fn program_frame(program: &Program<'_>, limits: &Limits) -> Vec<u8> {
+    let mut inputs = Vec::new();
+    for f in program.inputs {
+        inputs.extend_from_slice(format!("{} {}\n", f.name.len(), f.content.len()).as_bytes());
+        inputs.extend_from_slice(f.name.as_bytes());
+        inputs.extend_from_slice(&f.content);
+    }
+    let caps = program.outputs.clamped();
     let mut frame = format!(
-        "{} {} {}\n",
-        code.len(),
+        "{} {} {} {} {} {}\n",
+        program.code.len(),
         limits.timeout_seconds,
-        limits.output_bytes
+        limits.output_bytes,
+        inputs.len(),
+        caps.max_files,
+        caps.max_bytes,
     )
     .into_bytes();
-    frame.extend_from_slice(code.as_bytes());
+    frame.extend_from_slice(program.code.as_bytes());
+    frame.extend_from_slice(&inputs);
     frame
 }
 
@@ -88,6 +126,12 @@ pub struct RunnerResult {
     /// Wall-clock run time of the code in milliseconds, measured by the runner.
     #[serde(default)]
     pub duration_millis: Option<u64>,
+    /// The files the code wrote in [`crate::files::OUTPUT_DIR`], within the run's caps.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<RunnerFile>,
+    /// The files it wrote there that were left out, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_omitted: Vec<OmittedFile>,
 }
 
 impl RunnerResult {
@@ -246,6 +290,8 @@ pub mod fixtures {
             oom_kill: None,
             timed_out: false,
             duration_millis: Some(7),
+            files: Vec::new(),
+            files_omitted: Vec::new(),
         }
     }
 
@@ -386,8 +432,33 @@ mod tests {
             output_bytes: 100,
             ..Limits::default()
         };
-        assert_eq!(program_frame("print(1)", &limits), b"8 7 100\nprint(1)");
-        assert_eq!(program_frame("é", &limits), "2 7 100\né".as_bytes());
-        assert_eq!(program_frame("", &limits), b"0 7 100\n");
+        assert_eq!(
+            program_frame(&Program::code("print(1)"), &limits),
+            b"8 7 100 0 20 393216\nprint(1)"
+        );
+        assert_eq!(
+            program_frame(&Program::code("é"), &limits),
+            "2 7 100 0 20 393216\né".as_bytes()
+        );
+        assert_eq!(
+            program_frame(&Program::code(""), &limits),
+            b"0 7 100 0 20 393216\n"
+        );
+        let inputs = [InputFile {
+            name: "a.csv".into(),
+            content: b"x,y\n".to_vec(),
+        }];
+        let program = Program {
+            code: "pass",
+            inputs: &inputs,
+            outputs: FileCaps {
+                max_files: 3,
+                max_bytes: u64::MAX,
+            },
+        };
+        assert_eq!(
+            program_frame(&program, &limits),
+            b"4 7 100 13 3 393216\npass5 4\na.csvx,y\n"
+        );
     }
 }

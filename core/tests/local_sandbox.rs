@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use local_common::{CANARY_VAR, Run, engines, leftovers, serial, wait_no_leftovers};
 use sandboxrun_core::{
     Isolation, Limits, LocalSandbox, LocalSandboxConfig, LocalSandboxError, Phase, Preference,
+    Profile, Program,
 };
 
 fn limits() -> Limits {
@@ -366,7 +367,12 @@ async fn output_is_streamed_while_the_code_runs() {
         let sink = seen.clone();
         let output: OutputFn = Arc::new(move |c| sink.lock().unwrap().push((Instant::now(), c)));
         let run = sandbox
-            .run_python_with_output(code, &limits, Some(output))
+            .run(
+                &Program::code(code),
+                Profile::Minimal,
+                &limits,
+                Some(output),
+            )
             .await
             .unwrap();
         let ended = Instant::now();
@@ -1222,4 +1228,170 @@ async fn what_a_killed_driver_left_behind_is_removed_at_the_next_detect() {
     assert!(!bundle.exists(), "{} is still there", bundle.display());
     assert!(ours.exists(), "a live driver's bundle was removed");
     std::fs::remove_dir_all(&ours).unwrap();
+}
+
+// Files in and out, and the data profile, in real sandboxes.
+
+fn envelope_file(r: &sandboxrun_core::RunnerResult, name: &str) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    r.files.iter().find(|f| f.name == name).map(|f| {
+        base64::engine::general_purpose::STANDARD
+            .decode(&f.data)
+            .unwrap()
+    })
+}
+
+#[tokio::test]
+async fn input_files_are_read_only_and_hostile_outputs_stay_inside() {
+    let _serial = serial().await;
+    let inputs = [sandboxrun_core::InputFile {
+        name: "in.txt".into(),
+        content: b"given".to_vec(),
+    }];
+    let code = "import os\n\
+        print(open('/tmp/inputs/in.txt').read())\n\
+        try:\n    open('/tmp/inputs/in.txt', 'a').write('x'); print('writable')\n\
+        except OSError as e: print('read-only', e.errno)\n\
+        try:\n    open('/tmp/inputs/new.txt', 'w'); print('dir writable')\n\
+        except OSError as e: print('dir read-only', e.errno)\n\
+        os.symlink('/etc/passwd', '/tmp/outputs/passwd')\n\
+        os.symlink('/proc/self/environ', '/tmp/outputs/environ')\n\
+        os.symlink('/tmp/inputs/in.txt', '/tmp/outputs/input-link')\n\
+        os.mkfifo('/tmp/outputs/fifo')\n\
+        os.mkdir('/tmp/outputs/dir')\n\
+        open('/tmp/outputs/result.csv', 'w').write('a,b\\n1,2\\n')\n";
+    for (isolation, sandbox) in engines() {
+        let program = Program {
+            code,
+            inputs: &inputs,
+            outputs: sandboxrun_core::FileCaps::default(),
+        };
+        let run = sandbox
+            .run(&program, Profile::Minimal, &limits(), None)
+            .await
+            .unwrap();
+        let env = run.envelope.expect("an envelope");
+        assert_eq!(
+            env.stdout, "given\nread-only 13\ndir read-only 13\n",
+            "{isolation}: {}",
+            env.stderr
+        );
+        let names: Vec<&str> = env.files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["result.csv"], "{isolation}");
+        assert_eq!(
+            envelope_file(&env, "result.csv").unwrap(),
+            b"a,b\n1,2\n",
+            "{isolation}"
+        );
+        assert_eq!(
+            env.files_omitted.len(),
+            5,
+            "{isolation}: {:?}",
+            env.files_omitted
+        );
+        let all = serde_json::to_string(&env).unwrap();
+        assert!(
+            !all.contains("root:x:0:0"),
+            "{isolation}: /etc/passwd leaked"
+        );
+        assert!(!all.contains("PATH="), "{isolation}: an environment leaked");
+    }
+}
+
+/// The data profile's root file system, when this machine has one; CI requires it
+/// (`SANDBOXRUN_REQUIRE_DATA_PROFILE=1`).
+fn data_profile_available(sandbox: &LocalSandbox) -> bool {
+    match sandbox.profile_available(Profile::Data) {
+        Ok(()) => true,
+        Err(why) if std::env::var("SANDBOXRUN_REQUIRE_DATA_PROFILE").as_deref() == Ok("1") => {
+            panic!("SANDBOXRUN_REQUIRE_DATA_PROFILE=1 but: {why}")
+        }
+        Err(why) => {
+            eprintln!("skipped: the data profile is not available: {why}");
+            false
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_data_profile_reads_a_csv_with_pandas_and_returns_a_matplotlib_chart() {
+    let _serial = serial().await;
+    let inputs = [sandboxrun_core::InputFile {
+        name: "sales.csv".into(),
+        content: b"month,amount\n1,10\n2,15\n3,12\n4,20\n".to_vec(),
+    }];
+    let code = "import pandas as pd, numpy as np, matplotlib.pyplot as plt\n\
+        df = pd.read_csv('/tmp/inputs/sales.csv')\n\
+        print(int(df.amount.sum()), float(np.mean(df.amount)))\n\
+        fig = plt.figure(figsize=(6.4, 4.8), dpi=100)\n\
+        plt.plot(df.month, df.amount); plt.title('Sales')\n\
+        fig.savefig('/tmp/outputs/chart.png')\n";
+    let limits = Limits {
+        timeout_seconds: 60,
+        memory: "512Mi".into(),
+        ..limits()
+    };
+    for (isolation, sandbox) in engines() {
+        if !data_profile_available(sandbox) {
+            return;
+        }
+        let program = Program {
+            code,
+            inputs: &inputs,
+            outputs: sandboxrun_core::FileCaps::default(),
+        };
+        let run = sandbox
+            .run(&program, Profile::Data, &limits, None)
+            .await
+            .unwrap();
+        let env = run.envelope.expect("an envelope");
+        assert_eq!(env.exit_code, 0, "{isolation}: {}", env.stderr);
+        assert_eq!(env.stdout, "57 14.25\n", "{isolation}");
+        let png = envelope_file(&env, "chart.png").expect("chart.png");
+        assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{isolation}");
+        // IHDR: width and height, big-endian, at bytes 16..24.
+        let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+        let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+        assert_eq!((width, height), (640, 480), "{isolation}");
+        // The minimal profile has none of it.
+        let run = sandbox
+            .run(
+                &Program::code("import pandas"),
+                Profile::Minimal,
+                &limits,
+                None,
+            )
+            .await
+            .unwrap();
+        assert!(
+            run.envelope
+                .unwrap()
+                .stderr
+                .contains("No module named 'pandas'"),
+            "{isolation}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_outputs_directory_replaced_by_a_link_returns_nothing_on_either_engine() {
+    // gVisor follows a final symlink when O_DIRECTORY and O_NOFOLLOW are given together (Linux
+    // refuses it): the runner must not rely on that pair.
+    let _serial = serial().await;
+    for target in ["/etc", "/proc/self", "/tmp/inputs"] {
+        let code = format!(
+            "import os\nos.rmdir('/tmp/outputs')\nos.symlink({target:?}, '/tmp/outputs')\nprint('swapped')"
+        );
+        for (isolation, sandbox) in engines() {
+            let run = sandbox.run_python(&code, &limits()).await.unwrap();
+            let env = run.envelope.expect("an envelope");
+            assert_eq!(env.stdout, "swapped\n", "{isolation}: {}", env.stderr);
+            assert!(
+                env.files.is_empty() && env.files_omitted.is_empty(),
+                "{isolation}, {target}: {:?} {:?}",
+                env.files.iter().map(|f| &f.name).collect::<Vec<_>>(),
+                env.files_omitted
+            );
+        }
+    }
 }

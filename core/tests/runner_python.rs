@@ -8,8 +8,10 @@
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use sandboxrun_core::files::OmitReason;
 use sandboxrun_core::{
-    Limits, NO_PROGRAM_EXIT, RunnerResult, parse_envelope, program_frame, runner_argv,
+    FileCaps, InputFile, Limits, NO_PROGRAM_EXIT, Program, RunnerResult, parse_envelope,
+    program_frame, runner_argv,
 };
 
 fn run(code: &str, output_bytes: u32) -> (RunnerResult, Output) {
@@ -26,10 +28,13 @@ fn run(code: &str, output_bytes: u32) -> (RunnerResult, Output) {
 fn runner(limits: &Limits, stdin: &[u8]) -> Output {
     use std::io::Write;
     let argv = runner_argv(limits);
+    // A private directory in place of the sandbox's own /tmp (inputs/ and outputs/ live there).
+    let tmp = scratch_dir();
     let mut child = Command::new(&argv[0])
         .args(&argv[1..])
         // Must not reach the child: the runner hands it a fixed, minimal environment.
         .env("SANDBOXRUN_TEST_SECRET", "leaked")
+        .env("SANDBOXRUN_RUNNER_TMP", &tmp)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -39,11 +44,32 @@ fn runner(limits: &Limits, stdin: &[u8]) -> Output {
     // The runner may stop reading early (a bad header): a broken pipe is its answer, not ours.
     let _ = pipe.write_all(stdin);
     drop(pipe);
-    child.wait_with_output().unwrap()
+    let out = child.wait_with_output().unwrap();
+    // Read-only inputs: make them removable again.
+    let _ = Command::new("chmod")
+        .arg("-R")
+        .arg("u+w")
+        .arg(&tmp)
+        .status();
+    let _ = std::fs::remove_dir_all(&tmp);
+    out
+}
+
+/// A new, empty directory under the system's temporary directory.
+fn scratch_dir() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "sandboxrun-runner-test-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir(&dir).unwrap();
+    dir
 }
 
 fn run_with(code: &str, limits: Limits) -> (RunnerResult, Output) {
-    let out = runner(&limits, &program_frame(code, &limits));
+    let out = runner(&limits, &program_frame(&Program::code(code), &limits));
     let log = String::from_utf8(out.stdout.clone()).expect("runner output is UTF-8");
     let result = parse_envelope(&log).unwrap_or_else(|e| {
         panic!(
@@ -182,10 +208,14 @@ fn child_gets_a_minimal_environment_cwd_and_no_stdin() {
         "import os\nprint(sorted(os.environ.items()))\nprint(os.getcwd())\ntry:\n    input()\nexcept EOFError:\n    print('no stdin')",
         65_536,
     );
+    // The working directory is the sandbox's /tmp (here the test's stand-in for it).
+    let lines: Vec<&str> = r.stdout.lines().collect();
     assert_eq!(
-        r.stdout,
-        "[('HOME', '/tmp'), ('LANG', 'C.UTF-8'), ('PATH', '/usr/local/bin:/usr/bin:/bin')]\n/tmp\nno stdin\n"
+        lines[0],
+        "[('HOME', '/tmp'), ('LANG', 'C.UTF-8'), ('PATH', '/usr/local/bin:/usr/bin:/bin')]"
     );
+    assert!(lines[1].contains("sandboxrun-runner-test-"), "{}", lines[1]);
+    assert_eq!(lines[2..], ["no stdin"]);
 }
 
 #[test]
@@ -260,7 +290,10 @@ fn code_larger_than_an_argv_string_runs() {
 #[test]
 fn a_program_cut_short_or_missing_is_refused_not_run() {
     let limits = Limits::default();
-    let frame = program_frame("import sys\nprint('ran')\nsys.exit(0)", &limits);
+    let frame = program_frame(
+        &Program::code("import sys\nprint('ran')\nsys.exit(0)"),
+        &limits,
+    );
     // Every prefix of the frame: missing, a bare or partial header, a truncated program.
     for cut in [0, 1, 2, 3, 10, frame.len() - 1] {
         let out = runner(&limits, &frame[..cut]);
@@ -291,7 +324,10 @@ fn a_program_cut_short_or_missing_is_refused_not_run() {
         assert_eq!(out.status.code(), Some(NO_PROGRAM_EXIT), "{bad:?}: {out:?}");
     }
     // Bytes after the announced program are not part of it, and the code cannot read them.
-    let mut extra = program_frame("import sys\nprint(repr(sys.stdin.read()))", &limits);
+    let mut extra = program_frame(
+        &Program::code("import sys\nprint(repr(sys.stdin.read()))"),
+        &limits,
+    );
     extra.extend_from_slice(b"\nprint('smuggled')");
     let out = runner(&limits, &extra);
     let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
@@ -312,7 +348,7 @@ fn the_frame_tightens_the_sandboxs_limits_and_never_loosens_them() {
         output_bytes: 10,
         ..Limits::default()
     };
-    let out = runner(&ceilings, &program_frame(code, &tighter));
+    let out = runner(&ceilings, &program_frame(&Program::code(code), &tighter));
     let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
     assert!(r.timed_out, "{r:?}");
     assert_eq!(r.stdout.len(), 10, "{r:?}");
@@ -326,8 +362,307 @@ fn the_frame_tightens_the_sandboxs_limits_and_never_loosens_them() {
         timeout_seconds: 1,
         ..ceilings.clone()
     };
-    let out = runner(&fast, &program_frame(code, &looser));
+    let out = runner(&fast, &program_frame(&Program::code(code), &looser));
     let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
     assert!(r.timed_out, "{r:?}");
     assert_eq!(r.stdout.len(), 1000, "{r:?}");
+}
+
+// Files in and out. The runner is the one that places inputs and collects outputs, so its rules
+// are tested here on every kind of entry hostile code can leave in outputs/; the sandboxes'
+// own tests (local_sandbox.rs, the MCP client suite) repeat the important ones end to end.
+
+fn run_program(program: &Program<'_>) -> (RunnerResult, Output) {
+    let limits = Limits::default();
+    let out = runner(&limits, &program_frame(program, &limits));
+    let log = String::from_utf8(out.stdout.clone()).expect("runner output is UTF-8");
+    let result = parse_envelope(&log).unwrap_or_else(|e| {
+        panic!(
+            "{e}; stdout={log:?} stderr={:?}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (result, out)
+}
+
+fn with_outputs(code: &str, caps: FileCaps) -> RunnerResult {
+    run_program(&Program {
+        code,
+        inputs: &[],
+        outputs: caps,
+    })
+    .0
+}
+
+fn decoded(r: &RunnerResult, name: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    let f = r.files.iter().find(|f| f.name == name).unwrap();
+    base64::engine::general_purpose::STANDARD
+        .decode(&f.data)
+        .unwrap()
+}
+
+fn omitted(r: &RunnerResult) -> Vec<(String, OmitReason)> {
+    r.files_omitted
+        .iter()
+        .map(|o| (o.name.clone(), o.reason))
+        .collect()
+}
+
+#[test]
+fn input_files_are_placed_before_the_code_runs_byte_for_byte() {
+    let inputs = [
+        InputFile {
+            name: "sales.csv".into(),
+            content: b"region,amount\nnorth,3\nsouth,4\n".to_vec(),
+        },
+        InputFile {
+            name: "blob.bin".into(),
+            content: (0u8..=255).collect(),
+        },
+    ];
+    let code = "import os, hashlib\n\
+        print(sorted(os.listdir('inputs')))\n\
+        print(open('inputs/sales.csv').read().count('\\n'))\n\
+        print(hashlib.sha256(open('inputs/blob.bin','rb').read()).hexdigest())\n\
+        print(oct(os.stat('inputs/sales.csv').st_mode & 0o777), oct(os.stat('inputs').st_mode & 0o777))";
+    let (r, _) = run_program(&Program {
+        code,
+        inputs: &inputs,
+        outputs: FileCaps::default(),
+    });
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    let sha = {
+        use std::fmt::Write;
+        let digest = sha256(&inputs[1].content);
+        digest.iter().fold(String::new(), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    };
+    assert_eq!(
+        r.stdout,
+        format!("['blob.bin', 'sales.csv']\n3\n{sha}\n0o444 0o555\n")
+    );
+}
+
+/// SHA-256 through the host's python3 (no hashing crate in this workspace's dev dependencies).
+fn sha256(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut child = Command::new("python3")
+        .args(["-c", "import sys,hashlib; sys.stdout.write(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(data).unwrap();
+    let hex = String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap();
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn a_frame_with_a_hostile_input_name_or_a_cut_input_section_is_refused_and_nothing_runs() {
+    let limits = Limits::default();
+    let frame = |section: &[u8]| {
+        let code = b"open('/dev/stderr','w').write('RAN')";
+        let mut f = format!("{} 30 65536 {} 20 1000\n", code.len(), section.len()).into_bytes();
+        f.extend_from_slice(code);
+        f.extend_from_slice(section);
+        f
+    };
+    let long = format!("101 1\n{}x", "a".repeat(101));
+    for section in [
+        &b"8 1\n../escapex"[..],
+        b"11 1\n/etc/passwdx",
+        b"7 1\n.hiddenx",
+        b"3 1\na/bx",
+        b"3 1\na\0bx",
+        b"3 1\na\nbx",
+        b"0 1\nx",
+        long.as_bytes(),
+        // The same name twice.
+        b"1 1\nax1 1\nay",
+        // Lengths past the section's end.
+        b"1 99\nax",
+        b"not a header",
+        b"-1 1\nax",
+    ] {
+        let out = runner(&limits, &frame(section));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(NO_PROGRAM_EXIT),
+            "{:?}: {stderr}",
+            String::from_utf8_lossy(section)
+        );
+        assert!(!stderr.contains("RAN"), "the code ran: {stderr}");
+        assert!(parse_envelope(&String::from_utf8_lossy(&out.stdout)).is_err());
+    }
+    // A section announced longer than what arrives (the sender died mid-write).
+    let mut cut = frame(b"5 100\nhello");
+    let announced = b" 111 20 1000\n";
+    let at = cut.iter().position(|&b| b == b' ').unwrap();
+    let header_end = cut.iter().position(|&b| b == b'\n').unwrap();
+    let mut fixed = cut[..at].to_vec();
+    fixed.extend_from_slice(b" 30 65536");
+    fixed.extend_from_slice(announced);
+    fixed.extend_from_slice(&cut.split_off(header_end + 1));
+    let out = runner(&limits, &fixed);
+    assert_eq!(out.status.code(), Some(NO_PROGRAM_EXIT));
+}
+
+#[test]
+fn regular_output_files_come_back_whole_by_name_order() {
+    let r = with_outputs(
+        "open('outputs/b.txt','w').write('bee')\n\
+         open('outputs/a.bin','wb').write(bytes(range(256)))\n\
+         open('outputs/empty','w').close()",
+        FileCaps::default(),
+    );
+    let names: Vec<&str> = r.files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["a.bin", "b.txt", "empty"]);
+    assert_eq!(decoded(&r, "a.bin"), (0u8..=255).collect::<Vec<u8>>());
+    assert_eq!(decoded(&r, "b.txt"), b"bee");
+    assert!(decoded(&r, "empty").is_empty());
+    assert!(r.files_omitted.is_empty());
+}
+
+#[test]
+fn links_and_special_files_in_outputs_are_never_followed_or_read() {
+    let secret = scratch_dir().join("secret.txt");
+    std::fs::write(&secret, "TOP-SECRET-CONTENT").unwrap();
+    let code = format!(
+        "import os, socket\n\
+         os.symlink({secret:?}, 'outputs/link.txt')\n\
+         os.symlink('/proc/self/environ', 'outputs/environ')\n\
+         os.symlink('/etc', 'outputs/etc')\n\
+         os.symlink('missing', 'outputs/dangling')\n\
+         os.mkfifo('outputs/fifo')\n\
+         os.mkdir('outputs/sub'); open('outputs/sub/inner.txt','w').write('x')\n\
+         s = socket.socket(socket.AF_UNIX); s.bind('outputs/sock')\n\
+         open('outputs/ok.txt','w').write('fine')",
+        secret = secret.to_str().unwrap()
+    );
+    let started = Instant::now();
+    let r = with_outputs(&code, FileCaps::default());
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "a FIFO blocked the runner"
+    );
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    let names: Vec<&str> = r.files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["ok.txt"]);
+    let mut left = omitted(&r);
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            ("dangling".into(), OmitReason::NotARegularFile),
+            ("environ".into(), OmitReason::NotARegularFile),
+            ("etc".into(), OmitReason::NotARegularFile),
+            ("fifo".into(), OmitReason::NotARegularFile),
+            ("link.txt".into(), OmitReason::NotARegularFile),
+            ("sock".into(), OmitReason::NotARegularFile),
+            ("sub".into(), OmitReason::NotARegularFile),
+        ]
+    );
+    let envelope = serde_json::to_string(&r).unwrap();
+    assert!(!envelope.contains("TOP-SECRET"));
+    let _ = std::fs::remove_dir_all(secret.parent().unwrap());
+}
+
+#[test]
+fn an_outputs_directory_replaced_by_a_link_returns_nothing() {
+    for target in ["/etc", "inputs", "/proc/self"] {
+        let code = format!(
+            "import os\nos.rmdir('outputs')\nos.symlink({target:?}, 'outputs')\nprint('swapped')"
+        );
+        let r = with_outputs(&code, FileCaps::default());
+        assert_eq!(r.stdout, "swapped\n", "{}", r.stderr);
+        assert!(r.files.is_empty(), "{target}: {:?}", r.files);
+    }
+    // Removed altogether, or replaced by a file: nothing, and no failure.
+    let r = with_outputs(
+        "import os\nos.rmdir('outputs')\nopen('outputs','w').write('x')",
+        FileCaps::default(),
+    );
+    assert_eq!(r.exit_code, 0);
+    assert!(r.files.is_empty());
+}
+
+#[test]
+fn caps_on_count_and_bytes_are_kept_and_what_they_leave_out_is_reported() {
+    let caps = FileCaps {
+        max_files: 2,
+        max_bytes: 1000,
+    };
+    let r = with_outputs(
+        "for i in range(5): open(f'outputs/f{i}.txt','w').write('x'*100)",
+        caps,
+    );
+    assert_eq!(r.files.len(), 2);
+    assert_eq!(
+        omitted(&r),
+        [
+            ("f2.txt".into(), OmitReason::FileCount),
+            ("f3.txt".into(), OmitReason::FileCount),
+            ("f4.txt".into(), OmitReason::FileCount),
+        ]
+    );
+    // A file that does not fit is left out whole; a smaller one after it still fits.
+    let r = with_outputs(
+        "open('outputs/a.txt','w').write('x'*600)\n\
+         open('outputs/b.txt','w').write('x'*600)\n\
+         open('outputs/c.txt','w').write('x'*300)",
+        FileCaps {
+            max_files: 10,
+            max_bytes: 1000,
+        },
+    );
+    let names: Vec<&str> = r.files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["a.txt", "c.txt"]);
+    assert_eq!(omitted(&r), [("b.txt".into(), OmitReason::ByteCount)]);
+    // No frame can raise the runner's own ceilings.
+    let r = with_outputs(
+        "open('outputs/big.bin','wb').write(b'x' * (400 * 1024))",
+        FileCaps {
+            max_files: 1000,
+            max_bytes: u64::MAX,
+        },
+    );
+    assert!(r.files.is_empty());
+    assert_eq!(omitted(&r), [("big.bin".into(), OmitReason::ByteCount)]);
+}
+
+#[test]
+fn names_that_are_not_plain_file_names_are_reported_not_returned() {
+    let r = with_outputs(
+        "import os\n\
+         for n in ['a\\nb', '.hidden', '-rf', 'x'*101, 'caf\\u00e9', 'sp ace', 'ok']:\n\
+         \x20   open(os.path.join('outputs', n), 'w').write('x')",
+        FileCaps::default(),
+    );
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    let names: Vec<&str> = r.files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["ok"]);
+    assert_eq!(r.files_omitted.len(), 6);
+    assert!(
+        r.files_omitted
+            .iter()
+            .all(|o| o.reason == OmitReason::BadName && o.name.chars().count() <= 100)
+    );
+}
+
+#[test]
+fn thousands_of_files_leave_a_bounded_envelope() {
+    let r = with_outputs(
+        "for i in range(3000): open(f'outputs/f{i:05}','w').write('x')",
+        FileCaps::default(),
+    );
+    assert_eq!(r.files.len(), 20);
+    assert_eq!(r.files_omitted.len(), 50);
+    assert!(serde_json::to_string(&r).unwrap().len() < 20_000);
 }

@@ -4,6 +4,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
+use sandboxrun_core::files::Profile;
 use sandboxrun_core::limits::{self as lim, Limits};
 use sandboxrun_core::quantity;
 use schemars::JsonSchema;
@@ -52,6 +53,7 @@ pub const MAX_REPLICAS: i32 = 100;
         type_ = "integer",
         json_path = ".status.claimedTotal"
     ),
+    printcolumn(name = "Profile", type_ = "string", json_path = ".spec.profile"),
     printcolumn(name = "CPU", type_ = "string", json_path = ".spec.cpu", priority = 1),
     printcolumn(
         name = "Memory",
@@ -71,6 +73,11 @@ pub struct SandboxPoolSpec {
     /// How many idle, started sandboxes to keep (0: none; the pool is off).
     #[schemars(range(min = 0, max = 100))]
     pub replicas: i32,
+    /// The sandbox profile: `minimal` (the standard library only; the default) or `data`
+    /// (numpy, pandas, scipy, matplotlib). Its sandboxes run the operator's image of that
+    /// profile (unless `image` is set) and serve only runs of that profile.
+    #[serde(default)]
+    pub profile: Profile,
     /// CPU limit (and request) of each sandbox; a run matches when its limit is the same.
     #[serde(default = "default_cpu")]
     #[x_kube(validation = cpu_rule())]
@@ -94,7 +101,7 @@ pub struct SandboxPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub runtime_class_name: Option<String>,
-    /// Sandbox image (default: the operator's).
+    /// Sandbox image (default: the operator's image of the pool's profile).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 1024))]
     pub image: Option<String>,
@@ -139,10 +146,14 @@ impl SandboxPoolSpec {
         .clamped()
     }
 
-    /// Whether a run with `limits` (as policy lowered them) may take a sandbox of this pool: the
-    /// same cpu, memory and pids (the sandbox's cgroup and process limit are fixed when it
-    /// starts); its timeout and output cap always fit under the pool's ceilings.
-    pub fn fits(&self, limits: &Limits) -> bool {
+    /// Whether a run of `profile` with `limits` (as policy lowered them) may take a sandbox of
+    /// this pool: the same profile (the image), the same cpu, memory and pids (the sandbox's
+    /// cgroup and process limit are fixed when it starts); its timeout and output cap always
+    /// fit under the pool's ceilings.
+    pub fn fits(&self, profile: Profile, limits: &Limits) -> bool {
+        if self.profile != profile {
+            return false;
+        }
         let ours = self.sandbox_limits();
         let theirs = limits.clamped();
         // As numbers: "0.5" and "500m" are the same CPU, "1Gi" and "1024Mi" the same memory.

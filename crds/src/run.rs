@@ -1,6 +1,7 @@
 //! The desired state of a run: who asks, for what tool, within which limits.
 
 use kube::{CustomResource, KubeSchema};
+use sandboxrun_core::files::{self, InputFile, Profile};
 use sandboxrun_core::limits::{self as lim, Limits};
 use sandboxrun_core::{Environment, Tool};
 use serde::{Deserialize, Serialize};
@@ -151,12 +152,60 @@ impl SandboxRunSpec {
     }
 }
 
-/// A Python snippet.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+/// A Python snippet, the sandbox profile it runs in and its input files.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct PythonSpec {
     /// Source code, run as `python3 -I -c CODE` (at most 262144 characters).
     #[schemars(length(min = 1, max = lim::MAX_CODE_BYTES))]
     pub code: String,
+    /// The sandbox image: `minimal` (the standard library only; the default) or `data` (numpy,
+    /// pandas, scipy, matplotlib). Policy decides which profiles an agent may use
+    /// (`python.profiles` of a rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Profile>,
+    /// Input files, placed read-only in /tmp/inputs before the code runs: at most 20, with
+    /// distinct plain names, 256 KiB together (or less, as policy says).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "input_files_schema")]
+    pub files: Vec<InputFile>,
+}
+
+impl PythonSpec {
+    /// The run's sandbox profile (`minimal` when none is set).
+    pub fn sandbox_profile(&self) -> Profile {
+        self.profile.unwrap_or_default()
+    }
+}
+
+/// CEL-free bounds of `spec.python.files`: the count, each name's alphabet (one path component,
+/// see `sandboxrun_core::files::check_name`), each content as base64 of at most the total input
+/// bytes, and distinct names (a map list keyed by name). The total is policy's to check.
+fn input_files_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let max_content = files::MAX_INPUT_BYTES.div_ceil(3) * 4;
+    schemars::json_schema!({
+        "description": "Input files, placed read-only in /tmp/inputs before the code runs: at most 20, with distinct plain names, 256 KiB together (or less, as policy says).",
+        "type": "array",
+        "maxItems": files::MAX_INPUT_FILES,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["name"],
+        "items": {
+            "type": "object",
+            "required": ["name", "content"],
+            "properties": {
+                "name": {
+                    "description": "The file's name in /tmp/inputs: letters, digits, '.', '_' and '-', starting with a letter or digit.",
+                    "type": "string",
+                    "pattern": "^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+                },
+                "content": {
+                    "description": "The file's content, base64-encoded.",
+                    "type": "string",
+                    "format": "byte",
+                    "maxLength": max_content,
+                },
+            },
+        },
+    })
 }
 
 /// A read-only SQL query.

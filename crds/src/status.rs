@@ -3,6 +3,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::KubeSchema;
+use sandboxrun_core::files::{self, OmittedFile};
 use sandboxrun_core::{Phase, Tool, Verdict};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -81,6 +82,16 @@ pub struct SandboxRunStatus {
     /// Human-readable explanation of the current phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Files a python run's code wrote in /tmp/outputs, within the caps of its policy rule
+    /// (at most 20 files and 384 KiB together).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = files::MAX_OUTPUT_FILES))]
+    pub files: Vec<StatusFile>,
+    /// Files the code wrote there that were not returned, and why (`fileCount`, `byteCount`,
+    /// `notARegularFile`, `badName`, `unreadable`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = files::MAX_OMITTED))]
+    pub files_omitted: Vec<OmittedFile>,
     /// Structured result of sql and metrics runs (rows, samples).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "free_form")]
@@ -98,6 +109,53 @@ impl SandboxRunStatus {
         self.result
             .as_ref()
             .map(|v| serde_json::from_value(v.clone()))
+    }
+}
+
+/// A file a python run returned.
+#[derive(Serialize, Deserialize, Clone, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusFile {
+    /// Its name in /tmp/outputs.
+    pub name: String,
+    /// Its MIME type, from its name checked against its content.
+    pub mime_type: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its content, base64-encoded.
+    pub data: String,
+}
+
+impl std::fmt::Debug for StatusFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusFile")
+            .field("name", &self.name)
+            .field("mime_type", &self.mime_type)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl StatusFile {
+    /// The status form of a returned file.
+    pub fn of(file: &files::OutputFile) -> Self {
+        Self {
+            name: file.name.clone(),
+            mime_type: file.mime_type.clone(),
+            size: file.size,
+            data: file.base64(),
+        }
+    }
+
+    /// The returned file, its content decoded (its MIME type derived again, so a status written
+    /// by hand cannot make a client render something as what it is not); `None` when `data` is
+    /// not base64.
+    pub fn output(&self) -> Option<files::OutputFile> {
+        use base64::Engine as _;
+        let data = base64::engine::general_purpose::STANDARD
+            .decode(self.data.as_bytes())
+            .ok()?;
+        Some(files::OutputFile::new(self.name.clone(), data))
     }
 }
 

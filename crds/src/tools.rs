@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use sandboxrun_core::files::{OmitReason, OmittedFile, Profile, printable_name};
 use sandboxrun_core::limits::DEFAULT_TTL_SECONDS_AFTER_FINISHED;
 use sandboxrun_core::metrics::{MetricsQuery, MetricsResult, QueryTime};
 use sandboxrun_core::tools::ToolSpec;
@@ -75,6 +76,9 @@ impl ClusterTool for RunPython {
         SandboxRunSpec {
             python: Some(PythonSpec {
                 code: call.code.clone(),
+                // Absent for the default: a minimal run's spec is what it always was.
+                profile: Some(call.profile).filter(|p| *p != Profile::Minimal),
+                files: call.files.clone(),
             }),
             ..spec(agent, Environment::Sandbox, call.limits.clone())
         }
@@ -82,6 +86,18 @@ impl ClusterTool for RunPython {
 
     fn output(name: &str, status: &SandboxRunStatus, _: &PythonCall) -> Option<PythonOutput> {
         let phase = status.phase.filter(|p| p.is_terminal())?;
+        let mut files = Vec::with_capacity(status.files.len());
+        let mut files_omitted = status.files_omitted.clone();
+        for f in &status.files {
+            match f.output() {
+                Some(file) => files.push(file),
+                None => files_omitted.push(OmittedFile {
+                    name: printable_name(&f.name),
+                    size: Some(f.size),
+                    reason: OmitReason::Unreadable,
+                }),
+            }
+        }
         Some(PythonOutput {
             stdout: status.stdout.clone().unwrap_or_default(),
             stderr: status.stderr.clone().unwrap_or_default(),
@@ -92,6 +108,8 @@ impl ClusterTool for RunPython {
             phase,
             reason: status.reason.clone(),
             message: status.message.clone(),
+            files,
+            files_omitted,
         })
     }
 }

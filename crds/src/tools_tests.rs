@@ -4,6 +4,7 @@ use serde_json::json;
 use super::*;
 use crate::Decision as Recorded;
 use sandboxrun_core::Tool;
+use sandboxrun_core::files::{InputFile, OmitReason, OmittedFile, OutputFile, Profile};
 
 fn now() -> Timestamp {
     Timestamp::from_second(1_764_410_400).unwrap()
@@ -19,6 +20,8 @@ fn status(phase: Phase) -> SandboxRunStatus {
 fn python_call() -> PythonCall {
     PythonCall {
         code: "print(1)".into(),
+        profile: Profile::Minimal,
+        files: Vec::new(),
         limits: Limits {
             timeout_seconds: 7,
             ..Limits::default()
@@ -67,6 +70,81 @@ fn python_output_only_once_terminal() {
         (out.stdout.as_str(), out.exit_code, out.duration_ms),
         ("", None, 0)
     );
+}
+
+#[test]
+fn python_spec_carries_profile_and_files() {
+    // The default profile is left out: a minimal run's spec is what it always was.
+    let spec = RunPython::spec("a", &python_call());
+    let python = spec.python.unwrap();
+    assert_eq!((python.profile, python.files.len()), (None, 0));
+    let call = PythonCall {
+        profile: Profile::Data,
+        files: vec![InputFile {
+            name: "a.csv".into(),
+            content: b"x,y\n".to_vec(),
+        }],
+        ..python_call()
+    };
+    let python = RunPython::spec("a", &call).python.unwrap();
+    assert_eq!(python.profile, Some(Profile::Data));
+    assert_eq!(python.files, call.files);
+    assert_eq!(
+        serde_json::to_value(&python).unwrap(),
+        json!({"code": "print(1)", "profile": "data",
+            "files": [{"name": "a.csv", "content": "eCx5Cg=="}]})
+    );
+}
+
+#[test]
+fn status_files_round_trip_through_the_output() {
+    let png = b"\x89PNG\r\n\x1a\nrest".to_vec();
+    let written = [
+        OutputFile::new("plot.png".into(), png.clone()),
+        OutputFile::new("table.csv".into(), b"a,b\n1,2\n".to_vec()),
+    ];
+    let omitted = vec![OmittedFile {
+        name: "big.bin".into(),
+        size: Some(1 << 20),
+        reason: OmitReason::ByteCount,
+    }];
+    let st = SandboxRunStatus {
+        files: written.iter().map(crate::StatusFile::of).collect(),
+        files_omitted: omitted.clone(),
+        ..status(Phase::Succeeded)
+    };
+    // Through the API server and back.
+    let st: SandboxRunStatus = serde_json::from_value(serde_json::to_value(&st).unwrap()).unwrap();
+    assert_eq!(st.files[0].data, "iVBORw0KGgpyZXN0");
+    let out = RunPython::output("r", &st, &python_call()).unwrap();
+    assert_eq!(out.files, written);
+    assert_eq!(out.files[0].mime_type, "image/png");
+    assert_eq!(out.files[1].mime_type, "text/csv");
+    assert_eq!(out.files_omitted, omitted);
+    // A status that claims a type its content does not have, or holds no base64, does not
+    // pass for what it says.
+    let forged = SandboxRunStatus {
+        files: vec![
+            crate::StatusFile {
+                name: "x.png".into(),
+                mime_type: "image/png".into(),
+                size: 2,
+                data: "aGk=".into(),
+            },
+            crate::StatusFile {
+                name: "y.txt".into(),
+                mime_type: "text/plain".into(),
+                size: 2,
+                data: "not base64!".into(),
+            },
+        ],
+        ..status(Phase::Succeeded)
+    };
+    let out = RunPython::output("r", &forged, &python_call()).unwrap();
+    assert_eq!(out.files.len(), 1);
+    assert_eq!(out.files[0].mime_type, "application/octet-stream");
+    assert_eq!(out.files_omitted[0].name, "y.txt");
+    assert_eq!(out.files_omitted[0].reason, OmitReason::Unreadable);
 }
 
 #[test]

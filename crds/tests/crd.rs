@@ -316,3 +316,64 @@ fn an_approval_may_say_why_in_at_most_1024_characters() {
         json!({"approved": true, "by": "alice"})
     );
 }
+
+#[test]
+fn python_files_and_profile_are_bounded_and_immutable() {
+    let s = schema();
+    let python = &s["properties"]["spec"]["properties"]["python"]["properties"];
+    assert_eq!(python["profile"]["enum"], json!(["minimal", "data"]));
+    let files = &python["files"];
+    assert_eq!(files["maxItems"], json!(20));
+    assert_eq!(files["x-kubernetes-list-type"], json!("map"));
+    assert_eq!(files["x-kubernetes-list-map-keys"], json!(["name"]));
+    let item = &files["items"]["properties"];
+    assert_eq!(
+        item["name"]["pattern"],
+        json!("^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+    );
+    assert_eq!(item["content"]["format"], json!("byte"));
+    let status = &s["properties"]["status"]["properties"];
+    assert_eq!(status["files"]["maxItems"], json!(20));
+    assert_eq!(status["filesOmitted"]["maxItems"], json!(50));
+
+    let old = run(json!({"python": {"code": "print(1)", "profile": "data",
+        "files": [{"name": "a.csv", "content": "eCx5Cg=="}]}}));
+    assert!(messages(&old, None).is_empty());
+    let mut other = old.clone();
+    other["spec"]["python"]["files"][0]["content"] = json!("eQo=");
+    assert_eq!(messages(&other, Some(&old)), ["python is immutable"]);
+    let mut minimal = old.clone();
+    minimal["spec"]["python"]["profile"] = json!("minimal");
+    assert_eq!(messages(&minimal, Some(&old)), ["python is immutable"]);
+}
+
+#[test]
+fn python_files_round_trip() {
+    let value = json!({
+        "apiVersion": "sandboxrun.dev/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": "f", "namespace": "sandboxrun-runs"},
+        "spec": {
+            "agent": "analyst-01",
+            "environment": "sandbox",
+            "python": {"code": "print(1)", "profile": "data",
+                "files": [{"name": "a.csv", "content": "eCx5Cg=="}]},
+            "limits": {"timeoutSeconds": 30, "cpu": "500m", "memory": "256Mi", "pids": 64, "outputBytes": 65536},
+            "ttlSecondsAfterFinished": 3600
+        },
+        "status": {
+            "phase": "Succeeded",
+            "files": [{"name": "out.txt", "mimeType": "text/plain", "size": 3, "data": "aGkK"}],
+            "filesOmitted": [{"name": "link", "reason": "notARegularFile"}]
+        }
+    });
+    let run: SandboxRun = serde_json::from_value(value.clone()).unwrap();
+    let python = run.spec.python.as_ref().unwrap();
+    assert_eq!(python.files[0].content, b"x,y\n");
+    assert_eq!(python.sandbox_profile(), sandboxrun_core::Profile::Data);
+    assert_eq!(serde_json::to_value(&run).unwrap(), value);
+    // Without a profile or files, a python spec is what it always was.
+    let bare: sandboxrun_api::PythonSpec = serde_json::from_value(json!({"code": "1"})).unwrap();
+    assert_eq!(bare.sandbox_profile(), sandboxrun_core::Profile::Minimal);
+    assert_eq!(serde_json::to_value(&bare).unwrap(), json!({"code": "1"}));
+}

@@ -82,7 +82,10 @@ pub fn build_run(
         spec: SandboxRunSpec {
             agent: agent.to_owned(),
             environment,
-            python: Some(PythonSpec { code }),
+            python: Some(PythonSpec {
+                code,
+                ..PythonSpec::default()
+            }),
             sql: None,
             metrics: None,
             limits: LimitsSpec::from(limits),

@@ -93,6 +93,12 @@ pub struct BackendArgs {
     /// Root filesystem of the local sandbox (default: ~/.cache/sandboxrun/rootfs/sandbox-python).
     #[arg(long, env = "SANDBOXRUN_ROOTFS")]
     pub rootfs: Option<PathBuf>,
+    /// Root filesystem of the local sandbox's `data` profile (numpy, pandas, scipy,
+    /// matplotlib; default: ~/.cache/sandboxrun/rootfs/sandbox-python-data). When it is missing
+    /// the server still starts: calls asking for `profile: "data"` are refused with a message
+    /// saying how to build it (images/build.sh rootfs sandbox-python-data DIR).
+    #[arg(long, env = "SANDBOXRUN_DATA_ROOTFS", value_name = "DIR")]
+    pub data_rootfs: Option<PathBuf>,
     /// Local isolation: auto (gVisor if it works, else bubblewrap), gvisor or bubblewrap.
     #[arg(long, env = "SANDBOXRUN_ISOLATION", default_value = "auto")]
     pub isolation: String,
@@ -261,6 +267,17 @@ mod tests {
         assert!(!backend.enable_sql);
         assert_eq!(backend.policy_file, None);
         assert_eq!(backend.approval_wait, Duration::ZERO);
+        assert_eq!(backend.data_rootfs, None);
+    }
+
+    #[test]
+    fn data_rootfs_is_an_option() {
+        let cli =
+            Cli::try_parse_from(["sandboxrun-mcp", "stdio", "--data-rootfs", "/srv/data"]).unwrap();
+        let Command::Stdio { backend, .. } = cli.command else {
+            panic!("stdio expected")
+        };
+        assert_eq!(backend.data_rootfs, Some(PathBuf::from("/srv/data")));
     }
 
     #[test]

@@ -8,12 +8,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use sandboxrun_core::Databases;
 use sandboxrun_core::local::{LocalSandbox, LocalSandboxConfig, Preference};
 use sandboxrun_core::metrics::CallStore;
 use sandboxrun_core::policy::embedded::{self, DEMO_DATABASE};
 use sandboxrun_core::query::demo;
 use sandboxrun_core::tools::Embedded;
+use sandboxrun_core::{Databases, Profile};
 
 use crate::cli::BackendArgs;
 
@@ -41,7 +41,8 @@ pub async fn load(args: &BackendArgs, calls: CallStore) -> anyhow::Result<Embedd
 }
 
 /// Finds a usable isolation (gVisor, then bubblewrap, unless one is forced) and checks the root
-/// filesystem.
+/// filesystem. The `data` profile's root filesystem is optional: without it the server starts
+/// and refuses calls that ask for the profile, saying how to build it.
 async fn detect_sandbox(args: &BackendArgs) -> anyhow::Result<LocalSandbox> {
     let preference: Preference = args.isolation.parse().map_err(anyhow::Error::msg)?;
     let config = LocalSandboxConfig {
@@ -49,6 +50,11 @@ async fn detect_sandbox(args: &BackendArgs) -> anyhow::Result<LocalSandbox> {
             .rootfs
             .clone()
             .unwrap_or_else(LocalSandboxConfig::default_rootfs),
+        data_rootfs: Some(
+            args.data_rootfs
+                .clone()
+                .unwrap_or_else(LocalSandboxConfig::default_data_rootfs),
+        ),
         preference,
         runsc: args.runsc.clone(),
         bwrap: args.bwrap.clone(),
@@ -62,6 +68,13 @@ async fn detect_sandbox(args: &BackendArgs) -> anyhow::Result<LocalSandbox> {
     let sandbox = LocalSandbox::detect(config).await?;
     sandbox.arm(args.armed_sandboxes);
     tracing::info!(isolation = %sandbox.isolation(), armed = args.armed_sandboxes, "local sandbox ready");
+    // Named on the command line but not usable: the person who named it should hear so (the
+    // default's absence is only logged, by the driver).
+    if args.data_rootfs.is_some()
+        && let Err(why) = sandbox.profile_available(Profile::Data)
+    {
+        eprintln!("sandboxrun-mcp: WARNING: the data profile is not available: {why}");
+    }
     if let Some(weak) = sandbox.weak_limits() {
         // Also on stderr as such: this is a warning a person must see, not a log line.
         eprintln!("sandboxrun-mcp: WARNING: {weak}");

@@ -7,12 +7,16 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use rmcp::RoleServer;
-use rmcp::model::{CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam};
+use rmcp::model::{
+    CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam, ResourceContents,
+};
 use rmcp::service::RequestContext;
 use sandboxrun_api::ClusterTool;
 use sandboxrun_core::metrics::CallRecord;
-use sandboxrun_core::tools::CallSummary;
+use sandboxrun_core::tools::{Attachment, CallSummary};
 use sandboxrun_core::{Environment, OutputChunk, OutputFn, Phase, Verdict};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -140,7 +144,8 @@ impl SandboxRunServer {
                 self.record::<T>(&agent, environment, verdict, phase.as_str());
                 let text = T::error_text(&call, &output, &parse);
                 let value = serde_json::to_value(&output).unwrap_or(Value::Null);
-                (Outcome::of(phase), tool_result(value, text))
+                let attachments = T::attachments(&output);
+                (Outcome::of(phase), tool_result(value, text, attachments))
             }
             Err(BackendError::Cancelled) => {
                 self.record::<T>(&agent, environment, None, CANCELLED);
@@ -188,14 +193,51 @@ impl SandboxRunServer {
 
 /// The MCP result of a call: `structuredContent` always (and the same JSON as text); anything
 /// but a success is an error result whose first block says what happened and what to change.
-pub fn tool_result(output: Value, error_text: Option<String>) -> CallToolResult {
-    match error_text {
+/// The call's attachments (the files its run returned, a note on those left out) follow as one
+/// content block each, in order.
+pub fn tool_result(
+    output: Value,
+    error_text: Option<String>,
+    attachments: Vec<Attachment>,
+) -> CallToolResult {
+    let mut result = match error_text {
         None => CallToolResult::structured(output),
         Some(text) => {
             let mut result = CallToolResult::structured_error(output);
             result.content.insert(0, ContentBlock::text(text));
             result
         }
+    };
+    result
+        .content
+        .extend(attachments.into_iter().map(attachment_block));
+    result
+}
+
+/// The content block of one attachment: an image as image content, a text file as an embedded
+/// text resource, any other file as an embedded blob resource (both named
+/// `file:///tmp/outputs/NAME`), a note as text.
+pub fn attachment_block(attachment: Attachment) -> ContentBlock {
+    match attachment {
+        Attachment::Image {
+            mime_type, data, ..
+        } => ContentBlock::image(BASE64.encode(data), mime_type),
+        Attachment::Text {
+            name,
+            mime_type,
+            text,
+        } => ContentBlock::resource(
+            ResourceContents::text(text, Attachment::uri(&name)).with_mime_type(mime_type),
+        ),
+        Attachment::Binary {
+            name,
+            mime_type,
+            data,
+        } => ContentBlock::resource(
+            ResourceContents::blob(BASE64.encode(data), Attachment::uri(&name))
+                .with_mime_type(mime_type),
+        ),
+        Attachment::Note(text) => ContentBlock::text(text),
     }
 }
 
@@ -293,11 +335,11 @@ mod tests {
 
     #[test]
     fn errors_lead_with_the_sentence_and_keep_the_structure() {
-        let result = tool_result(serde_json::json!({"x": 1}), Some("why".into()));
+        let result = tool_result(serde_json::json!({"x": 1}), Some("why".into()), vec![]);
         assert_eq!(result.is_error, Some(true));
         assert_eq!(result.structured_content, Some(serde_json::json!({"x": 1})));
         assert_eq!(result.content[0].as_text().unwrap().text, "why");
-        let ok = tool_result(serde_json::json!({"x": 1}), None);
+        let ok = tool_result(serde_json::json!({"x": 1}), None, vec![]);
         assert_eq!(ok.is_error, Some(false));
     }
 
@@ -314,12 +356,19 @@ mod tests {
             oom_kill: None,
             timed_out: false,
             duration_millis: Some(12),
+            files: Vec::new(),
+            files_omitted: Vec::new(),
         };
         let limits = sandboxrun_core::Limits::default();
         let out = |e: &RunnerResult| {
             PythonOutput::from_classified(
                 "local-1".into(),
-                classify(Some(e), &Observed::default(), &limits),
+                classify(
+                    Some(e),
+                    &Observed::default(),
+                    &limits,
+                    sandboxrun_core::files::FileCaps::default(),
+                ),
                 0,
             )
         };
@@ -327,6 +376,7 @@ mod tests {
         let r = tool_result(
             serde_json::to_value(&failed).unwrap(),
             failed.error_text(30, 600),
+            vec![],
         );
         assert_eq!(r.is_error, Some(true));
         assert_eq!(r.structured_content.as_ref().unwrap()["exitCode"], 3);
@@ -336,8 +386,157 @@ mod tests {
             exit_code: 0,
             ..envelope
         });
-        let r = tool_result(serde_json::to_value(&ok).unwrap(), ok.error_text(30, 600));
+        let r = tool_result(
+            serde_json::to_value(&ok).unwrap(),
+            ok.error_text(30, 600),
+            vec![],
+        );
         assert_eq!(r.is_error, Some(false));
         assert_eq!(r.content.len(), 1);
+    }
+
+    const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR";
+
+    fn attachments() -> Vec<Attachment> {
+        vec![
+            Attachment::Image {
+                name: "chart.png".into(),
+                mime_type: "image/png".into(),
+                data: PNG.to_vec(),
+            },
+            Attachment::Text {
+                name: "totals.csv".into(),
+                mime_type: "text/csv".into(),
+                text: "region,total\nnorth,12\n".into(),
+            },
+            Attachment::Binary {
+                name: "model.bin".into(),
+                mime_type: "application/octet-stream".into(),
+                data: vec![0, 159, 146, 150, 255],
+            },
+            Attachment::Note("1 file(s) in /tmp/outputs were not returned: x".into()),
+        ]
+    }
+
+    #[test]
+    fn attachments_follow_the_structured_output_as_their_kind_of_block() {
+        let output = serde_json::json!({"stdout": "ok\n", "files": [{"name": "chart.png"}]});
+        let r = tool_result(output.clone(), None, attachments());
+        assert_eq!(r.is_error, Some(false));
+        // structuredContent unchanged, the same JSON as text first.
+        assert_eq!(r.structured_content, Some(output.clone()));
+        let blocks: Vec<Value> = r
+            .content
+            .iter()
+            .map(|b| serde_json::to_value(b).unwrap())
+            .collect();
+        assert_eq!(blocks.len(), 5, "{blocks:?}");
+        assert_eq!(blocks[0]["type"], "text");
+        assert_eq!(
+            serde_json::from_str::<Value>(blocks[0]["text"].as_str().unwrap()).unwrap(),
+            output
+        );
+        // The wire forms of the MCP specification (2025-11-25 ContentBlock).
+        assert_eq!(
+            blocks[1],
+            serde_json::json!({
+                "type": "image",
+                "data": BASE64.encode(PNG),
+                "mimeType": "image/png",
+            })
+        );
+        assert_eq!(
+            blocks[2],
+            serde_json::json!({
+                "type": "resource",
+                "resource": {
+                    "uri": "file:///tmp/outputs/totals.csv",
+                    "mimeType": "text/csv",
+                    "text": "region,total\nnorth,12\n",
+                },
+            })
+        );
+        assert_eq!(
+            blocks[3],
+            serde_json::json!({
+                "type": "resource",
+                "resource": {
+                    "uri": "file:///tmp/outputs/model.bin",
+                    "mimeType": "application/octet-stream",
+                    "blob": "AJ+Slv8=",
+                },
+            })
+        );
+        assert_eq!(
+            blocks[4],
+            serde_json::json!({
+                "type": "text",
+                "text": "1 file(s) in /tmp/outputs were not returned: x",
+            })
+        );
+    }
+
+    #[test]
+    fn an_error_keeps_its_sentence_first_then_the_attachments() {
+        let r = tool_result(
+            serde_json::json!({"exitCode": 1}),
+            Some("the code exited with status 1".into()),
+            attachments(),
+        );
+        assert_eq!(r.is_error, Some(true));
+        assert_eq!(
+            r.content[0].as_text().unwrap().text,
+            "the code exited with status 1"
+        );
+        assert!(r.content[1].as_text().is_some());
+        let image = r.content[2].as_image().expect("the image third");
+        assert_eq!(BASE64.decode(&image.data).unwrap(), PNG);
+        assert!(r.content[3].as_resource().is_some());
+        assert!(r.content[4].as_resource().is_some());
+        assert_eq!(r.content.len(), 6);
+    }
+
+    #[test]
+    fn a_python_output_with_files_becomes_blocks() {
+        use sandboxrun_core::files::{OmitReason, OmittedFile, OutputFile};
+        use sandboxrun_core::tools::ToolSpec;
+        use sandboxrun_core::tools::python::RunPython;
+        let mut output = PythonOutput::rejected(
+            "local-1".into(),
+            sandboxrun_core::Reason::PolicyBlocked,
+            "x".into(),
+        );
+        output.files = vec![
+            OutputFile::new("chart.png".into(), PNG.to_vec()),
+            OutputFile::new("out.csv".into(), b"a,b\n1,2\n".to_vec()),
+            OutputFile::new("blob.dat".into(), vec![1, 2, 3]),
+        ];
+        output.files_omitted = vec![OmittedFile {
+            name: "link".into(),
+            size: None,
+            reason: OmitReason::NotARegularFile,
+        }];
+        let value = serde_json::to_value(&output).unwrap();
+        // The structured output lists the files without their bytes.
+        assert_eq!(
+            value["files"],
+            serde_json::json!([
+                {"name": "chart.png", "mimeType": "image/png", "size": PNG.len()},
+                {"name": "out.csv", "mimeType": "text/csv", "size": 8},
+                {"name": "blob.dat", "mimeType": "application/octet-stream", "size": 3},
+            ])
+        );
+        let r = tool_result(value, None, RunPython::attachments(&output));
+        let kinds: Vec<Value> = r
+            .content
+            .iter()
+            .map(|b| serde_json::to_value(b).unwrap()["type"].clone())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["text", "image", "resource", "resource", "text"].map(Value::from)
+        );
+        let note = &r.content[4].as_text().unwrap().text;
+        assert!(note.contains("link (notARegularFile)"), "{note}");
     }
 }

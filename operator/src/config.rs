@@ -32,6 +32,16 @@ pub struct Config {
     )]
     pub sandbox_image: String,
 
+    /// Image of sandbox Pods of the `data` profile (python3 with numpy, pandas, scipy,
+    /// matplotlib); empty: this installation has none, and data runs end Rejected
+    /// (ProfileUnavailable).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_SANDBOX_IMAGE_DATA",
+        default_value = "localhost/sandboxrun/sandbox-python-data:dev"
+    )]
+    pub sandbox_image_data: String,
+
     /// Size limit of the memory-backed /tmp of sandbox Pods (counts against the memory limit).
     #[arg(long, env = "SANDBOXRUN_TMP_SIZE", default_value = "16Mi")]
     pub tmp_size: String,
@@ -255,6 +265,12 @@ mod tests {
         assert!(!c.allow_all_without_policy);
         assert_eq!(c.runtime_class, "gvisor");
         assert_eq!(c.sandbox_image, "localhost/sandboxrun/sandbox-python:dev");
+        assert_eq!(
+            c.sandbox_image_data,
+            "localhost/sandboxrun/sandbox-python-data:dev"
+        );
+        let none = Config::try_parse_from(["x", "--sandbox-image-data", ""]).unwrap();
+        assert_eq!(none.sandbox_image_data, "");
         assert_eq!(c.tmp_size, "16Mi");
         assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:8080");
         assert!(!c.leader_election);

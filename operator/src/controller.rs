@@ -863,7 +863,7 @@ pub fn error_policy(run: Arc<SandboxRun>, error: &Error, ctx: Arc<Context>) -> A
 /// (a `kubectl apply`'s last-applied annotation holds the whole spec, code included). A finished
 /// run is only waited on for its TTL, so what it said is dropped and what decides its TTL kept
 /// (phase, reason, completion time, Pod, verdict): with ten thousand stored runs the cache holds
-/// their phases, not their code, outputs, queries or conditions. Whatever needs the whole object
+/// their phases, not their code, input files, outputs, returned files, queries or conditions. Whatever needs the whole object
 /// reads it from the API server (the terminal checks do); an end remembered in memory
 /// ([`Context::unaudited`]) carries its own full status.
 pub fn trim(run: &mut SandboxRun) {
@@ -873,6 +873,7 @@ pub fn trim(run: &mut SandboxRun) {
     if terminal {
         if let Some(python) = run.spec.python.as_mut() {
             python.code = String::new();
+            python.files = Vec::new();
         }
         if let Some(sql) = run.spec.sql.as_mut() {
             sql.query = String::new();
@@ -883,6 +884,8 @@ pub fn trim(run: &mut SandboxRun) {
         if let Some(status) = run.status.as_mut() {
             status.stdout = None;
             status.stderr = None;
+            status.files = Vec::new();
+            status.files_omitted = Vec::new();
             status.result = None;
             status.message = None;
             status.conditions = Vec::new();

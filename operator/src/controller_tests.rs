@@ -45,6 +45,7 @@ fn context(api: &FakeApi, policy: Option<&str>) -> Arc<Context> {
             SandboxConfig {
                 runtime_class: "gvisor".into(),
                 image: "sandbox:test".into(),
+                data_image: "sandbox-data:test".into(),
                 tmp_size: "16Mi".into(),
             },
             Arc::new(Metrics::default()),
@@ -614,17 +615,34 @@ fn the_cache_keeps_no_managed_fields_and_no_output_of_finished_runs() {
         ..Default::default()
     });
     // A run in flight keeps its code (its Pod is built from it).
+    run.spec.python.as_mut().unwrap().files = vec![sandboxrun_core::InputFile {
+        name: "in.csv".into(),
+        content: vec![b'x'; 65_536],
+    }];
     let mut running = run.clone();
     trim(&mut running);
     assert!(running.metadata.managed_fields.is_none());
     assert!(running.metadata.annotations.is_none());
     assert!(!running.spec.python.as_ref().unwrap().code.is_empty());
+    // And its input files (they go with the program).
+    assert_eq!(running.spec.python.as_ref().unwrap().files.len(), 1);
     // A finished one keeps what its TTL needs, not its code, output or result.
     run.status = Some(sandboxrun_api::SandboxRunStatus {
         phase: Some(sandboxrun_core::Phase::Succeeded),
         stdout: Some("x".repeat(65_536)),
         stderr: Some("y".into()),
         result: Some(json!({"rows": [[1]]})),
+        files: vec![sandboxrun_api::StatusFile {
+            name: "plot.png".into(),
+            mime_type: "image/png".into(),
+            size: 300_000,
+            data: "A".repeat(400_000),
+        }],
+        files_omitted: vec![sandboxrun_core::files::OmittedFile {
+            name: "big".into(),
+            size: None,
+            reason: sandboxrun_core::files::OmitReason::ByteCount,
+        }],
         pod_name: Some("p".into()),
         reason: Some("Succeeded".into()),
         message: Some("m".repeat(4096)),
@@ -652,6 +670,8 @@ fn the_cache_keeps_no_managed_fields_and_no_output_of_finished_runs() {
     let st = run.status.as_ref().unwrap();
     assert!(st.stdout.is_none() && st.stderr.is_none() && st.result.is_none());
     assert!(st.message.is_none() && st.conditions.is_empty());
+    assert!(st.files.is_empty() && st.files_omitted.is_empty());
+    assert!(run.spec.python.as_ref().unwrap().files.is_empty());
     // What the TTL and the end's recognition read stays.
     assert_eq!(st.pod_name.as_deref(), Some("p"));
     assert_eq!(st.reason.as_deref(), Some("Succeeded"));
@@ -976,6 +996,7 @@ fn ctx_sandbox() -> SandboxConfig {
     SandboxConfig {
         runtime_class: "gvisor".into(),
         image: "sandbox:test".into(),
+        data_image: "sandbox-data:test".into(),
         tmp_size: "16Mi".into(),
     }
 }

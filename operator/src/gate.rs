@@ -18,8 +18,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sandboxrun_api::{
     Approval, CONDITION_COMPLETED, CONDITION_STARTED, Decision, SandboxRunSpec, SandboxRunStatus,
 };
-use sandboxrun_core::policy::DEFAULT_ROWS;
-use sandboxrun_core::{CallContext, Phase, Reason, Tool, Verdict};
+use sandboxrun_core::files::input_bytes;
+use sandboxrun_core::policy::{DEFAULT_ROWS, PythonRequest};
+use sandboxrun_core::{CallContext, FileCaps, Phase, Reason, Tool, Verdict};
 
 use crate::outcome::{Outcome, rejected, set_condition};
 
@@ -31,12 +32,19 @@ pub const APPROVED: &str = "Approved";
 pub const NO_POLICY_RULE: &str = "no-policy";
 
 /// What policy is asked about a run: its agent, tool and environment, the limits it requests
-/// and, for sql runs, the query.
+/// and, for sql runs, the query; for python runs, the sandbox profile and the input files.
 pub fn call_context(spec: &SandboxRunSpec, tool: Tool) -> CallContext {
     let mut call = CallContext::new(spec.agent.clone(), tool, spec.environment);
     call.limits = spec.limits.effective();
     if let Some(sql) = &spec.sql {
         call = call.with_sql(sql.database.clone(), sql.query.clone());
+    }
+    if let Some(python) = spec.python.as_ref().filter(|_| tool == Tool::Python) {
+        call.python = Some(PythonRequest {
+            profile: python.sandbox_profile(),
+            input_files: u32::try_from(python.files.len()).unwrap_or(u32::MAX),
+            input_bytes: input_bytes(&python.files),
+        });
     }
     call
 }
@@ -54,6 +62,7 @@ pub fn allow_all(call: &CallContext) -> sandboxrun_core::Decision {
         max_rows: call.rows.unwrap_or(DEFAULT_ROWS),
         rewritten_query: None,
         metrics: None,
+        files: FileCaps::default(),
     }
 }
 
@@ -71,6 +80,7 @@ pub fn block_all(call: &CallContext) -> sandboxrun_core::Decision {
         max_rows: 0,
         rewritten_query: None,
         metrics: None,
+        files: FileCaps::default(),
     }
 }
 

@@ -36,6 +36,7 @@ fn spec(agent: &str, environment: Environment) -> SandboxRunSpec {
         environment,
         python: Some(PythonSpec {
             code: "print(1)".into(),
+            ..Default::default()
         }),
         sql: None,
         metrics: None,
@@ -405,4 +406,93 @@ fn the_approve_command_is_shell_that_writes_the_approvers_name() {
         patch,
         serde_json::json!({"spec": {"approval": {"approved": true, "by": "alice"}}})
     );
+}
+
+#[test]
+fn python_runs_are_judged_with_their_profile_and_input_files() {
+    let mut s = spec("a", Environment::Sandbox);
+    let call = call_context(&s, Tool::Python);
+    let request = call.python.unwrap();
+    assert_eq!(
+        (request.profile, request.input_files, request.input_bytes),
+        (sandboxrun_core::Profile::Minimal, 0, 0)
+    );
+    let python = s.python.as_mut().unwrap();
+    python.profile = Some(sandboxrun_core::Profile::Data);
+    python.files = vec![
+        sandboxrun_core::InputFile {
+            name: "a.csv".into(),
+            content: vec![b'x'; 1000],
+        },
+        sandboxrun_core::InputFile {
+            name: "b.csv".into(),
+            content: vec![b'y'; 24],
+        },
+    ];
+    let request = call_context(&s, Tool::Python).python.unwrap();
+    assert_eq!(
+        (request.profile, request.input_files, request.input_bytes),
+        (sandboxrun_core::Profile::Data, 2, 1024)
+    );
+
+    // The chart's default allows the data profile in the sandbox, with the global file caps.
+    let chart = Policy::from_yaml(CHART_DEFAULT_POLICY, "chart").unwrap();
+    let d = chart.evaluate(&call_context(&s, Tool::Python));
+    assert_eq!(d.verdict, Verdict::Allow, "{d}");
+    assert_eq!(d.files, sandboxrun_core::FileCaps::default());
+
+    // A rule without a python section allows the minimal profile only: the operator blocks what
+    // the frontend would, whoever created the run.
+    let strict = Policy::from_yaml(
+        r#"
+default: block
+rules:
+  - name: small-files
+    agents: ["b"]
+    tools: [python]
+    environments: [sandbox]
+    verdict: allow
+    reason: few files
+    python: {profiles: [minimal, data], maxInputFiles: 1, maxOutputFiles: 2, maxOutputBytes: 1000}
+  - name: sandbox-python
+    agents: ["*"]
+    tools: [python]
+    environments: [sandbox]
+    verdict: allow
+    reason: minimal only
+"#,
+        "strict",
+    )
+    .unwrap();
+    let d = strict.evaluate(&call_context(&s, Tool::Python));
+    assert_eq!(d.verdict, Verdict::Block, "{d}");
+    assert_eq!(d.rule, "sandbox-python/python");
+    let mut b = s.clone();
+    b.agent = "b".into();
+    let d = strict.evaluate(&call_context(&b, Tool::Python));
+    assert_eq!(
+        (d.verdict, d.rule.as_str()),
+        (Verdict::Block, "small-files/python")
+    );
+    b.python.as_mut().unwrap().files.pop();
+    let d = strict.evaluate(&call_context(&b, Tool::Python));
+    assert_eq!(d.verdict, Verdict::Allow, "{d}");
+    assert_eq!(
+        d.files,
+        sandboxrun_core::FileCaps {
+            max_files: 2,
+            max_bytes: 1000
+        }
+    );
+    // The blocked run ends Rejected by the gate, nothing executed.
+    let blocked = strict.evaluate(&call_context(&s, Tool::Python));
+    let (reason, message) = rejected_reason(gate(
+        &recorded(&blocked),
+        ApprovalState::Pending,
+        Timestamp::now(),
+        SignedDuration::from_mins(15),
+        Timestamp::now(),
+    ));
+    assert_eq!(reason, "PolicyBlocked");
+    assert!(message.contains("data profile"), "{message}");
 }

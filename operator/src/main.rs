@@ -180,6 +180,7 @@ async fn main() -> anyhow::Result<()> {
             SandboxConfig {
                 runtime_class: config.runtime_class.clone(),
                 image: config.sandbox_image.clone(),
+                data_image: config.sandbox_image_data.clone(),
                 tmp_size: config.tmp_size.clone(),
             },
             metrics,

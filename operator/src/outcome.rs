@@ -4,7 +4,8 @@
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use sandboxrun_api::{CONDITION_COMPLETED, CONDITION_STARTED, SandboxRunStatus};
+use sandboxrun_api::{CONDITION_COMPLETED, CONDITION_STARTED, SandboxRunStatus, StatusFile};
+use sandboxrun_core::files::{OmittedFile, OutputFile};
 use sandboxrun_core::{Phase, Reason, Tool};
 
 /// Reason of the `Started=False` condition of a run that ended before its code started (core's
@@ -36,6 +37,10 @@ pub struct Outcome {
     /// Run time measured by the runner or the executor (Kubernetes timestamps only have whole
     /// seconds).
     pub duration_millis: Option<i64>,
+    /// Files a python run returned, already within its caps (`sandboxrun_core::files::collect`).
+    pub files: Vec<OutputFile>,
+    /// Files it wrote that were left out, and why.
+    pub files_omitted: Vec<OmittedFile>,
 }
 
 impl Outcome {
@@ -58,6 +63,8 @@ impl Outcome {
             started_at,
             finished_at,
             duration_millis: None,
+            files: Vec::new(),
+            files_omitted: Vec::new(),
         }
     }
 
@@ -146,6 +153,10 @@ pub fn outcome_status(
     s.stdout = outcome.stdout.clone();
     s.stderr = outcome.stderr.clone();
     s.truncated = outcome.truncated;
+    // Within the bound of the status: collect kept at most the caps' files and bytes (base64
+    // adds a third), and a bounded list of omissions.
+    s.files = outcome.files.iter().map(StatusFile::of).collect();
+    s.files_omitted = outcome.files_omitted.clone();
     // A recorded sandbox stays the run's (the CRD refuses a status that drops it).
     s.pod_name = pod_name
         .map(str::to_owned)

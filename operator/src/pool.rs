@@ -140,7 +140,8 @@ impl Claims {
     }
 }
 
-/// The sandbox settings of `pool`: its own where it sets them, else the operator's.
+/// The sandbox settings of `pool`: its own where it sets them, else the operator's (the image of
+/// the pool's profile; empty when the operator has none, which no Pod can start with).
 pub fn sandbox_config(pool: &SandboxPool, operator: &SandboxConfig) -> SandboxConfig {
     SandboxConfig {
         runtime_class: pool
@@ -148,11 +149,13 @@ pub fn sandbox_config(pool: &SandboxPool, operator: &SandboxConfig) -> SandboxCo
             .runtime_class_name
             .clone()
             .unwrap_or_else(|| operator.runtime_class.clone()),
-        image: pool
-            .spec
-            .image
-            .clone()
-            .unwrap_or_else(|| operator.image.clone()),
+        image: pool.spec.image.clone().unwrap_or_else(|| {
+            operator
+                .image_for(pool.spec.profile)
+                .unwrap_or_default()
+                .to_owned()
+        }),
+        data_image: operator.data_image.clone(),
         tmp_size: pool
             .spec
             .tmp_size
@@ -180,12 +183,12 @@ pub fn profile_hash(pool: &SandboxPool, operator: &SandboxConfig) -> String {
 }
 
 /// Whether a run may take a sandbox of `pool` at all: the pool starts sandboxes exactly as the
-/// operator would start the run's own (runtime class, image, /tmp), so a warm run is isolated
-/// as a cold one would be.
+/// operator would start the run's own of the pool's profile (runtime class, image, /tmp), so a
+/// warm run is isolated as a cold one would be.
 pub fn same_isolation(pool: &SandboxPool, operator: &SandboxConfig) -> bool {
     let config = sandbox_config(pool, operator);
     config.runtime_class == operator.runtime_class
-        && config.image == operator.image
+        && operator.image_for(pool.spec.profile) == Some(config.image.as_str())
         && config.tmp_size == operator.tmp_size
 }
 

@@ -15,6 +15,7 @@ fn operator() -> SandboxConfig {
     SandboxConfig {
         runtime_class: "gvisor".into(),
         image: "localhost/sandboxrun/sandbox-python:dev".into(),
+        data_image: "localhost/sandboxrun/sandbox-python-data:dev".into(),
         tmp_size: "16Mi".into(),
     }
 }
@@ -209,6 +210,7 @@ fn a_changed_profile_is_a_new_hash_and_another_isolation_is_never_claimed() {
         json!({"replicas": 2, "tmpSize": "32Mi"}),
         json!({"replicas": 2, "image": "other:1"}),
         json!({"replicas": 2, "runtimeClassName": "runc"}),
+        json!({"replicas": 2, "profile": "data"}),
     ] {
         let mut p = pool(2);
         p.spec = serde_json::from_value(change.clone()).unwrap();
@@ -221,6 +223,29 @@ fn a_changed_profile_is_a_new_hash_and_another_isolation_is_never_claimed() {
     image.spec.image = Some("evil:latest".into());
     assert!(!same_isolation(&image, &operator()));
     assert!(same_isolation(&pool(2), &operator()));
+}
+
+#[test]
+fn a_data_pool_starts_the_data_image_unless_it_names_one() {
+    let image = |p: &SandboxPool| {
+        build(p, &operator()).unwrap().spec.unwrap().containers[0]
+            .image
+            .clone()
+            .unwrap()
+    };
+    assert_eq!(image(&pool(1)), "localhost/sandboxrun/sandbox-python:dev");
+    let mut data = pool(1);
+    data.spec.profile = sandboxrun_core::Profile::Data;
+    assert_eq!(image(&data), "localhost/sandboxrun/sandbox-python-data:dev");
+    assert!(same_isolation(&data, &operator()));
+    let mut own = data.clone();
+    own.spec.image = Some("registry.example/data:1".into());
+    assert_eq!(image(&own), "registry.example/data:1");
+    assert!(!same_isolation(&own, &operator()));
+    // A minimal pool that names the data image is not of the minimal isolation.
+    let mut mixed = pool(1);
+    mixed.spec.image = Some("localhost/sandboxrun/sandbox-python-data:dev".into());
+    assert!(!same_isolation(&mixed, &operator()));
 }
 
 #[test]

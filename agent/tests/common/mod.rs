@@ -129,6 +129,7 @@ pub fn agent(model_base_url: &str, home: &Path) -> tokio::process::Command {
         "SANDBOXRUN_MCP_BIN",
         "SANDBOXRUN_API_KEY",
         "SANDBOXRUN_AGENT_STATE_URL",
+        "SANDBOXRUN_AGENT_FILES_DIR",
         "RUST_LOG",
     ] {
         command.env_remove(var);

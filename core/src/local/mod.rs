@@ -69,9 +69,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
+use crate::files::{ENVELOPE_FILES_MAX_BYTES, Profile};
 use crate::limits::Limits;
 use crate::runner::{
-    Observed, OutputFn, RunnerResult, parse_envelope, parse_output_line, program_frame, runner_argv,
+    Observed, OutputFn, Program, RunnerResult, parse_envelope, parse_output_line, program_frame,
+    runner_argv,
 };
 
 pub use crate::quantity::{cpu_millis, memory_bytes};
@@ -163,6 +165,11 @@ impl FromStr for Preference {
 pub struct LocalSandboxConfig {
     /// The unpacked `sandbox-python` image (see [`LocalSandboxConfig::default_rootfs`]).
     pub rootfs: PathBuf,
+    /// The unpacked `sandbox-python-data` image, for the `data` profile (see
+    /// [`LocalSandboxConfig::default_data_rootfs`]). A directory that is missing or incomplete
+    /// makes the profile unavailable (its calls get an error saying how to build it), not the
+    /// driver.
+    pub data_rootfs: Option<PathBuf>,
     /// Which engine to use.
     pub preference: Preference,
     /// A specific runsc; None searches `PATH`, then `~/.cache/sandboxrun/gvisor-*/runsc`.
@@ -195,6 +202,14 @@ impl LocalSandboxConfig {
         rootfs::default_rootfs()
     }
 
+    /// `~/.cache/sandboxrun/rootfs/sandbox-python-data` (under `$SANDBOXRUN_CACHE` when set),
+    /// where `images/build.sh rootfs sandbox-python-data DIR` is expected to unpack.
+    pub fn default_data_rootfs() -> PathBuf {
+        rootfs::cache_dir()
+            .join("rootfs")
+            .join(Profile::Data.image_name())
+    }
+
     /// `/run/sandboxrun` for root, else `$XDG_RUNTIME_DIR/sandboxrun`, else
     /// `$TMPDIR/sandboxrun-<uid>`: runtime state that need not survive a reboot.
     pub fn default_state_dir() -> PathBuf {
@@ -214,6 +229,7 @@ impl Default for LocalSandboxConfig {
     fn default() -> Self {
         Self {
             rootfs: Self::default_rootfs(),
+            data_rootfs: Some(Self::default_data_rootfs()),
             preference: Preference::Auto,
             runsc: None,
             bwrap: None,
@@ -236,6 +252,14 @@ pub enum LocalSandboxError {
         /// The configured directory.
         path: PathBuf,
         /// What is wrong with it.
+        detail: String,
+    },
+    /// A run asked for a profile whose root file system this driver does not have.
+    #[error("the {profile} sandbox profile is not available on this machine: {detail}")]
+    ProfileUnavailable {
+        /// The profile asked for.
+        profile: Profile,
+        /// Why it is not available, and how to make it so.
         detail: String,
     },
     /// gVisor was required but no runsc binary was found.
@@ -355,6 +379,8 @@ struct Inner {
     isolation: Isolation,
     engine: PathBuf,
     rootfs: PathBuf,
+    /// The `data` profile's root file system, or why it cannot be used.
+    data_rootfs: Result<PathBuf, String>,
     tmp_size_bytes: u64,
     state_dir: PathBuf,
     /// Whether per-run cgroups are used (else rlimits).
@@ -403,6 +429,22 @@ impl LocalSandbox {
         cgroup_probe: fn() -> Result<(), String>,
     ) -> Result<Self, LocalSandboxError> {
         let rootfs = rootfs::check(&config.rootfs)?;
+        let data_rootfs = match &config.data_rootfs {
+            None => Err("no root file system is configured for it".to_owned()),
+            Some(dir) => rootfs::check(dir).map_err(|e| match e {
+                LocalSandboxError::RootfsMissing { path, detail } => format!(
+                    "the root file system {} is not usable: {detail}. Create it with: \
+                     images/build.sh rootfs {} {}",
+                    path.display(),
+                    Profile::Data.image_name(),
+                    path.display()
+                ),
+                other => other.to_string(),
+            }),
+        };
+        if let Err(why) = &data_rootfs {
+            tracing::info!(profile = "data", "the data profile is not available: {why}");
+        }
         let weak_limits = cgroup::limits_enforced(cgroup_probe(), config.allow_weak_limits)?;
         let state_dir = statedir::private_dir(&config.state_dir, &config.state_dir)?;
         for sub in [statedir::RUNSC_ROOT, statedir::BUNDLES] {
@@ -416,6 +458,7 @@ impl LocalSandbox {
                 isolation,
                 engine,
                 rootfs: rootfs.clone(),
+                data_rootfs: data_rootfs.clone(),
                 tmp_size_bytes: config.tmp_size_bytes,
                 state_dir: state_dir.clone(),
                 cgroups: weak_limits.is_none(),
@@ -506,9 +549,17 @@ impl LocalSandbox {
             detail,
         };
         // Torn down before detect returns: nothing of the probe outlives it.
-        let started = self.start(&limits).map_err(|e| failed(e.to_string()))?;
+        let started = self
+            .start(&limits, Profile::Minimal)
+            .map_err(|e| failed(e.to_string()))?;
         let run = self
-            .finish(started, "print(1)", &limits, Teardown::Inline, None)
+            .finish(
+                started,
+                &Program::code("print(1)"),
+                &limits,
+                Teardown::Inline,
+                None,
+            )
             .await
             .map_err(|e| failed(e.to_string()))?;
         match &run.envelope {
@@ -536,25 +587,46 @@ impl LocalSandbox {
         code: &str,
         limits: &Limits,
     ) -> Result<LocalRun, LocalSandboxError> {
-        self.run_python_with_output(code, limits, None).await
+        self.run(&Program::code(code), Profile::Minimal, limits, None)
+            .await
     }
 
-    /// [`LocalSandbox::run_python`], handing what the code prints to `output` while it runs
-    /// (within the output cap; the result still holds all of it).
-    pub async fn run_python_with_output(
+    /// Runs `program` (its code, with its input files placed and its output files collected) in
+    /// a fresh sandbox of `profile`, handing what the code prints to `output` while it runs
+    /// (within the output cap; the result still holds all of it). See
+    /// [`LocalSandbox::run_python`].
+    pub async fn run(
         &self,
-        code: &str,
+        program: &Program<'_>,
+        profile: Profile,
         limits: &Limits,
         output: Option<OutputFn>,
     ) -> Result<LocalRun, LocalSandboxError> {
         let limits = limits.clamped();
-        let started = match self.take_armed(&limits) {
+        // Armed sandboxes are of the minimal profile: the data stack is for the calls that ask.
+        let armed = match profile {
+            Profile::Minimal => self.take_armed(&limits),
+            Profile::Data => None,
+        };
+        let started = match armed {
             Some(armed) => armed,
-            None => self.start(&limits)?,
+            None => self.start(&limits, profile)?,
         };
         self.refill();
-        self.finish(started, code, &limits, Teardown::Background, output)
+        self.finish(started, program, &limits, Teardown::Background, output)
             .await
+    }
+
+    /// Whether runs of `profile` can be started here: `Err` says why not and how to fix it.
+    pub fn profile_available(&self, profile: Profile) -> Result<(), String> {
+        self.rootfs_of(profile).map(|_| ())
+    }
+
+    fn rootfs_of(&self, profile: Profile) -> Result<&Path, String> {
+        match profile {
+            Profile::Minimal => Ok(&self.inner.rootfs),
+            Profile::Data => self.inner.data_rootfs.as_deref().map_err(Clone::clone),
+        }
     }
 
     /// Keeps `n` sandboxes started and waiting for one program each (0: none), with the same
@@ -613,7 +685,7 @@ impl LocalSandbox {
             let this = self.clone();
             // Off the caller's path: starting an engine forks and writes cgroup files.
             runtime.spawn_blocking(move || {
-                let started = this.start(&armed_limits());
+                let started = this.start(&armed_limits(), Profile::Minimal);
                 let mut armed = this.inner.armed.lock().expect("not poisoned");
                 armed.starting -= 1;
                 match started {
@@ -627,8 +699,11 @@ impl LocalSandbox {
 
     /// Starts a sandbox whose runner waits for its program: the run's cgroup with `limits`,
     /// the engine, the runner with `limits`' timeout and output cap as its ceilings.
-    fn start(&self, limits: &Limits) -> Result<Started, LocalSandboxError> {
+    fn start(&self, limits: &Limits, profile: Profile) -> Result<Started, LocalSandboxError> {
         let inner = &*self.inner;
+        let rootfs = self
+            .rootfs_of(profile)
+            .map_err(|detail| LocalSandboxError::ProfileUnavailable { profile, detail })?;
         let limits = limits.clamped();
         let memory =
             memory_bytes(&limits.memory).ok_or_else(|| LocalSandboxError::InvalidLimit {
@@ -677,11 +752,7 @@ impl LocalSandbox {
                     );
                 }
                 let seccomp_fds: Vec<RawFd> = inherited.iter().map(AsRawFd::as_raw_fd).collect();
-                cmd.args(bwrap::args(
-                    &inner.rootfs,
-                    inner.tmp_size_bytes,
-                    &seccomp_fds,
-                ));
+                cmd.args(bwrap::args(rootfs, inner.tmp_size_bytes, &seccomp_fds));
                 cmd.args(&argv);
                 let fds = cleanup
                     .cgroup
@@ -719,7 +790,7 @@ impl LocalSandbox {
                     .map_err(io_err("cannot create the run's OCI bundle"))?;
                 cleanup.bundle = Some(bundle.clone());
                 let config = gvisor::config(&gvisor::BundleSpec {
-                    rootfs: &inner.rootfs,
+                    rootfs,
                     argv: &argv,
                     tmp_size_bytes: inner.tmp_size_bytes,
                     memory_bytes: memory,
@@ -770,7 +841,7 @@ impl LocalSandbox {
     async fn finish(
         &self,
         started: Started,
-        code: &str,
+        program: &Program<'_>,
         limits: &Limits,
         teardown: Teardown,
         output: Option<OutputFn>,
@@ -785,9 +856,12 @@ impl LocalSandbox {
         let mut stdin = child.stdin.take().expect("stdin is piped");
         let mut stdout = child.stdout.take().expect("stdout is piped");
         let mut stderr = child.stderr.take().expect("stderr is piped");
-        let frame = program_frame(code, &limits);
-        // The envelope escapes at most 6 bytes per byte of output, for both streams.
-        let envelope_max = 12 * limits.output_bytes as usize + 4096;
+        let frame = program_frame(program, &limits);
+        // The envelope escapes at most 6 bytes per byte of output, for both streams, and carries
+        // the returned files in base64.
+        let envelope_max = 12 * limits.output_bytes as usize
+            + 4096
+            + usize::try_from(ENVELOPE_FILES_MAX_BYTES).unwrap_or(usize::MAX / 4);
         let mut out = TailBuffer::new(envelope_max);
         let mut err = Vec::new();
         let deadline = Duration::from_secs(u64::from(limits.timeout_seconds)) + START_GRACE;

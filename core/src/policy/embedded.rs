@@ -2,7 +2,7 @@
 //!
 //! `config/policy/policy.yaml` is a sample for clusters, not a safe default for a laptop. The
 //! embedded default: any agent may run Python in the sandbox environment (the local sandbox's
-//! limits apply), run `sql` on the `demo` database in the sandbox environment, reading only the
+//! limits apply; both profiles, minimal and data, with the global file bounds), run `sql` on the `demo` database in the sandbox environment, reading only the
 //! `ledger` columns `id, account, amount, booked_at`, without `SELECT *`, with a LIMIT of at most
 //! 1000, and run `fetch_metrics` over the server's own call counters (any environment);
 //! everything else is blocked.
@@ -22,6 +22,8 @@ rules:
     environments: [sandbox]
     verdict: allow
     reason: the embedded default policy allows Python in the local sandbox
+    python:
+      profiles: [minimal, data]
   - name: embedded-demo-sql
     agents: ["*"]
     tools: [sql]

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_saphyr::Spanned;
 
-use super::{AgentMatch, Policy, PolicyError, Rule, validate_limits};
+use super::{AgentMatch, Policy, PolicyError, PythonRules, Rule, validate_limits};
 use crate::metrics::scope::MetricsRules;
 use crate::model::{Environment, Tool, Verdict};
 use crate::sql::SqlRules;
@@ -101,6 +101,8 @@ struct RuleSpec {
     sql: Option<SqlRules>,
     #[serde(default)]
     metrics: Option<MetricsRules>,
+    #[serde(default)]
+    python: Option<PythonRules>,
 }
 
 /// Ceilings a rule puts on the limits of the calls it matches; each must lie within the global
@@ -242,7 +244,16 @@ fn validate(file: PolicyFile) -> Result<Policy, String> {
             limits: spec.limits,
             sql: spec.sql,
             metrics: spec.metrics,
+            python: spec.python,
         };
+        if let Some(python) = &rule.python {
+            if !rule.covers_tool(Tool::Python) {
+                return Err(format!(
+                    "{at}: has a python section but its tools do not include python"
+                ));
+            }
+            python.validate().map_err(|e| format!("{at}: {e}"))?;
+        }
         if let Some(metrics) = &rule.metrics {
             if !rule.covers_tool(Tool::Metrics) {
                 return Err(format!(

@@ -17,6 +17,7 @@
 
 pub mod embedded;
 mod file;
+mod python;
 mod store;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +26,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::files::FileCaps;
 use crate::limits::{
     self, DEFAULT_MEMORY, MAX_MEMORY, MAX_OUTPUT_BYTES, MAX_TIMEOUT_SECONDS, MIN_MEMORY,
     MIN_OUTPUT_BYTES, MIN_TIMEOUT_SECONDS,
@@ -35,6 +37,7 @@ use crate::quantity::memory_bytes;
 use crate::sql::{self, SqlDialect, SqlRules};
 
 pub use file::LimitOverrides;
+pub use python::{PythonRequest, PythonRules};
 pub use store::PolicyStore;
 
 /// Row cap of a query when neither the rule nor the call sets one.
@@ -113,6 +116,9 @@ pub struct Rule {
     /// What metrics queries may read, for rules that can match `metrics` calls (absent: any
     /// metric, and embedded only the caller's own calls).
     pub metrics: Option<MetricsRules>,
+    /// Sandbox profiles and file bounds, for rules that can match `python` calls (absent: the
+    /// minimal profile and the global file bounds).
+    pub python: Option<PythonRules>,
 }
 
 impl Rule {
@@ -172,6 +178,10 @@ pub struct CallContext {
     pub limits: limits::Limits,
     /// The row cap the call asks for, if any.
     pub rows: Option<u64>,
+    /// For `python` calls: the profile and the input files asked for (absent: the minimal
+    /// profile, no files).
+    #[serde(default)]
+    pub python: Option<PythonRequest>,
 }
 
 impl CallContext {
@@ -184,6 +194,7 @@ impl CallContext {
             sql: None,
             limits: limits::Limits::default(),
             rows: None,
+            python: None,
         }
     }
 
@@ -220,6 +231,9 @@ pub struct Decision {
     /// `None` when no rule decided or the rule has none (any metric; embedded, own calls only).
     #[serde(default)]
     pub metrics: Option<MetricsRules>,
+    /// For a `python` call: the bounds on the files it returns (the rule's, or the global ones).
+    #[serde(default)]
+    pub files: FileCaps,
 }
 
 impl fmt::Display for Decision {
@@ -295,11 +309,15 @@ impl Policy {
                 max_rows: call.rows.unwrap_or(DEFAULT_ROWS).min(DEFAULT_ROWS),
                 rewritten_query: None,
                 metrics: None,
+                files: FileCaps::default(),
             };
             if self.default == Verdict::Block {
                 decision
                     .reason
                     .push_str(": ask an operator for a rule that covers this call");
+            } else if let Some(why) = python::refusal(None, call) {
+                decision.verdict = Verdict::Block;
+                decision.reason = why;
             } else if call.tool == Tool::Sql {
                 decision.verdict = Verdict::Block;
                 decision.reason.push_str(
@@ -324,8 +342,20 @@ impl Policy {
             max_rows,
             rewritten_query: None,
             metrics: rule.metrics.clone(),
+            files: rule
+                .python
+                .as_ref()
+                .map_or_else(FileCaps::default, PythonRules::output_caps),
         };
         if rule.verdict == Verdict::Block {
+            return decision;
+        }
+        if call.tool == Tool::Python
+            && let Some(why) = python::refusal(Some(rule), call)
+        {
+            decision.verdict = Verdict::Block;
+            decision.rule = format!("{}/python", rule.name);
+            decision.reason = why;
             return decision;
         }
         if !lowered.is_empty() {
@@ -346,6 +376,7 @@ impl Policy {
                 max_rows,
                 rewritten_query: None,
                 metrics: None,
+                files: FileCaps::default(),
             };
             let Some(request) = &call.sql else {
                 return block(

@@ -87,6 +87,77 @@ pub struct Embedded {
     pub calls: CallStore,
 }
 
+/// Content a call returns besides its structured output, independent of MCP: the frontend
+/// turns each into a content block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attachment {
+    /// An image a client can show (PNG, JPEG, GIF, SVG).
+    Image {
+        /// Its file name.
+        name: String,
+        /// Its MIME type.
+        mime_type: String,
+        /// Its bytes.
+        data: Vec<u8>,
+    },
+    /// A text file (UTF-8), as an embedded text resource.
+    Text {
+        /// Its file name.
+        name: String,
+        /// Its MIME type.
+        mime_type: String,
+        /// Its text.
+        text: String,
+    },
+    /// Any other file, as an embedded binary resource.
+    Binary {
+        /// Its file name.
+        name: String,
+        /// Its MIME type.
+        mime_type: String,
+        /// Its bytes.
+        data: Vec<u8>,
+    },
+    /// A sentence for the model (what was left out, and why).
+    Note(String),
+}
+
+impl Attachment {
+    /// The attachment of a returned file, by its kind.
+    pub fn of(file: &crate::files::OutputFile) -> Self {
+        let (name, mime_type) = (file.name.clone(), file.mime_type.clone());
+        match file.kind() {
+            crate::files::FileKind::Image => Attachment::Image {
+                name,
+                mime_type,
+                data: file.data.clone(),
+            },
+            crate::files::FileKind::Text => match String::from_utf8(file.data.clone()) {
+                Ok(text) => Attachment::Text {
+                    name,
+                    mime_type,
+                    text,
+                },
+                Err(e) => Attachment::Binary {
+                    name,
+                    mime_type,
+                    data: e.into_bytes(),
+                },
+            },
+            crate::files::FileKind::Binary => Attachment::Binary {
+                name,
+                mime_type,
+                data: file.data.clone(),
+            },
+        }
+    }
+
+    /// The `file:///tmp/outputs/NAME` URI of a file attachment, as resources name it.
+    pub fn uri(name: &str) -> String {
+        format!("file://{}/{name}", crate::files::OUTPUT_DIR)
+    }
+}
+
 /// One tool: its arguments, its validated call, its output and its embedded executor.
 pub trait ToolSpec: Send + Sync + 'static {
     /// Which tool this is.
@@ -118,6 +189,12 @@ pub trait ToolSpec: Send + Sync + 'static {
 
     /// Text a model can act on when the call did not succeed; `None` for a success.
     fn error_text(call: &Self::Call, output: &Self::Output, ctx: &ParseContext) -> Option<String>;
+
+    /// Content returned besides the structured output (files the run wrote, notes about them),
+    /// in order; none by default.
+    fn attachments(_output: &Self::Output) -> Vec<Attachment> {
+        Vec::new()
+    }
 
     /// Judges and executes the call on this machine (embedded mode), as run `run_name`. `Err`
     /// means the tool could not run at all (its resource is missing or broken); the message

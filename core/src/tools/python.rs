@@ -11,13 +11,22 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
 use super::args::{json_kind, unknown_argument};
-use super::{CallSummary, Embedded, JsonObject, ParseContext, ToolSpec};
+use super::{Attachment, CallSummary, Embedded, JsonObject, ParseContext, ToolSpec};
+use crate::files::{
+    FileCaps, InputFile, MAX_INPUT_FILES, MAX_NAME_BYTES, OmittedFile, OutputFile, Profile,
+    check_inputs, check_name, input_bytes, omitted_note,
+};
 use crate::limits::STATUS_OUTPUT_BUDGET_BYTES;
 use crate::limits::{Limits, MAX_CODE_BYTES, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SECONDS};
 use crate::model::{Environment, Phase, Reason, Tool, Verdict};
 use crate::output::{cap_str, fit_json_budget};
 use crate::policy::CallContext;
+use crate::policy::PythonRequest;
+use crate::runner::Program;
 use crate::runner::{Observed, RunnerResult};
 
 /// How much of stderr the error text quotes: enough for a traceback's last frames, short
@@ -45,6 +54,35 @@ pub struct RunPythonArgs {
     #[serde(default)]
     #[schemars(with = "u32", range(min = MIN_TIMEOUT_SECONDS, max = MAX_TIMEOUT_SECONDS))]
     pub timeout_seconds: Option<u32>,
+    /// The sandbox image: `minimal` (the standard library only, the default) or `data` (numpy,
+    /// pandas, scipy, matplotlib with the Agg backend), as the server's policy allows.
+    #[serde(default)]
+    #[schemars(with = "Profile")]
+    pub profile: Option<Profile>,
+    /// Input files, placed read-only in /tmp/inputs before the code runs (at most 20 files and
+    /// 256 KiB together, or fewer as the server's policy says). Each has a `name` (letters,
+    /// digits, '.', '_', '-') and either `text` (UTF-8) or `base64` content.
+    #[serde(default)]
+    #[schemars(with = "Vec<InputFileArg>", length(max = MAX_INPUT_FILES))]
+    pub files: Option<Vec<InputFile>>,
+}
+
+/// One input file as agents pass it.
+#[derive(Debug, PartialEq, Eq, Deserialize, JsonSchema)]
+#[schemars(transform = crate::schema::portable)]
+pub struct InputFileArg {
+    /// The file's name in /tmp/inputs: letters, digits, '.', '_' and '-' (for example
+    /// `sales.csv`).
+    #[schemars(length(min = 1, max = MAX_NAME_BYTES))]
+    pub name: String,
+    /// The content as text (UTF-8); give this or `base64`.
+    #[serde(default)]
+    #[schemars(with = "String")]
+    pub text: Option<String>,
+    /// The content in base64, for binary files; give this or `text`.
+    #[serde(default)]
+    #[schemars(with = "String")]
+    pub base64: Option<String>,
 }
 
 /// A validated `run_python` call: the code and the limits it asks for.
@@ -52,20 +90,39 @@ pub struct RunPythonArgs {
 pub struct PythonCall {
     /// The Python source.
     pub code: String,
+    /// The sandbox profile.
+    pub profile: Profile,
+    /// The input files.
+    pub files: Vec<InputFile>,
     /// The limits of the run (the server's defaults with the caller's timeout).
     pub limits: Limits,
     /// The largest timeout the caller could have asked for, for the timeout advice.
     pub max_timeout_seconds: u32,
 }
 
+impl PythonCall {
+    /// What policy looks at to judge this call, made by `agent`.
+    pub fn context(&self, agent: &str) -> CallContext {
+        let mut context = CallContext::new(agent, Tool::Python, Environment::Sandbox);
+        context.limits = self.limits.clone();
+        context.python = Some(PythonRequest {
+            profile: self.profile,
+            input_files: u32::try_from(self.files.len()).unwrap_or(u32::MAX),
+            input_bytes: input_bytes(&self.files),
+        });
+        context
+    }
+}
+
 /// Validates the raw arguments of `run_python`: returns the code and the requested timeout, or
 /// a message that says exactly what to fix.
 pub fn parse_args(args: &JsonObject, max_timeout: u32) -> Result<RunPythonArgs, String> {
     const EXAMPLE: &str = r#"for example {"code": "print(6*7)"}"#;
-    if let Some(unknown) = unknown_argument(args, &["code", "timeoutSeconds"]) {
+    if let Some(unknown) = unknown_argument(args, &["code", "timeoutSeconds", "profile", "files"]) {
         return Err(format!(
-            "unknown argument `{unknown}`; run_python accepts `code` (string, required) and \
-             `timeoutSeconds` (integer, optional)"
+            "unknown argument `{unknown}`; run_python accepts `code` (string, required), \
+             `timeoutSeconds` (integer), `profile` (\"minimal\" or \"data\") and `files` (a \
+             list of {{\"name\", \"text\" or \"base64\"}})"
         ));
     }
     let code = match args.get("code") {
@@ -115,10 +172,87 @@ pub fn parse_args(args: &JsonObject, max_timeout: u32) -> Result<RunPythonArgs, 
             ));
         }
     };
+    let profile = match args.get("profile") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(p)) => Some(Profile::parse(p).ok_or_else(|| {
+            format!("argument `profile` is {p:?}; it must be \"minimal\" (the standard library) or \"data\" (numpy, pandas, scipy, matplotlib)")
+        })?),
+        Some(other) => {
+            return Err(format!(
+                "argument `profile` must be the string \"minimal\" or \"data\", not {}",
+                json_kind(other)
+            ));
+        }
+    };
+    let files = match args.get("files") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) => Some(parse_files(items)?),
+        Some(other) => {
+            return Err(format!(
+                "argument `files` must be a list of {{\"name\": ..., \"text\": ...}} objects, not {}",
+                json_kind(other)
+            ));
+        }
+    };
     Ok(RunPythonArgs {
         code: code.clone(),
         timeout_seconds: timeout,
+        profile,
+        files,
     })
+}
+
+/// The `files` argument: each item a name with text or base64 content, checked against the
+/// global bounds (a policy rule may set lower ones).
+fn parse_files(items: &[Value]) -> Result<Vec<InputFile>, String> {
+    const EXAMPLE: &str = r#"for example {"name": "data.csv", "text": "a,b\n1,2\n"}"#;
+    if items.len() > MAX_INPUT_FILES as usize {
+        return Err(format!(
+            "argument `files` has {} files; at most {MAX_INPUT_FILES} are allowed: combine them",
+            items.len()
+        ));
+    }
+    let mut files = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let Value::Object(o) = item else {
+            return Err(format!(
+                "files[{i}] must be an object with `name` and `text` or `base64`, not {}; {EXAMPLE}",
+                json_kind(item)
+            ));
+        };
+        if let Some(unknown) = unknown_argument(o, &["name", "text", "base64"]) {
+            return Err(format!(
+                "files[{i}] has the unknown field `{unknown}`; a file has `name` and `text` or \
+                 `base64`"
+            ));
+        }
+        let Some(Value::String(name)) = o.get("name") else {
+            return Err(format!("files[{i}] needs a `name` string; {EXAMPLE}"));
+        };
+        check_name(name).map_err(|e| format!("files[{i}] has the name {name:?}: {e}"))?;
+        let content = match (o.get("text"), o.get("base64")) {
+            (Some(Value::String(t)), None) => t.clone().into_bytes(),
+            (None, Some(Value::String(b))) => BASE64.decode(b.trim().as_bytes()).map_err(|e| {
+                format!("files[{i}] ({name}) has `base64` that is not valid base64: {e}")
+            })?,
+            (Some(_), Some(_)) => {
+                return Err(format!(
+                    "files[{i}] ({name}) has both `text` and `base64`; give one"
+                ));
+            }
+            _ => {
+                return Err(format!(
+                    "files[{i}] ({name}) needs its content as a `text` or `base64` string; {EXAMPLE}"
+                ));
+            }
+        };
+        files.push(InputFile {
+            name: name.clone(),
+            content,
+        });
+    }
+    check_inputs(&files).map_err(|e| format!("argument `files`: {e}"))?;
+    Ok(files)
 }
 
 /// The result of one `run_python` call (the tool's `outputSchema`).
@@ -152,6 +286,14 @@ pub struct PythonOutput {
     #[serde(skip)]
     #[schemars(skip)]
     pub message: Option<String>,
+    /// The files the code wrote in /tmp/outputs, returned as content blocks (images as images,
+    /// text as embedded resources, anything else as base64 resources).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<OutputFile>,
+    /// Files it wrote there that were not returned, and why (a cap, not a regular file, a name
+    /// that is not a plain file name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_omitted: Vec<OmittedFile>,
 }
 
 impl PythonOutput {
@@ -172,6 +314,8 @@ impl PythonOutput {
             phase: c.phase,
             reason: Some(c.reason.as_str().to_owned()).filter(|_| c.phase != Phase::Succeeded),
             message: Some(c.message),
+            files: c.files,
+            files_omitted: c.files_omitted,
         }
     }
 
@@ -187,6 +331,8 @@ impl PythonOutput {
             phase: Phase::Rejected,
             reason: Some(reason.as_str().to_owned()),
             message: Some(message),
+            files: Vec::new(),
+            files_omitted: Vec::new(),
         }
     }
 
@@ -292,6 +438,10 @@ pub struct Classified {
     pub truncated: bool,
     /// The code's run time measured by the runner.
     pub duration_millis: Option<u64>,
+    /// The files it returned, within the run's caps.
+    pub files: Vec<OutputFile>,
+    /// The files it wrote that were left out, and why.
+    pub files_omitted: Vec<OmittedFile>,
 }
 
 /// Says how a run ended, from the runner's envelope (`None` when none could be read) and what
@@ -308,12 +458,21 @@ pub struct Classified {
 ///   or the runner's own timeout stands (a child process killed for memory inside a program
 ///   that handled it and exited 0 is that program's business).
 ///
-/// Output is capped at `limits.outputBytes` per stream and, together, within the status budget.
-pub fn classify(envelope: Option<&RunnerResult>, seen: &Observed, limits: &Limits) -> Classified {
+/// Output is capped at `limits.outputBytes` per stream and, together, within the status budget;
+/// returned files within `files` ([`crate::files::collect`]).
+pub fn classify(
+    envelope: Option<&RunnerResult>,
+    seen: &Observed,
+    limits: &Limits,
+    files: FileCaps,
+) -> Classified {
     let mut c = match envelope {
         Some(r) => from_envelope(r, seen, limits),
         None => without_envelope(seen),
     };
+    if let Some(r) = envelope {
+        (c.files, c.files_omitted) = crate::files::collect(&r.files, &r.files_omitted, files);
+    }
     if seen.oom_killed == Some(true) && c.phase == Phase::Failed {
         c.phase = Phase::Failed;
         c.reason = Reason::OomKilled;
@@ -383,6 +542,8 @@ fn from_envelope(r: &RunnerResult, seen: &Observed, limits: &Limits) -> Classifi
         stderr: err_fit.text,
         truncated,
         duration_millis: r.duration_millis,
+        files: Vec::new(),
+        files_omitted: Vec::new(),
     }
 }
 
@@ -431,6 +592,8 @@ fn without_envelope(seen: &Observed) -> Classified {
         stderr: String::new(),
         truncated: false,
         duration_millis: None,
+        files: Vec::new(),
+        files_omitted: Vec::new(),
     }
 }
 
@@ -459,6 +622,8 @@ impl ToolSpec for RunPython {
         }
         Ok(PythonCall {
             code: parsed.code,
+            profile: parsed.profile.unwrap_or_default(),
+            files: parsed.files.unwrap_or_default(),
             limits,
             max_timeout_seconds: max,
         })
@@ -488,6 +653,14 @@ impl ToolSpec for RunPython {
         output.error_text(call.limits.timeout_seconds, call.max_timeout_seconds)
     }
 
+    fn attachments(output: &PythonOutput) -> Vec<Attachment> {
+        let mut blocks: Vec<Attachment> = output.files.iter().map(Attachment::of).collect();
+        if let Some(note) = omitted_note(&output.files_omitted) {
+            blocks.push(Attachment::Note(note));
+        }
+        blocks
+    }
+
     async fn run_embedded(
         embedded: &Embedded,
         agent: &str,
@@ -495,8 +668,7 @@ impl ToolSpec for RunPython {
         call: PythonCall,
         output: Option<crate::runner::OutputFn>,
     ) -> Result<PythonOutput, String> {
-        let mut context = CallContext::new(agent, Tool::Python, Environment::Sandbox);
-        context.limits = call.limits.clone();
+        let context = call.context(agent);
         let decision = embedded.policy.evaluate(&context);
         tracing::info!(run = %run_name, agent, decision = %decision, "run_python decision");
         match decision.verdict {
@@ -524,12 +696,33 @@ impl ToolSpec for RunPython {
         let Some(sandbox) = embedded.sandbox.as_ref() else {
             return Err("run_python has no local sandbox on this server".to_owned());
         };
+        if let Err(why) = sandbox.profile_available(call.profile) {
+            return Ok(PythonOutput::rejected(
+                run_name,
+                Reason::ProfileUnavailable,
+                format!(
+                    "this server cannot run the {} profile ({why}); call again without \
+                     `profile` (the standard library only), or ask its operator to install it",
+                    call.profile
+                ),
+            ));
+        }
+        let program = Program {
+            code: &call.code,
+            inputs: &call.files,
+            outputs: decision.files,
+        };
         // The decision's limits: the requested ones, lowered to the rule's ceilings.
         let run = sandbox
-            .run_python_with_output(&call.code, &decision.limits, output)
+            .run(&program, call.profile, &decision.limits, output)
             .await
             .map_err(|e| format!("the local sandbox failed: {e}"))?;
-        let classified = classify(run.envelope.as_ref(), &run.observed, &decision.limits);
+        let classified = classify(
+            run.envelope.as_ref(),
+            &run.observed,
+            &decision.limits,
+            decision.files,
+        );
         Ok(PythonOutput::from_classified(
             run_name,
             classified,
@@ -541,16 +734,22 @@ impl ToolSpec for RunPython {
 /// The tool's part of the server's instructions ([`ToolSpec::INSTRUCTIONS`]).
 pub const INSTRUCTIONS: &str = "run_python runs untrusted Python code in a single-use sandbox \
 with no network, a read-only filesystem (only /tmp is writable and small), and CPU, memory, \
-process and time limits. Put the source in `code`; print what you need, since only stdout, stderr \
-and the exit code come back. Each call starts from a clean sandbox: nothing persists between \
-calls. Only the Python standard library is available.";
+process and time limits. Put the source in `code`; print what you need. Each call starts from a \
+clean sandbox: nothing persists between calls. The default profile has the Python standard \
+library only; pass `profile: \"data\"` for numpy, pandas, scipy and matplotlib. Pass input files \
+in `files` ([{\"name\": \"data.csv\", \"text\": \"...\"}], or `base64` for binary data): they are \
+read-only in /tmp/inputs. Files the code writes directly in /tmp/outputs come back with the result: \
+images (PNG, JPEG, SVG) as images, text and CSV as embedded resources, anything else as base64; \
+save charts there with matplotlib's savefig.";
 
 /// What a model reads about the tool before calling it (the tool's `description`).
 pub const DESCRIPTION: &str = "Run a Python 3 program in a fresh, isolated sandbox (no network, read-only \
-filesystem except a small /tmp, limited CPU, memory, processes and time; \
-standard library only) and return its stdout, stderr and exit code. Print what \
-you need. A non-zero exit, a timeout or a rejection is reported as an error \
-result that says what to change.";
+filesystem except a small /tmp, limited CPU, memory, processes and time) and return its stdout, \
+stderr and exit code. The default profile has the standard library only; profile \"data\" adds \
+numpy, pandas, scipy and matplotlib. Input files (`files`) are placed read-only in /tmp/inputs; \
+files the code writes in /tmp/outputs are returned (images as images, e.g. \
+plt.savefig('/tmp/outputs/chart.png')). Print what you need. A non-zero exit, a timeout or a \
+rejection is reported as an error result that says what to change.";
 
 #[cfg(test)]
 #[path = "python_tests.rs"]

@@ -1,3 +1,5 @@
+use crate::files::{FileCaps, InputFile, OmittedFile, OutputFile, Profile};
+use crate::tools::Attachment;
 use serde_json::json;
 
 use super::*;
@@ -147,7 +149,7 @@ fn runner_outcomes_have_one_phase_and_reason() {
     ];
     for (name, env, observations, phase, reason) in rows {
         for seen in observations {
-            let c = classify(env.as_ref(), &seen, &limits());
+            let c = classify(env.as_ref(), &seen, &limits(), FileCaps::default());
             assert_eq!((c.phase, c.reason), (phase, reason), "{name}: {seen:?}");
             assert_eq!(c.exit_code, env.as_ref().map(|e| e.exit_code), "{name}");
         }
@@ -167,6 +169,7 @@ fn classification_caps_output_and_flags_truncation() {
             output_bytes: 100,
             ..limits()
         },
+        FileCaps::default(),
     );
     assert_eq!(c.stdout.len(), 100);
     assert!(c.truncated);
@@ -178,6 +181,7 @@ fn classification_caps_output_and_flags_truncation() {
         }),
         &Observed::default(),
         &limits(),
+        FileCaps::default(),
     );
     assert!(c.truncated);
 }
@@ -190,7 +194,7 @@ fn no_result_quotes_what_the_platform_saw() {
         detail: "bwrap: no".into(),
         ..Observed::default()
     };
-    let c = classify(None, &seen, &limits());
+    let c = classify(None, &seen, &limits(), FileCaps::default());
     assert_eq!(c.reason, R::NoResult);
     assert!(c.message.contains("exit code 1"), "{}", c.message);
     assert!(c.message.contains("process limit"), "{}", c.message);
@@ -199,14 +203,19 @@ fn no_result_quotes_what_the_platform_saw() {
         "{}",
         c.message
     );
-    let c = classify(None, &kubelet("Error", 1), &limits());
+    let c = classify(None, &kubelet("Error", 1), &limits(), FileCaps::default());
     assert!(c.message.contains("exit code 1, Error"), "{}", c.message);
 }
 
 #[test]
 fn signal_deaths_and_exits_are_worded_for_the_model() {
     let out = |r: RunnerResult| {
-        let c = classify(Some(&r), &Observed::default(), &limits());
+        let c = classify(
+            Some(&r),
+            &Observed::default(),
+            &limits(),
+            FileCaps::default(),
+        );
         PythonOutput::from_classified("r".into(), c, 0)
     };
     let text = out(envelope(3)).error_text(30, 600).unwrap();
@@ -234,6 +243,8 @@ fn output(phase: Phase) -> PythonOutput {
         phase,
         reason: None,
         message: None,
+        files: Vec::new(),
+        files_omitted: Vec::new(),
     }
 }
 
@@ -325,21 +336,27 @@ fn valid_arguments_parse() {
         parse_args(&obj(json!({"code": "print(1)"})), 600),
         Ok(RunPythonArgs {
             code: "print(1)".to_owned(),
-            timeout_seconds: None
+            timeout_seconds: None,
+            profile: None,
+            files: None,
         })
     );
     assert_eq!(
         parse_args(&obj(json!({"code": "x", "timeoutSeconds": 5})), 600),
         Ok(RunPythonArgs {
             code: "x".to_owned(),
-            timeout_seconds: Some(5)
+            timeout_seconds: Some(5),
+            profile: None,
+            files: None,
         })
     );
     assert_eq!(
         parse_args(&obj(json!({"code": "x", "timeoutSeconds": null})), 600),
         Ok(RunPythonArgs {
             code: "x".to_owned(),
-            timeout_seconds: None
+            timeout_seconds: None,
+            profile: None,
+            files: None,
         })
     );
 }
@@ -388,6 +405,8 @@ fn embedded(policy: &str) -> Embedded {
 fn call() -> PythonCall {
     PythonCall {
         code: "print(1)".into(),
+        profile: Profile::Minimal,
+        files: Vec::new(),
         limits: limits(),
         max_timeout_seconds: 600,
     }
@@ -435,4 +454,196 @@ rules:
         .await
         .unwrap_err();
     assert!(err.contains("no local sandbox"), "{err}");
+}
+
+// Profiles and files: arguments, policy, attachments.
+
+#[test]
+fn profile_and_files_arguments_parse_with_actionable_errors() {
+    let ok = parse_args(
+        &obj(json!({"code": "x", "profile": "data", "files": [
+            {"name": "a.csv", "text": "a,b\n1,2\n"},
+            {"name": "b.bin", "base64": "AAEC"},
+        ]})),
+        60,
+    )
+    .unwrap();
+    assert_eq!(ok.profile, Some(Profile::Data));
+    let files = ok.files.unwrap();
+    assert_eq!(files[0].content, b"a,b\n1,2\n");
+    assert_eq!(files[1].content, [0, 1, 2]);
+
+    let err = |v| parse_args(&obj(v), 60).unwrap_err();
+    assert!(err(json!({"code": "x", "profile": "gpu"})).contains("\"minimal\""));
+    assert!(err(json!({"code": "x", "profile": 1})).contains("not a number"));
+    assert!(err(json!({"code": "x", "files": "a.csv"})).contains("must be a list"));
+    assert!(err(json!({"code": "x", "files": ["a.csv"]})).contains("files[0] must be an object"));
+    for name in [
+        "../x",
+        "/etc/passwd",
+        ".hidden",
+        "a/b",
+        "a\u{0}b",
+        "",
+        "a b",
+        "é",
+    ] {
+        let e = err(json!({"code": "x", "files": [{"name": name, "text": "t"}]}));
+        assert!(e.contains("files[0] has the name"), "{name:?}: {e}");
+    }
+    let long = "a".repeat(101);
+    assert!(err(json!({"code": "x", "files": [{"name": long, "text": "t"}]})).contains("100"));
+    assert!(
+        err(json!({"code": "x", "files": [{"name": "a", "text": "t", "base64": "AA=="}]}))
+            .contains("both")
+    );
+    assert!(err(json!({"code": "x", "files": [{"name": "a"}]})).contains("needs its content"));
+    assert!(
+        err(json!({"code": "x", "files": [{"name": "a", "base64": "!!"}]}))
+            .contains("not valid base64")
+    );
+    assert!(
+        err(json!({"code": "x", "files": [{"name": "a", "path": "/etc"}]}))
+            .contains("unknown field `path`")
+    );
+    assert!(
+        err(
+            json!({"code": "x", "files": [{"name": "a", "text": "1"}, {"name": "a", "text": "2"}]})
+        )
+        .contains("twice")
+    );
+    let many: Vec<Value> = (0..21)
+        .map(|i| json!({"name": format!("f{i}"), "text": "x"}))
+        .collect();
+    assert!(err(json!({"code": "x", "files": many})).contains("at most 20"));
+    let big = "x".repeat(crate::files::MAX_INPUT_BYTES as usize + 1);
+    assert!(err(json!({"code": "x", "files": [{"name": "a", "text": big}]})).contains("bytes"));
+}
+
+#[tokio::test]
+async fn the_policy_decides_which_profiles_and_how_many_files() {
+    let e = embedded(
+        r#"
+default: block
+rules:
+  - name: data-team
+    agents: [analyst]
+    tools: [python]
+    verdict: allow
+    python: {profiles: [minimal, data], maxInputFiles: 1, maxInputBytes: 10, maxOutputFiles: 3, maxOutputBytes: 1000}
+  - {name: everyone, agents: ["*"], tools: [python], verdict: allow}
+"#,
+    );
+    let data = PythonCall {
+        profile: Profile::Data,
+        ..call()
+    };
+    // A rule without a python section allows the minimal profile only.
+    let refused = RunPython::run_embedded(&e, "intern", "l-1".into(), data.clone(), None)
+        .await
+        .unwrap();
+    assert_eq!(refused.reason.as_deref(), Some("PolicyBlocked"));
+    let text = refused.error_text(30, 600).unwrap();
+    assert!(text.contains("everyone/python"), "{text}");
+    assert!(text.contains("the data profile is not allowed"), "{text}");
+    // Allowed by the data team's rule; this embedded server has no sandbox at all.
+    let ctx = data.context("analyst");
+    let decision = e.policy.evaluate(&ctx);
+    assert_eq!(decision.verdict, Verdict::Allow);
+    assert_eq!(
+        decision.files,
+        FileCaps {
+            max_files: 3,
+            max_bytes: 1000
+        }
+    );
+    let file = |name: &str, n: usize| InputFile {
+        name: name.into(),
+        content: vec![b'x'; n],
+    };
+    let two = PythonCall {
+        files: vec![file("a", 1), file("b", 1)],
+        ..call()
+    };
+    let decision = e.policy.evaluate(&two.context("analyst"));
+    assert_eq!(decision.verdict, Verdict::Block);
+    assert!(decision.reason.contains("at most 1"), "{}", decision.reason);
+    let big = PythonCall {
+        files: vec![file("a", 11)],
+        ..call()
+    };
+    let decision = e.policy.evaluate(&big.context("analyst"));
+    assert_eq!(decision.verdict, Verdict::Block);
+    assert!(
+        decision.reason.contains("at most 10 bytes"),
+        "{}",
+        decision.reason
+    );
+    // The policy default, too, allows only the minimal profile.
+    let open = embedded("default: allow\n");
+    let decision = open.policy.evaluate(&data.context("anyone"));
+    assert_eq!(decision.verdict, Verdict::Block);
+    assert!(
+        decision.reason.contains("policy default"),
+        "{}",
+        decision.reason
+    );
+}
+
+#[test]
+fn a_python_section_is_validated_when_the_policy_loads() {
+    let load = |python: &str| {
+        crate::policy::Policy::from_yaml(
+            &format!(
+                "rules:\n  - {{name: r, agents: ['*'], tools: [python], verdict: allow, python: {python}}}\n"
+            ),
+            "<test>",
+        )
+    };
+    assert!(load("{profiles: [data]}").is_ok());
+    for (bad, says) in [
+        ("{profiles: []}", "profiles is empty"),
+        ("{profiles: [gpu]}", "gpu"),
+        ("{maxInputFiles: 21}", "maxInputFiles is 21"),
+        ("{maxOutputBytes: 999999999}", "maxOutputBytes"),
+        ("{maxOutput: 1}", "maxOutput"),
+    ] {
+        let e = load(bad).unwrap_err().to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+    let e = crate::policy::Policy::from_yaml(
+        "rules:\n  - {name: r, agents: ['*'], tools: [sql], verdict: allow, python: {profiles: [data]}}\n",
+        "<test>",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("tools do not include python"), "{e}");
+}
+
+#[test]
+fn returned_files_become_attachments_by_kind_and_left_out_ones_a_note() {
+    let mut out = output(Phase::Succeeded);
+    out.files = vec![
+        OutputFile::new("chart.png".into(), b"\x89PNG\r\n\x1a\nrest".to_vec()),
+        OutputFile::new("table.csv".into(), b"a,b\n".to_vec()),
+        OutputFile::new("model.bin".into(), vec![0, 159, 146]),
+    ];
+    out.files_omitted = vec![OmittedFile {
+        name: "link".into(),
+        size: None,
+        reason: crate::files::OmitReason::NotARegularFile,
+    }];
+    let a = RunPython::attachments(&out);
+    assert!(matches!(&a[0], Attachment::Image { mime_type, .. } if mime_type == "image/png"));
+    assert!(matches!(&a[1], Attachment::Text { text, .. } if text == "a,b\n"));
+    assert!(matches!(&a[2], Attachment::Binary { data, .. } if data == &[0, 159, 146]));
+    assert!(matches!(&a[3], Attachment::Note(n) if n.contains("link (notARegularFile)")));
+    // The structured output lists the files without their bytes.
+    let v = serde_json::to_value(&out).unwrap();
+    assert_eq!(
+        v["files"][0],
+        json!({"name": "chart.png", "mimeType": "image/png", "size": 12})
+    );
+    assert_eq!(v["filesOmitted"][0]["reason"], "notARegularFile");
+    assert!(RunPython::attachments(&output(Phase::Succeeded)).is_empty());
 }

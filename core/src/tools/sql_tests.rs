@@ -15,6 +15,7 @@ fn decision(verdict: Verdict) -> Decision {
         max_rows: 1000,
         rewritten_query: None,
         metrics: None,
+        files: crate::files::FileCaps::default(),
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::OnceLock;
 
 use tokio::sync::{Mutex, MutexGuard};
 
+use sandboxrun_core::FileCaps;
 use sandboxrun_core::tools::python::classify;
 use sandboxrun_core::{
     Isolation, Limits, LocalRun, LocalSandbox, LocalSandboxConfig, Phase, Preference, RunnerResult,
@@ -38,7 +39,12 @@ pub struct Run {
 impl Run {
     /// Classifies a driver's run under `limits`.
     pub fn of(run: LocalRun, limits: &Limits) -> Self {
-        let c = classify(run.envelope.as_ref(), &run.observed, limits);
+        let c = classify(
+            run.envelope.as_ref(),
+            &run.observed,
+            limits,
+            FileCaps::default(),
+        );
         let result = run.envelope.unwrap_or_else(|| RunnerResult {
             version: 1,
             exit_code: run.observed.exit_code.unwrap_or(137),
@@ -50,6 +56,8 @@ impl Run {
             oom_kill: run.observed.oom_killed,
             timed_out: run.observed.deadline_hit,
             duration_millis: None,
+            files: Vec::new(),
+            files_omitted: Vec::new(),
         });
         Self {
             outcome: c.phase,

@@ -394,6 +394,8 @@ mod tests {
     fn built_run_has_a_name_of_its_own_and_the_frontends_label() {
         let call = PythonCall {
             code: "print(1)".into(),
+            profile: sandboxrun_core::Profile::Minimal,
+            files: Vec::new(),
             limits: sandboxrun_core::Limits::default(),
             max_timeout_seconds: 600,
         };

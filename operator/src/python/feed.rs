@@ -16,10 +16,36 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams};
-use sandboxrun_core::{Limits, PROGRAM_RECEIVED, parse_envelope, program_frame};
+use sandboxrun_core::runner::Program;
+use sandboxrun_core::{
+    FileCaps, InputFile, Limits, PROGRAM_RECEIVED, parse_envelope, program_frame,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::log::log_limit_bytes;
 use super::pod::CONTAINER;
+
+/// A program to hand over, owned: the early feeder sends it from its own task.
+#[derive(Clone, Debug)]
+pub struct OwnedProgram {
+    /// The code.
+    pub code: String,
+    /// The input files.
+    pub inputs: Vec<InputFile>,
+    /// The caps on the files it returns.
+    pub outputs: FileCaps,
+}
+
+impl OwnedProgram {
+    /// The program, borrowed.
+    pub fn program(&self) -> Program<'_> {
+        Program {
+            code: &self.code,
+            inputs: &self.inputs,
+            outputs: self.outputs,
+        }
+    }
+}
 
 /// How long the runner may take to confirm a program, beyond the time to send it.
 const CONFIRM_WITHIN: Duration = Duration::from_secs(20);
@@ -76,7 +102,7 @@ impl Feeds {
         self.set(uid, None);
     }
 
-    /// Hands `code` to the sandbox `pod` of run `uid` as soon as its container runs, in the
+    /// Hands `program` to the sandbox `pod` of run `uid` as soon as its container runs, in the
     /// background: the kubelet reports a started container only at its next relist (up to a
     /// second later), and the code should not wait for that. Attaching to a container that has
     /// not started fails at once and is retried; an attach that opened but did not end in a
@@ -87,7 +113,7 @@ impl Feeds {
         pods: Api<Pod>,
         pod: String,
         uid: String,
-        code: String,
+        program: OwnedProgram,
         limits: Limits,
     ) {
         self.set(&uid, Some(FeedState::Feeding));
@@ -100,7 +126,15 @@ impl Feeds {
                 if feeds.state(&uid) != Some(FeedState::Feeding) {
                     return;
                 }
-                let sent = session(&pods, &pod, &code, &limits, None, EARLY_CONFIRM_WITHIN).await;
+                let sent = session(
+                    &pods,
+                    &pod,
+                    &program.program(),
+                    &limits,
+                    None,
+                    EARLY_CONFIRM_WITHIN,
+                )
+                .await;
                 match confirmed_in_log(&pods, &pod, sent).await {
                     Ok(()) => {
                         // Only if still wanted: the run may have ended meanwhile.
@@ -188,19 +222,19 @@ pub enum FeedError {
     NotStarted(String),
 }
 
-/// Sends `code` to the runner of `pod` and waits until it confirms all of it.
+/// Sends `program` to the runner of `pod` and waits until it confirms all of it.
 pub async fn feed(
     pods: &Api<Pod>,
     pod: &str,
-    code: &str,
+    program: &Program<'_>,
     limits: &Limits,
 ) -> Result<(), FeedError> {
-    session(pods, pod, code, limits, None, CONFIRM_WITHIN)
+    session(pods, pod, program, limits, None, CONFIRM_WITHIN)
         .await
         .map(|_| ())
 }
 
-/// Sends `code` to the runner of `pod`, then keeps the stream open and reads the runner's
+/// Sends `program` to the runner of `pod`, then keeps the stream open and reads the runner's
 /// output until it exits (at most `within`): what it returns is the container's log, envelope
 /// included, without waiting for the kubelet to notice that the container ended (it looks once
 /// a second). `Ok(None)`: the program was handed over but the output did not end in time or
@@ -208,11 +242,11 @@ pub async fn feed(
 pub async fn feed_and_read(
     pods: &Api<Pod>,
     pod: &str,
-    code: &str,
+    program: &Program<'_>,
     limits: &Limits,
     within: Duration,
 ) -> Result<Option<String>, FeedError> {
-    session(pods, pod, code, limits, Some(within), CONFIRM_WITHIN).await
+    session(pods, pod, program, limits, Some(within), CONFIRM_WITHIN).await
 }
 
 /// One attach session: send the framed program, wait for its confirmation and, with `read_for`,
@@ -220,7 +254,7 @@ pub async fn feed_and_read(
 async fn session(
     pods: &Api<Pod>,
     pod: &str,
-    code: &str,
+    program: &Program<'_>,
     limits: &Limits,
     read_for: Option<Duration>,
     confirm_within: Duration,
@@ -242,10 +276,11 @@ async fn session(
         let stdout = stdout
             .as_mut()
             .ok_or_else(|| FeedError::Unconfirmed("no stdout stream".into()))?;
-        stdin.write_all(&program_frame(code, limits)).await?;
+        stdin.write_all(&program_frame(program, limits)).await?;
         stdin.shutdown().await?;
         drop(stdin);
-        confirmation(stdout, code.len()).await
+        // The runner confirms the code's bytes once it has read the whole program, files too.
+        confirmation(stdout, program.code.len()).await
     })
     .await
     .unwrap_or_else(|_| {
@@ -256,7 +291,8 @@ async fn session(
     let confirmed_ms = began.elapsed().as_millis();
     let output = match (&result, read_for, stdout.as_mut()) {
         (Ok(seen), Some(within), Some(stdout)) => {
-            tokio::time::timeout(within, until_envelope(stdout, seen.clone()))
+            let most = usize::try_from(log_limit_bytes(limits)).unwrap_or(usize::MAX);
+            tokio::time::timeout(within, until_envelope(stdout, seen.clone(), most))
                 .await
                 .ok()
                 .flatten()
@@ -303,11 +339,13 @@ async fn session(
 
 /// Reads the runner's output after `seen` until it holds the envelope (the runner's last line;
 /// the code cannot write to the runner's stdout, so the first complete envelope is the one) or
-/// the stream ends: `None` when it ended without one. Waiting for the end of the stream instead
-/// would add the sandbox's teardown to every call.
+/// the stream ends: `None` when it ended without one, or when more than `most` bytes came (what a
+/// log read takes at most, returned files included: the log then decides, as for any run).
+/// Waiting for the end of the stream instead would add the sandbox's teardown to every call.
 async fn until_envelope(
     stdout: &mut (impl tokio::io::AsyncRead + Unpin),
     mut seen: Vec<u8>,
+    most: usize,
 ) -> Option<String> {
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
@@ -323,6 +361,9 @@ async fn until_envelope(
                 return parse_envelope(&text).is_ok().then_some(text);
             }
             Ok(n) => seen.extend_from_slice(&chunk[..n]),
+        }
+        if seen.len() > most {
+            return None;
         }
     }
 }
@@ -379,5 +420,51 @@ mod tests {
         assert!(confirmation(&mut empty, 1).await.is_err());
         let noise = vec![b'x'; 5000];
         assert!(confirmation(&mut &noise[..], 1).await.is_err());
+    }
+
+    #[test]
+    fn the_frame_carries_the_input_files_and_the_caps() {
+        let owned = OwnedProgram {
+            code: "print(open('/tmp/inputs/a.csv').read())".into(),
+            inputs: vec![InputFile {
+                name: "a.csv".into(),
+                content: b"x,y\n".to_vec(),
+            }],
+            outputs: FileCaps {
+                max_files: 2,
+                max_bytes: 4096,
+            },
+        };
+        let limits = Limits {
+            timeout_seconds: 7,
+            output_bytes: 100,
+            ..Limits::default()
+        };
+        let frame = program_frame(&owned.program(), &limits);
+        let header = format!("{} 7 100 13 2 4096\n", owned.code.len());
+        assert!(frame.starts_with(header.as_bytes()), "{frame:?}");
+        assert!(frame.ends_with(b"5 4\na.csvx,y\n"), "{frame:?}");
+        // The code travels nowhere but in the frame, right after the header.
+        assert_eq!(
+            &frame[header.len()..header.len() + owned.code.len()],
+            owned.code.as_bytes()
+        );
+    }
+
+    #[tokio::test]
+    async fn an_envelope_with_files_is_read_whole_within_the_bound() {
+        let data = "QUFB".repeat(100_000);
+        let envelope = format!(
+            "{{\"sandboxrun\":1,\"exitCode\":0,\"stdout\":\"\",\"stderr\":\"\",\"stdoutTruncated\":false,\"stderrTruncated\":false,\"signal\":null,\"oomKill\":null,\"timedOut\":false,\"files\":[{{\"name\":\"a.bin\",\"size\":300000,\"data\":\"{data}\"}}]}}\n"
+        );
+        let most = usize::try_from(log_limit_bytes(&Limits::default())).unwrap();
+        let read = until_envelope(&mut envelope.as_bytes(), Vec::new(), most).await;
+        let read = read.expect("the envelope");
+        assert_eq!(parse_envelope(&read).unwrap().files[0].data.len(), 400_000);
+        // Past the bound the stream is left to the log.
+        assert_eq!(
+            until_envelope(&mut envelope.as_bytes(), Vec::new(), 1000).await,
+            None
+        );
     }
 }

@@ -7,18 +7,21 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::LogParams;
 use sandboxrun_core::Limits;
+use sandboxrun_core::files::ENVELOPE_FILES_MAX_BYTES;
 
 use super::pod::CONTAINER;
 
 /// Most log bytes to read: the envelope holds both streams (each at most `outputBytes`), and
 /// JSON escaping can grow a byte sixfold (control characters become `\u00XX`); plus room for
 /// the envelope's own fields; plus the output lines the runner printed before it while the code
-/// ran (bounded the same way, and in number). The log is read from its start, so a larger one
-/// would cut the envelope; it then fails to parse and the run ends NoResult.
+/// ran (bounded the same way, and in number); plus the returned files, base64 in the envelope.
+/// The log is read from its start, so a larger one would cut the envelope; it then fails to
+/// parse and the run ends NoResult.
 pub fn log_limit_bytes(limits: &Limits) -> i64 {
     let lines = i64::try_from(sandboxrun_core::runner::output_lines_max_bytes(limits))
         .unwrap_or(i64::MAX / 2);
-    12 * i64::from(limits.output_bytes) + 65_536 + lines
+    let files = i64::try_from(ENVELOPE_FILES_MAX_BYTES).unwrap_or(i64::MAX / 4);
+    12 * i64::from(limits.output_bytes) + 65_536 + lines + files
 }
 
 /// How long one read of a finished sandbox's log may take. The log comes from the node's
@@ -64,9 +67,11 @@ mod tests {
     #[test]
     fn limit_covers_the_worst_case_envelope() {
         let output_lines = 12 * 65_536 + 2000 * 64;
+        // 384 KiB of files as base64, and each returned (20) or omitted (50) file's framing.
+        let files = 524_288 + 70 * 256;
         assert_eq!(
             log_limit_bytes(&Limits::default()),
-            12 * 65_536 + 65_536 + output_lines
+            12 * 65_536 + 65_536 + output_lines + files
         );
     }
 }

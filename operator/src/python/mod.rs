@@ -9,16 +9,18 @@ pub mod pod;
 pub mod warm;
 
 use jiff::SignedDuration;
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use sandboxrun_api::{SandboxPath, SandboxRunStatus};
-use sandboxrun_core::{Decision, Limits, Phase, Reason, Tool};
+use sandboxrun_core::runner::Program;
+use sandboxrun_core::{Decision, FileCaps, Limits, Phase, Reason, Tool};
 use tracing::info;
 
 use crate::pool::FROM_POOL_ANNOTATION;
 
-use self::feed::FeedState;
+use self::feed::{FeedState, OwnedProgram};
 use self::phase::{Exited, Next, Progress};
 use crate::controller::{Error, Reconcile, is_terminal, until};
 use crate::outcome::Outcome;
@@ -90,16 +92,34 @@ impl Reconcile<'_> {
                     info!(run = %self.name, pod = %claimed.claimed.pod, "taking up a warm sandbox claimed before a restart");
                     self.ctx.claims_in_doubt.remove(&self.uid());
                     let limits = pod::limits_of(&claimed.object).unwrap_or(limits);
-                    return self.run_warm(&prev, &claimed.claimed, &limits).await;
+                    let files = self.file_caps(Some(&claimed.object), decided.as_ref());
+                    return self.run_warm(&prev, &claimed.claimed, &limits, files).await;
                 }
-                let limits = match decided {
-                    Some(d) => d.limits,
-                    None => self.ctx.decide(self.run, Tool::Python).limits,
+                let decision = match decided {
+                    Some(d) => d,
+                    None => self.ctx.decide(self.run, Tool::Python),
                 };
-                if let Some(claimed) = self.claim_warm(&limits).await? {
-                    return self.run_warm(&prev, &claimed, &limits).await;
+                let (limits, files) = (decision.limits, decision.files);
+                let profile = pod::profile_of(self.run);
+                if self.ctx.sandbox.image_for(profile).is_none() {
+                    let outcome = Outcome::of(
+                        Phase::Rejected,
+                        Reason::ProfileUnavailable,
+                        format!(
+                            "this installation has no sandbox image for the {profile} profile \
+                             (operator flag --sandbox-image-data, chart value \
+                             sandbox.dataImage): run without a profile (the standard library \
+                             only), or ask an operator to install it"
+                        ),
+                        None,
+                        self.now,
+                    );
+                    return self.end(&prev, Some(Tool::Python), &outcome, None).await;
                 }
-                self.create_pod(&prev, &limits, pod_name).await
+                if let Some(claimed) = self.claim_warm(profile, &limits, files).await? {
+                    return self.run_warm(&prev, &claimed, &limits, files).await;
+                }
+                self.create_pod(&prev, &limits, files, pod_name).await
             }
             Next::Progress(progress) => {
                 // Started: the runner waits for its program. Sent before Running is recorded, so
@@ -141,14 +161,18 @@ impl Reconcile<'_> {
                             if feed::already_received(&self.pods, pod_name).await? {
                                 self.ctx.feeds.mark_fed(&self.uid());
                             } else {
-                                self.feed(pod_name, &limits).await?;
+                                let files = self.file_caps(pod.as_ref(), decided.as_ref());
+                                self.feed(pod_name, &limits, files).await?;
                             }
                         }
                     }
                 }
                 self.progress_to(&prev, &progress, pod_name).await
             }
-            Next::Collect(exited) => self.collect(&prev, &exited, &limits, pod_name).await,
+            Next::Collect(exited) => {
+                let files = self.file_caps(pod.as_ref(), decided.as_ref());
+                self.collect(&prev, &exited, &limits, files, pod_name).await
+            }
             Next::Finish(outcome) => {
                 self.end(&prev, Some(Tool::Python), &outcome, Some(pod_name))
                     .await
@@ -156,16 +180,26 @@ impl Reconcile<'_> {
         }
     }
 
-    /// Creates the sandbox Pod, with the decision's limits: the requested ones, lowered to the
-    /// policy rule's ceilings.
+    /// The caps on the files the run returns: recorded on its Pod (from the decision that built
+    /// or claimed it), else the decision taken in this reconciliation, else policy's now (a Pod
+    /// of an operator from before file caps).
+    fn file_caps(&self, pod: Option<&Pod>, decided: Option<&Decision>) -> FileCaps {
+        pod.and_then(pod::file_caps_of)
+            .or_else(|| decided.map(|d| d.files))
+            .unwrap_or_else(|| self.ctx.decide(self.run, Tool::Python).files)
+    }
+
+    /// Creates the sandbox Pod, with the decision's limits (the requested ones, lowered to the
+    /// policy rule's ceilings) and caps on returned files.
     async fn create_pod(
         &self,
         prev: &SandboxRunStatus,
         limits: &Limits,
+        files: FileCaps,
         pod_name: &str,
     ) -> Result<Action, Error> {
         let (run, ctx, now) = (self.run, self.ctx, self.now);
-        let desired = pod::build_with_limits(run, &ctx.sandbox, limits)?;
+        let desired = pod::build_with_limits(run, &ctx.sandbox, limits, files)?;
         match self.pods.create(&PostParams::default(), &desired).await {
             Ok(_) => {
                 info!(run = %self.name, namespace = %self.ns, pod = %pod_name, "created sandbox pod");
@@ -214,7 +248,11 @@ impl Reconcile<'_> {
                 self.pods.clone(),
                 pod_name.to_owned(),
                 self.uid(),
-                python.code.clone(),
+                OwnedProgram {
+                    code: python.code.clone(),
+                    inputs: python.files.clone(),
+                    outputs: files,
+                },
                 limits.clone(),
             );
         }
@@ -264,20 +302,26 @@ impl Reconcile<'_> {
         Ok(Action::requeue(QUOTA_RETRY.min(until(deadline, self.now))))
     }
 
-    /// The run's Python code (empty for a run that has none: it never gets this far).
-    fn code(&self) -> &str {
-        self.run
-            .spec
-            .python
-            .as_ref()
-            .map_or("", |p| p.code.as_str())
+    /// The run's program: its Python code and input files (none for a run that has no python
+    /// section: it never gets this far), returning files within `outputs`.
+    fn program(&self, outputs: FileCaps) -> Program<'_> {
+        match self.run.spec.python.as_ref() {
+            Some(p) => Program {
+                code: &p.code,
+                inputs: &p.files,
+                outputs,
+            },
+            None => Program {
+                outputs,
+                ..Program::code("")
+            },
+        }
     }
 
-    /// Sends the run's code to the runner of its started Pod (feed.rs).
-    async fn feed(&self, pod_name: &str, limits: &Limits) -> Result<(), Error> {
-        let code = self.code();
+    /// Sends the run's program to the runner of its started Pod (feed.rs).
+    async fn feed(&self, pod_name: &str, limits: &Limits, files: FileCaps) -> Result<(), Error> {
         let started = std::time::Instant::now();
-        feed::feed(&self.pods, pod_name, code, limits)
+        feed::feed(&self.pods, pod_name, &self.program(files), limits)
             .await
             .map_err(|source| Error::Feed {
                 pod: pod_name.to_owned(),
@@ -324,11 +368,12 @@ impl Reconcile<'_> {
         prev: &SandboxRunStatus,
         exited: &Exited,
         limits: &Limits,
+        files: FileCaps,
         pod_name: &str,
     ) -> Result<Action, Error> {
         let outcome =
             match log::read_log(&self.pods, pod_name, limits, self.ctx.log_read_timeout).await {
-                Ok(log) => phase::collected(exited, &log, limits),
+                Ok(log) => phase::collected(exited, &log, limits, files),
                 Err(source) => match phase::log_unreadable(exited, &source.to_string(), self.now) {
                     Some(outcome) => outcome,
                     None => {

@@ -8,7 +8,9 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sandboxrun_api::{CONDITION_COMPLETED, CONDITION_STARTED, SandboxRunStatus};
 use sandboxrun_core::tools::python::classify;
-use sandboxrun_core::{EnvelopeError, Limits, Observed, Phase, Reason, Tool, parse_envelope};
+use sandboxrun_core::{
+    EnvelopeError, FileCaps, Limits, Observed, Phase, Reason, Tool, parse_envelope,
+};
 
 use super::pod::{ACTIVE_DEADLINE_GRACE_SECONDS, CONTAINER};
 use crate::outcome::{Outcome, base, set_condition};
@@ -282,11 +284,12 @@ pub fn observed(exited: &Exited, log: &str, envelope_error: Option<&EnvelopeErro
 
 /// The terminal outcome of a run whose container ended, from its log: the runner's envelope and
 /// what the kubelet saw, classified by core ([`classify`]).
-pub fn collected(exited: &Exited, log: &str, limits: &Limits) -> Outcome {
+/// Returned files are checked against `files`, the caps of the run's policy rule.
+pub fn collected(exited: &Exited, log: &str, limits: &Limits, files: FileCaps) -> Outcome {
     let parsed = parse_envelope(log);
     let envelope = parsed.as_ref().ok();
     let seen = observed(exited, log, parsed.as_ref().err());
-    let c = classify(envelope, &seen, limits);
+    let c = classify(envelope, &seen, limits, files);
     // Output only when the runner reported some: a run without a result has none to show.
     let ran = envelope.is_some();
     Outcome {
@@ -302,6 +305,8 @@ pub fn collected(exited: &Exited, log: &str, limits: &Limits) -> Outcome {
         duration_millis: c
             .duration_millis
             .map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
+        files: c.files,
+        files_omitted: c.files_omitted,
     }
 }
 

@@ -218,7 +218,12 @@ fn terminated_container_is_collected() {
 
 #[test]
 fn envelope_exit_zero_succeeds() {
-    let o = collected(&exited("Completed", 0), OK_LOG, &limits());
+    let o = collected(
+        &exited("Completed", 0),
+        OK_LOG,
+        &limits(),
+        FileCaps::default(),
+    );
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Succeeded, "Succeeded")
@@ -233,7 +238,7 @@ fn envelope_non_zero_fails_with_both_streams() {
     let log = OK_LOG
         .replace("\"exitCode\":0", "\"exitCode\":3")
         .replace("\"stderr\":\"\"", "\"stderr\":\"oops\\n\"");
-    let o = collected(&exited("Error", 3), &log, &limits());
+    let o = collected(&exited("Error", 3), &log, &limits(), FileCaps::default());
     assert_eq!((o.phase, o.reason.as_str()), (Phase::Failed, "NonZeroExit"));
     assert_eq!(o.exit_code, Some(3));
     assert_eq!(o.stderr.as_deref(), Some("oops\n"));
@@ -245,16 +250,31 @@ fn envelope_sigkill_is_oom_killed_unless_the_cgroup_says_otherwise() {
     let killed = OK_LOG
         .replace("\"exitCode\":0", "\"exitCode\":137")
         .replace("\"signal\":null", "\"signal\":9");
-    let o = collected(&exited("Error", 137), &killed, &limits());
+    let o = collected(
+        &exited("Error", 137),
+        &killed,
+        &limits(),
+        FileCaps::default(),
+    );
     assert_eq!((o.phase, o.reason.as_str()), (Phase::Failed, "OOMKilled"));
     let not_oom = killed.replace("\"oomKill\":null", "\"oomKill\":false");
-    let o = collected(&exited("Error", 137), &not_oom, &limits());
+    let o = collected(
+        &exited("Error", 137),
+        &not_oom,
+        &limits(),
+        FileCaps::default(),
+    );
     assert_eq!(o.reason, "NonZeroExit");
 }
 
 #[test]
 fn container_oom_killed_wins_over_the_envelope() {
-    let o = collected(&exited("OOMKilled", 137), "", &limits());
+    let o = collected(
+        &exited("OOMKilled", 137),
+        "",
+        &limits(),
+        FileCaps::default(),
+    );
     assert_eq!((o.phase, o.reason.as_str()), (Phase::Failed, "OOMKilled"));
     assert!(o.message.contains("256Mi"));
 }
@@ -264,7 +284,7 @@ fn runner_timeout_is_timed_out_with_output() {
     let log = OK_LOG
         .replace("\"timedOut\":false", "\"timedOut\":true")
         .replace("\"exitCode\":0", "\"exitCode\":137");
-    let o = collected(&exited("Error", 137), &log, &limits());
+    let o = collected(&exited("Error", 137), &log, &limits(), FileCaps::default());
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::TimedOut, "DeadlineExceeded")
@@ -278,6 +298,7 @@ fn missing_envelope_is_no_result_with_the_log_tail() {
         &exited("Error", 1),
         "Traceback...\nModuleNotFoundError: No module named 'resource'\n",
         &limits(),
+        FileCaps::default(),
     );
     assert_eq!((o.phase, o.reason.as_str()), (Phase::Failed, "NoResult"));
     assert!(o.message.contains("exit code 1"), "{}", o.message);
@@ -299,6 +320,7 @@ fn output_is_recapped_and_flagged() {
             output_bytes: 100,
             ..limits()
         },
+        FileCaps::default(),
     );
     assert_eq!(o.stdout.as_ref().unwrap().len(), 100);
     assert_eq!(o.truncated, Some(true));
@@ -361,7 +383,12 @@ fn statuses_carry_conditions_with_generation_and_stable_transition_times() {
         ("True", t("2026-11-29T08:00:01Z"))
     );
 
-    let o = collected(&exited("Completed", 0), OK_LOG, &limits());
+    let o = collected(
+        &exited("Completed", 0),
+        OK_LOG,
+        &limits(),
+        FileCaps::default(),
+    );
     let s4 = outcome_status(
         &s3,
         Some(Tool::Python),
@@ -539,8 +566,13 @@ fn runner_outcomes_are_classified_by_core() {
             Some(r) => format!("{noise}noise\n{}\n", line(r)),
             None => noise,
         };
-        let o = collected(&exited(reason, code), &log, &limits());
-        let direct = classify(env.as_ref(), &kubelet(reason, code), &limits());
+        let o = collected(&exited(reason, code), &log, &limits(), FileCaps::default());
+        let direct = classify(
+            env.as_ref(),
+            &kubelet(reason, code),
+            &limits(),
+            FileCaps::default(),
+        );
         assert_eq!(
             (o.phase, o.reason.as_str()),
             (direct.phase, direct.reason.as_str()),
@@ -564,16 +596,71 @@ fn runner_outcomes_are_classified_by_core() {
 
 #[test]
 fn no_result_messages_say_what_the_kubelet_saw() {
-    let o = collected(&exited("Error", 1), "boom\n", &limits());
+    let o = collected(
+        &exited("Error", 1),
+        "boom\n",
+        &limits(),
+        FileCaps::default(),
+    );
     assert_eq!(
         o.message,
         "the sandbox ended (exit code 1, Error) without reporting a result; last output: boom"
     );
     let v2 = OK_LOG.replace("\"sandboxrun\":1", "\"sandboxrun\":2");
-    let o = collected(&exited("Completed", 0), &v2, &limits());
+    let o = collected(&exited("Completed", 0), &v2, &limits(), FileCaps::default());
     assert!(
         o.message.contains("result protocol version 2"),
         "{}",
         o.message
     );
+}
+
+#[test]
+fn returned_files_reach_the_terminal_status_within_the_caps() {
+    // Three files (base64 of "a,b\n", "x", "yy"), the runner's own omission, caps of two files.
+    let log = OK_LOG.replace(
+        "\"durationMillis\":42}",
+        "\"durationMillis\":42,\"files\":[{\"name\":\"t.csv\",\"size\":4,\"data\":\"YSxiCg==\"},\
+         {\"name\":\"x.txt\",\"size\":1,\"data\":\"eA==\"},{\"name\":\"y.txt\",\"size\":2,\"data\":\"eXk=\"}],\
+         \"filesOmitted\":[{\"name\":\"link\",\"reason\":\"notARegularFile\"}]}",
+    );
+    let caps = FileCaps {
+        max_files: 2,
+        max_bytes: 1000,
+    };
+    let o = collected(&exited("Completed", 0), &log, &limits(), caps);
+    assert_eq!(o.phase, Phase::Succeeded);
+    let names: Vec<&str> = o.files.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["t.csv", "x.txt"]);
+    assert_eq!(o.files[0].mime_type, "text/csv");
+    let omitted: Vec<(&str, &str)> = o
+        .files_omitted
+        .iter()
+        .map(|f| (f.name.as_str(), f.reason.as_str()))
+        .collect();
+    assert_eq!(
+        omitted,
+        [("y.txt", "fileCount"), ("link", "notARegularFile")]
+    );
+    let s = outcome_status(
+        &SandboxRunStatus::default(),
+        Some(Tool::Python),
+        &o,
+        Some("r-sandbox"),
+        Some(1),
+        t("2026-11-29T08:00:03Z"),
+    );
+    assert_eq!(s.files.len(), 2);
+    assert_eq!(
+        (
+            s.files[0].name.as_str(),
+            s.files[0].data.as_str(),
+            s.files[0].size
+        ),
+        ("t.csv", "YSxiCg==", 4)
+    );
+    assert_eq!(s.files_omitted, o.files_omitted);
+    // A run without a result has no files.
+    let none = collected(&exited("Error", 1), "boom\n", &limits(), caps);
+    assert!(none.files.is_empty() && none.files_omitted.is_empty());
 }

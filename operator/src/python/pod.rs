@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 use sandboxrun_api::SandboxRun;
-use sandboxrun_core::{Limits, Tool, runner_argv};
+use sandboxrun_core::{FileCaps, Limits, Profile, Tool, runner_argv};
 
 /// Name of the single container of a sandbox Pod.
 pub const CONTAINER: &str = "sandbox";
@@ -41,10 +41,41 @@ pub const LABEL_TOOL: &str = "sandboxrun.dev/tool";
 pub struct SandboxConfig {
     /// RuntimeClass (gVisor by default).
     pub runtime_class: String,
-    /// Sandbox image, providing python3.
+    /// Sandbox image of the `minimal` profile, providing python3; the image of a Pod
+    /// ([`sandbox_pod`]).
     pub image: String,
+    /// Sandbox image of the `data` profile (empty: none).
+    pub data_image: String,
     /// Size limit of the memory-backed /tmp.
     pub tmp_size: String,
+}
+
+impl SandboxConfig {
+    /// The image of sandboxes of `profile`; `None` when this operator has none.
+    pub fn image_for(&self, profile: Profile) -> Option<&str> {
+        let image = match profile {
+            Profile::Minimal => &self.image,
+            Profile::Data => &self.data_image,
+        };
+        Some(image.as_str()).filter(|i| !i.is_empty())
+    }
+
+    /// The settings of a sandbox of `profile`: its image in [`SandboxConfig::image`].
+    pub fn for_profile(&self, profile: Profile) -> Option<SandboxConfig> {
+        Some(SandboxConfig {
+            image: self.image_for(profile)?.to_owned(),
+            ..self.clone()
+        })
+    }
+}
+
+/// The sandbox profile of `run` (`minimal` unless its python section says otherwise).
+pub fn profile_of(run: &SandboxRun) -> Profile {
+    run.spec
+        .python
+        .as_ref()
+        .map(sandboxrun_api::PythonSpec::sandbox_profile)
+        .unwrap_or_default()
 }
 
 /// 32-bit FNV-1a, as 8 hex digits: a stable suffix that keeps shortened names unique.
@@ -143,16 +174,29 @@ pub enum BuildError {
     /// The run lacks a name, namespace or uid (it was not read from the API server).
     #[error("the run has no name, namespace or uid")]
     Unidentified,
+    /// The operator has no image for the run's profile.
+    #[error("the operator has no image for the {0} profile")]
+    ProfileUnavailable(Profile),
 }
 
 /// Annotation of the sandbox Pod with the limits it was built with (JSON): policy can lower the
 /// requested limits, and later reconciliations read the effective ones back from here.
 pub const LIMITS_ANNOTATION: &str = "sandboxrun.dev/limits";
 
+/// Annotation of the sandbox Pod with the caps on the files it returns (JSON [`FileCaps`]), from
+/// the policy decision: the program frame carries them to the runner, and the result is checked
+/// against them again, also by an operator that restarted in between.
+pub const FILE_CAPS_ANNOTATION: &str = "sandboxrun.dev/file-caps";
+
 /// The sandbox Pod of a Python run, with the limits the run asks for.
 #[cfg(test)]
 pub fn build(run: &SandboxRun, config: &SandboxConfig) -> Result<Pod, BuildError> {
-    build_with_limits(run, config, &run.spec.limits.effective())
+    build_with_limits(
+        run,
+        config,
+        &run.spec.limits.effective(),
+        FileCaps::default(),
+    )
 }
 
 /// Whether the sandbox of `pod` waits for its program on stdin (every Pod this operator builds;
@@ -172,29 +216,58 @@ pub fn limits_of(pod: &Pod) -> Option<Limits> {
         .map(|l| l.clamped())
 }
 
-/// The sandbox Pod of a Python run, with `limits` (the run's, as lowered by policy).
+/// The caps on returned files a sandbox Pod was told, from its annotation.
+pub fn file_caps_of(pod: &Pod) -> Option<FileCaps> {
+    let raw = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(FILE_CAPS_ANNOTATION)?;
+    serde_json::from_str::<FileCaps>(raw)
+        .ok()
+        .map(FileCaps::clamped)
+}
+
+/// The [`FILE_CAPS_ANNOTATION`] of a Pod whose run may return files within `caps`.
+pub fn file_caps_annotation(caps: FileCaps) -> BTreeMap<String, String> {
+    serde_json::to_string(&caps.clamped())
+        .ok()
+        .map(|json| BTreeMap::from([(FILE_CAPS_ANNOTATION.to_owned(), json)]))
+        .unwrap_or_default()
+}
+
+/// The sandbox Pod of a Python run, with `limits` (the run's, as lowered by policy) and the caps
+/// on the files it returns (the policy rule's), in the image of the run's profile.
 pub fn build_with_limits(
     run: &SandboxRun,
     config: &SandboxConfig,
     limits: &Limits,
+    files: FileCaps,
 ) -> Result<Pod, BuildError> {
-    // The code is not in the Pod: the operator sends it to the runner's stdin (feed.rs).
+    // The code is not in the Pod: the operator sends it to the runner's stdin (feed.rs), with
+    // the input files.
     run.spec.python.as_ref().ok_or(BuildError::NotPython)?;
+    let profile = profile_of(run);
+    let config = config
+        .for_profile(profile)
+        .ok_or(BuildError::ProfileUnavailable(profile))?;
     let owner = owner_reference(run).ok_or(BuildError::Unidentified)?;
     let namespace = run.namespace().ok_or(BuildError::Unidentified)?;
     let limits: Limits = limits.clamped();
+    let mut annotations = limits_annotation(&limits);
+    annotations.extend(file_caps_annotation(files));
     let metadata = ObjectMeta {
         name: Some(pod_name(&run.name_any())),
         namespace: Some(namespace),
         labels: Some(labels(run, Tool::Python)),
-        annotations: Some(limits_annotation(&limits)),
+        annotations: Some(annotations),
         owner_references: Some(vec![owner]),
         ..Default::default()
     };
     let deadline = i64::from(limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS);
     Ok(sandbox_pod(
         metadata,
-        config,
+        &config,
         &limits,
         deadline,
         &limits.cpu,
@@ -335,6 +408,7 @@ mod tests {
         SandboxConfig {
             runtime_class: "gvisor".into(),
             image: "localhost/sandboxrun/sandbox-python:dev".into(),
+            data_image: "localhost/sandboxrun/sandbox-python-data:dev".into(),
             tmp_size: "16Mi".into(),
         }
     }
@@ -347,6 +421,7 @@ mod tests {
                 environment: Default::default(),
                 python: Some(PythonSpec {
                     code: "print('hi'); import os".into(),
+                    ..Default::default()
                 }),
                 sql: None,
                 metrics: None,
@@ -474,6 +549,65 @@ mod tests {
         assert!(c.env.is_none());
         assert!(c.env_from.is_none());
         assert!(c.ports.is_none());
+    }
+
+    fn image_of(pod: &Pod) -> Option<String> {
+        pod.spec.as_ref()?.containers[0].image.clone()
+    }
+
+    #[test]
+    fn the_image_is_the_profiles() {
+        let minimal = build(&run(), &config()).unwrap();
+        assert_eq!(
+            image_of(&minimal).as_deref(),
+            Some("localhost/sandboxrun/sandbox-python:dev")
+        );
+        let mut data = run();
+        data.spec.python.as_mut().unwrap().profile = Some(Profile::Data);
+        let pod = build(&data, &config()).unwrap();
+        assert_eq!(
+            image_of(&pod).as_deref(),
+            Some("localhost/sandboxrun/sandbox-python-data:dev")
+        );
+        // Isolated alike: only the image differs.
+        let mut same = pod.clone();
+        same.spec.as_mut().unwrap().containers[0].image = image_of(&minimal);
+        assert_eq!(same, minimal);
+        // Without an image for the profile, no Pod.
+        let none = SandboxConfig {
+            data_image: String::new(),
+            ..config()
+        };
+        assert_eq!(
+            build(&data, &none),
+            Err(BuildError::ProfileUnavailable(Profile::Data))
+        );
+        assert!(build(&run(), &none).is_ok());
+    }
+
+    #[test]
+    fn the_file_caps_are_recorded_on_the_pod() {
+        let caps = FileCaps {
+            max_files: 3,
+            max_bytes: 1000,
+        };
+        let pod =
+            build_with_limits(&run(), &config(), &run().spec.limits.effective(), caps).unwrap();
+        assert_eq!(file_caps_of(&pod), Some(caps));
+        assert_eq!(
+            pod.metadata.annotations.as_ref().unwrap()[FILE_CAPS_ANNOTATION],
+            r#"{"maxFiles":3,"maxBytes":1000}"#
+        );
+        assert_eq!(limits_of(&pod), Some(run().spec.limits.effective()));
+        // Never above the global caps, whatever the annotation says.
+        let mut forged = pod.clone();
+        forged.metadata.annotations.as_mut().unwrap().insert(
+            FILE_CAPS_ANNOTATION.to_owned(),
+            r#"{"maxFiles":1000,"maxBytes":99999999}"#.to_owned(),
+        );
+        assert_eq!(file_caps_of(&forged), Some(FileCaps::default()));
+        forged.metadata.annotations = None;
+        assert_eq!(file_caps_of(&forged), None);
     }
 
     #[test]

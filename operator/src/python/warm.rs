@@ -21,7 +21,7 @@ use kube::ResourceExt;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use sandboxrun_api::{SandboxPath, SandboxPool, SandboxRun, SandboxRunStatus};
-use sandboxrun_core::{Limits, Phase, Reason, Tool, parse_envelope};
+use sandboxrun_core::{FileCaps, Limits, Phase, Profile, Reason, Tool, parse_envelope};
 use serde_json::{Value, json};
 use tracing::info;
 
@@ -61,11 +61,13 @@ pub struct EarlierClaim {
     pub object: Pod,
 }
 
-/// The pools whose sandboxes `run` may take with `limits`, in a stable order: in the run's
-/// namespace, on, of the operator's own isolation, and of the run's cpu, memory and pids.
+/// The pools whose sandboxes a run of `profile` may take with `limits`, in a stable order: in the
+/// run's namespace, on, of the operator's own isolation, of the run's profile (its image), and
+/// of the run's cpu, memory and pids.
 pub fn candidates<'a>(
     pools: impl IntoIterator<Item = &'a SandboxPool>,
     run_namespace: &str,
+    profile: Profile,
     limits: &Limits,
     operator: &SandboxConfig,
 ) -> Vec<String> {
@@ -73,7 +75,7 @@ pub fn candidates<'a>(
         .into_iter()
         .filter(|p| p.namespace().as_deref() == Some(run_namespace))
         .filter(|p| p.metadata.deletion_timestamp.is_none() && p.spec.replicas > 0)
-        .filter(|p| pool::same_isolation(p, operator) && p.spec.fits(limits))
+        .filter(|p| pool::same_isolation(p, operator) && p.spec.fits(profile, limits))
         .filter_map(|p| p.metadata.name.clone())
         .collect();
     names.sort();
@@ -82,13 +84,15 @@ pub fn candidates<'a>(
 
 /// The patch that hands the idle sandbox `pod` of pool `pool` to `run`: conditional on the
 /// resourceVersion the claimer saw, it takes the Pod out of the pool (labels, owner), records
-/// the run's limits and the claim time, and shortens the Pod's deadline to the run's own (the
-/// kubelet counts `activeDeadlineSeconds` from the Pod's start, which may be long ago).
+/// the run's limits, its caps on returned files and the claim time, and shortens the Pod's
+/// deadline to the run's own (the kubelet counts `activeDeadlineSeconds` from the Pod's start,
+/// which may be long ago).
 pub fn claim_patch(
     pod: &Pod,
     pool: &str,
     run: &SandboxRun,
     limits: &Limits,
+    files: FileCaps,
     now: Timestamp,
 ) -> Option<Value> {
     let resource_version = pod.metadata.resource_version.clone()?;
@@ -108,6 +112,7 @@ pub fn claim_patch(
     labels.insert(LABEL_PROFILE.to_owned(), Value::Null);
     let mut annotations: serde_json::Map<String, Value> = pod::limits_annotation(limits)
         .into_iter()
+        .chain(pod::file_caps_annotation(files))
         .map(|(k, v)| (k, Value::String(v)))
         .collect();
     annotations.insert(CLAIMED_AT_ANNOTATION.to_owned(), json!(now.to_string()));
@@ -129,12 +134,18 @@ pub fn claim_patch(
 }
 
 impl Reconcile<'_> {
-    /// Claims a ready sandbox of a pool that fits the run's `limits`, if there is one.
-    pub(super) async fn claim_warm(&self, limits: &Limits) -> Result<Option<Claimed>, Error> {
+    /// Claims a ready sandbox of a pool that fits the run's `profile` and `limits`, if there is
+    /// one, for a run that returns files within `files`.
+    pub(super) async fn claim_warm(
+        &self,
+        profile: Profile,
+        limits: &Limits,
+        files: FileCaps,
+    ) -> Result<Option<Claimed>, Error> {
         let ctx = self.ctx;
         let uid = self.uid();
         if let Some(doubt) = ctx.claims_in_doubt.get(&uid)
-            && let Some(claimed) = self.settle_claim_in_doubt(&doubt, limits).await?
+            && let Some(claimed) = self.settle_claim_in_doubt(&doubt, limits, files).await?
         {
             return Ok(Some(claimed));
         }
@@ -142,6 +153,7 @@ impl Reconcile<'_> {
         let names = candidates(
             pools.iter().map(|p| p.as_ref()),
             &self.ns,
+            profile,
             limits,
             &ctx.sandbox,
         );
@@ -184,7 +196,8 @@ impl Reconcile<'_> {
                 let Some(pod_name) = candidate.metadata.name.clone() else {
                     continue;
                 };
-                let Some(patch) = claim_patch(candidate, &name, self.run, limits, self.now) else {
+                let Some(patch) = claim_patch(candidate, &name, self.run, limits, files, self.now)
+                else {
                     continue;
                 };
                 // In doubt until its answer says otherwise (also if this reconcile is cut short
@@ -241,6 +254,7 @@ impl Reconcile<'_> {
         &self,
         doubt: &ClaimInDoubt,
         limits: &Limits,
+        files: FileCaps,
     ) -> Result<Option<Claimed>, Error> {
         let uid = self.uid();
         let claimed = Claimed {
@@ -266,7 +280,8 @@ impl Reconcile<'_> {
                 self.ctx.claims_in_doubt.remove(&uid);
                 return Ok(None);
             }
-            let Some(patch) = claim_patch(&current, &doubt.pool, self.run, limits, self.now) else {
+            let Some(patch) = claim_patch(&current, &doubt.pool, self.run, limits, files, self.now)
+            else {
                 self.ctx.claims_in_doubt.remove(&uid);
                 return Ok(None);
             };
@@ -333,6 +348,7 @@ impl Reconcile<'_> {
         prev: &SandboxRunStatus,
         claimed: &Claimed,
         limits: &Limits,
+        files: FileCaps,
     ) -> Result<Action, Error> {
         let ctx = self.ctx;
         let deadline = self
@@ -368,13 +384,13 @@ impl Reconcile<'_> {
             .claimed(self.run, &claimed.pod, &claimed.pool)
             .await;
 
-        let code = self.code();
+        let program = self.program(files);
         let sent_at = Timestamp::now();
         let within = INLINE_READ.min(Duration::from_secs(u64::from(
             limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
         )));
         let fed = std::time::Instant::now();
-        let read = feed::feed_and_read(&self.pods, &claimed.pod, code, limits, within).await;
+        let read = feed::feed_and_read(&self.pods, &claimed.pod, &program, limits, within).await;
         tracing::debug!(run = %self.name, pod = %claimed.pod,
             feed_and_read_ms = fed.elapsed().as_millis(), "warm sandbox answered");
         let log = match read {
@@ -429,7 +445,7 @@ impl Reconcile<'_> {
             started_at: Some(sent_at),
             finished_at: Timestamp::now(),
         };
-        let outcome = phase::collected(&exited, log, limits);
+        let outcome = phase::collected(&exited, log, limits, files);
         self.end(&recorded, Some(Tool::Python), &outcome, Some(&claimed.pod))
             .await
     }

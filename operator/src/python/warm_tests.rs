@@ -15,6 +15,7 @@ fn operator() -> SandboxConfig {
     SandboxConfig {
         runtime_class: "gvisor".into(),
         image: "localhost/sandboxrun/sandbox-python:dev".into(),
+        data_image: "localhost/sandboxrun/sandbox-python-data:dev".into(),
         tmp_size: "16Mi".into(),
     }
 }
@@ -33,6 +34,7 @@ fn run() -> SandboxRun {
             environment: Default::default(),
             python: Some(PythonSpec {
                 code: "print(1)".into(),
+                ..Default::default()
             }),
             sql: None,
             metrics: None,
@@ -73,7 +75,7 @@ fn only_pools_of_the_same_namespace_isolation_and_limits_are_candidates() {
     ];
     let limits = Limits::default();
     assert_eq!(
-        candidates(&pools, "runs", &limits, &operator()),
+        candidates(&pools, "runs", Profile::Minimal, &limits, &operator()),
         ["a-same-in-other-words", "b-default"]
     );
     // A run with other cgroup limits fits none of them; its timeout and output cap never matter.
@@ -81,13 +83,71 @@ fn only_pools_of_the_same_namespace_isolation_and_limits_are_candidates() {
         memory: "1Gi".into(),
         ..Limits::default()
     };
-    assert_eq!(candidates(&pools, "runs", &big, &operator()), ["bigger"]);
+    assert_eq!(
+        candidates(&pools, "runs", Profile::Minimal, &big, &operator()),
+        ["bigger"]
+    );
     let short = Limits {
         timeout_seconds: 1,
         output_bytes: 10,
         ..Limits::default()
     };
-    assert_eq!(candidates(&pools, "runs", &short, &operator()).len(), 2);
+    assert_eq!(
+        candidates(&pools, "runs", Profile::Minimal, &short, &operator()).len(),
+        2
+    );
+}
+
+fn caps() -> FileCaps {
+    FileCaps {
+        max_files: 4,
+        max_bytes: 65_536,
+    }
+}
+
+#[test]
+fn only_pools_of_the_runs_profile_are_candidates() {
+    let pools = [
+        pool("minimal", "runs", json!({"replicas": 2})),
+        pool("data", "runs", json!({"replicas": 2, "profile": "data"})),
+        // Its image is not the operator's data image: not the isolation a data run would get.
+        pool(
+            "data-elsewhere",
+            "runs",
+            json!({"replicas": 2, "profile": "data", "image": "python:3"}),
+        ),
+        // The data image under the minimal profile: a minimal run never gets it.
+        pool(
+            "minimal-with-data-image",
+            "runs",
+            json!({"replicas": 2, "image": "localhost/sandboxrun/sandbox-python-data:dev"}),
+        ),
+        // Named explicitly, the data image serves data runs.
+        pool(
+            "data-explicit",
+            "runs",
+            json!({"replicas": 2, "profile": "data", "image": "localhost/sandboxrun/sandbox-python-data:dev"}),
+        ),
+    ];
+    let limits = Limits::default();
+    assert_eq!(
+        candidates(&pools, "runs", Profile::Minimal, &limits, &operator()),
+        ["minimal"]
+    );
+    assert_eq!(
+        candidates(&pools, "runs", Profile::Data, &limits, &operator()),
+        ["data", "data-explicit"]
+    );
+    // An operator without a data image has no data pool to offer.
+    let without = SandboxConfig {
+        data_image: String::new(),
+        ..operator()
+    };
+    assert!(candidates(&pools, "runs", Profile::Data, &limits, &without).is_empty());
+    // The pool's profile is what it fits, with the same cgroup limits.
+    assert!(pools[1].spec.fits(Profile::Data, &limits));
+    assert!(!pools[1].spec.fits(Profile::Minimal, &limits));
+    assert!(!pools[0].spec.fits(Profile::Data, &limits));
 }
 
 fn idle_pod(rv: Option<&str>, started: &str, deadline: i64) -> Pod {
@@ -113,10 +173,23 @@ fn the_claim_is_conditional_and_hands_the_pod_to_the_run() {
         ..Limits::default()
     };
     let pod = idle_pod(Some("42"), T0, 4210);
-    let patch = claim_patch(&pod, "default", &run(), &limits, t("2026-12-01T08:10:00Z")).unwrap();
+    let patch = claim_patch(
+        &pod,
+        "default",
+        &run(),
+        &limits,
+        caps(),
+        t("2026-12-01T08:10:00Z"),
+    )
+    .unwrap();
     let meta = &patch["metadata"];
     // The precondition: another claim since the list makes this one a 409.
     assert_eq!(meta["resourceVersion"], "42");
+    // The run's caps on returned files, for whoever reads its result (after a restart too).
+    assert_eq!(
+        meta["annotations"][pod::FILE_CAPS_ANNOTATION],
+        r#"{"maxFiles":4,"maxBytes":65536}"#
+    );
     // Out of the pool, into the run: the pool's selector no longer matches it, the run's does.
     assert_eq!(meta["labels"][LABEL_POOL], Value::Null);
     assert_eq!(meta["labels"][LABEL_PROFILE], Value::Null);
@@ -148,10 +221,20 @@ fn the_claim_is_conditional_and_hands_the_pod_to_the_run() {
 #[test]
 fn no_claim_without_a_precondition_or_a_deadline() {
     let limits = Limits::default();
-    assert!(claim_patch(&idle_pod(None, T0, 4210), "default", &run(), &limits, t(T0)).is_none());
+    assert!(
+        claim_patch(
+            &idle_pod(None, T0, 4210),
+            "default",
+            &run(),
+            &limits,
+            caps(),
+            t(T0)
+        )
+        .is_none()
+    );
     let mut no_deadline = idle_pod(Some("1"), T0, 4210);
     no_deadline.spec.as_mut().unwrap().active_deadline_seconds = None;
-    assert!(claim_patch(&no_deadline, "default", &run(), &limits, t(T0)).is_none());
+    assert!(claim_patch(&no_deadline, "default", &run(), &limits, caps(), t(T0)).is_none());
     // A run without a uid cannot own anything.
     let mut anonymous = run();
     anonymous.metadata.uid = None;
@@ -161,6 +244,7 @@ fn no_claim_without_a_precondition_or_a_deadline() {
             "default",
             &anonymous,
             &limits,
+            caps(),
             t(T0)
         )
         .is_none()
@@ -177,6 +261,7 @@ fn the_deadline_is_only_ever_lowered() {
         "default",
         &run(),
         &Limits::default(),
+        caps(),
         t("2026-12-01T08:10:00Z"),
     )
     .unwrap();

@@ -1,0 +1,486 @@
+//! Files in and out of a sandbox run, and the sandbox profile (which image a run gets).
+//!
+//! A `run_python` call may pass a few small input files; the runner places them read-only under
+//! [`INPUT_DIR`] before the code starts. What the code writes under [`OUTPUT_DIR`] comes back with
+//! the result, within [`FileCaps`]: the runner collects regular files only (never a symlink, a
+//! directory, a device or a FIFO; nothing outside the directory), and [`collect`] checks every
+//! bound again on this side of the sandbox, so a runner from another image cannot exceed them.
+//! Whatever is left out is reported by name with its reason ([`OmittedFile`]), never dropped
+//! silently. Files travel with the program (stdin) and in the result envelope (the runner's
+//! stdout), the same channels as the code and its output: never a command line or a Pod field.
+//!
+//! A file's name is one path component from a small alphabet ([`check_name`]): that closes
+//! traversal (`..`, `/`), hidden and control-character names, and names that mean something to a
+//! shell or a terminal, for input and output alike.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Where input files are placed in the sandbox (read-only; the code's working directory is /tmp).
+pub const INPUT_DIR: &str = "/tmp/inputs";
+/// Where the code writes the files it wants returned.
+pub const OUTPUT_DIR: &str = "/tmp/outputs";
+/// Longest file name, in bytes.
+pub const MAX_NAME_BYTES: usize = 100;
+/// Most input files a call may pass (a policy rule may allow fewer).
+pub const MAX_INPUT_FILES: u32 = 20;
+/// Most input bytes a call may pass, all files together (256 KiB; a policy rule may allow fewer).
+/// They are stored in the SandboxRun's spec, base64-encoded, next to at most 256 KiB of code.
+pub const MAX_INPUT_BYTES: u64 = 256 * 1024;
+/// Most output files a run returns (a policy rule may allow fewer).
+pub const MAX_OUTPUT_FILES: u32 = 20;
+/// Most output bytes a run returns, all files together (384 KiB; a policy rule may allow fewer).
+/// In a cluster they are stored base64-encoded in the run's status: with the largest code, input
+/// files and output the object stays under etcd's 1.5 MiB limit.
+pub const MAX_OUTPUT_BYTES: u64 = 384 * 1024;
+
+/// Most bytes the returned files add to the runner's envelope: their base64, each file's and
+/// each omitted file's framing.
+pub const ENVELOPE_FILES_MAX_BYTES: u64 =
+    MAX_OUTPUT_BYTES.div_ceil(3) * 4 + (MAX_OUTPUT_FILES as u64 + MAX_OMITTED as u64) * 256;
+
+/// The image a sandbox runs: the standard library only, or the data stack.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Profile {
+    /// `sandbox-python`: Debian's python3, the standard library only.
+    #[default]
+    Minimal,
+    /// `sandbox-python-data`: python3 with numpy, pandas, scipy and matplotlib (Agg).
+    Data,
+}
+
+impl Profile {
+    /// Every profile.
+    pub const ALL: [Profile; 2] = [Profile::Minimal, Profile::Data];
+
+    /// The one string form, as in arguments, the resource, policy and pool specs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Profile::Minimal => "minimal",
+            Profile::Data => "data",
+        }
+    }
+
+    /// The profile named `s`, if any.
+    pub fn parse(s: &str) -> Option<Profile> {
+        Profile::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
+    /// The image (and unpacked root file system) name `images/build.sh` gives this profile.
+    pub fn image_name(self) -> &'static str {
+        match self {
+            Profile::Minimal => "sandbox-python",
+            Profile::Data => "sandbox-python-data",
+        }
+    }
+}
+
+impl fmt::Display for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Checks that `name` is a plain file name: 1 to [`MAX_NAME_BYTES`] bytes of ASCII letters,
+/// digits, `.`, `_` and `-`, starting with a letter or digit. Returns what is wrong otherwise.
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("the name is empty".to_owned());
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(format!(
+            "the name is {} bytes long; at most {MAX_NAME_BYTES} are allowed",
+            name.len()
+        ));
+    }
+    if !name.as_bytes()[0].is_ascii_alphanumeric() {
+        return Err("a name must start with a letter or a digit".to_owned());
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "the character {c:?} is not allowed: use letters, digits, '.', '_' and '-' only \
+             (one file name, no directories)"
+        ));
+    }
+    Ok(())
+}
+
+/// One input file: its name in [`INPUT_DIR`] and its bytes.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InputFile {
+    /// The file's name (see [`check_name`]).
+    pub name: String,
+    /// The file's content, base64 in JSON.
+    #[serde(with = "base64_bytes")]
+    #[schemars(with = "String")]
+    pub content: Vec<u8>,
+}
+
+impl fmt::Debug for InputFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InputFile")
+            .field("name", &self.name)
+            .field("bytes", &self.content.len())
+            .finish()
+    }
+}
+
+/// Checks a set of input files against the global bounds (a policy rule may set lower ones):
+/// valid, distinct names, at most [`MAX_INPUT_FILES`] files and [`MAX_INPUT_BYTES`] in all.
+pub fn check_inputs(files: &[InputFile]) -> Result<(), String> {
+    check_inputs_within(files, MAX_INPUT_FILES, MAX_INPUT_BYTES)
+}
+
+/// [`check_inputs`] with the given bounds.
+pub fn check_inputs_within(
+    files: &[InputFile],
+    max_files: u32,
+    max_bytes: u64,
+) -> Result<(), String> {
+    if files.len() > max_files as usize {
+        return Err(format!(
+            "{} input files were passed; at most {max_files} are allowed",
+            files.len()
+        ));
+    }
+    let total = input_bytes(files);
+    if total > max_bytes {
+        return Err(format!(
+            "the input files hold {total} bytes together; at most {max_bytes} are allowed"
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for f in files {
+        check_name(&f.name).map_err(|e| format!("input file name {:?}: {e}", f.name))?;
+        if !seen.insert(f.name.as_str()) {
+            return Err(format!("the input file name {:?} is given twice", f.name));
+        }
+    }
+    Ok(())
+}
+
+/// The bytes of all input files together.
+pub fn input_bytes(files: &[InputFile]) -> u64 {
+    files.iter().map(|f| f.content.len() as u64).sum()
+}
+
+/// The bounds on what a run returns as files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FileCaps {
+    /// Most files returned.
+    pub max_files: u32,
+    /// Most bytes returned, all files together.
+    pub max_bytes: u64,
+}
+
+impl Default for FileCaps {
+    fn default() -> Self {
+        Self {
+            max_files: MAX_OUTPUT_FILES,
+            max_bytes: MAX_OUTPUT_BYTES,
+        }
+    }
+}
+
+impl FileCaps {
+    /// The same caps forced within the global maxima.
+    pub fn clamped(self) -> Self {
+        Self {
+            max_files: self.max_files.min(MAX_OUTPUT_FILES),
+            max_bytes: self.max_bytes.min(MAX_OUTPUT_BYTES),
+        }
+    }
+}
+
+/// A file the runner returned, as its envelope carries it (content in base64).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunnerFile {
+    /// Its name in [`OUTPUT_DIR`].
+    pub name: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its content, base64.
+    pub data: String,
+}
+
+/// Why a file the code wrote was not returned.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum OmitReason {
+    /// More files than the cap allows: the first ones by name were returned.
+    FileCount,
+    /// Returning it would have passed the byte cap.
+    ByteCount,
+    /// Not a regular file (a symlink, a directory, a FIFO, a device, a socket): never followed.
+    NotARegularFile,
+    /// Its name is not a plain file name (see [`check_name`]).
+    BadName,
+    /// It could not be read.
+    Unreadable,
+}
+
+impl OmitReason {
+    /// The one string form, as the envelope and the structured output carry it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OmitReason::FileCount => "fileCount",
+            OmitReason::ByteCount => "byteCount",
+            OmitReason::NotARegularFile => "notARegularFile",
+            OmitReason::BadName => "badName",
+            OmitReason::Unreadable => "unreadable",
+        }
+    }
+}
+
+/// A file the code wrote that did not come back, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::portable)]
+pub struct OmittedFile {
+    /// Its name as the directory listed it (control characters escaped, at most
+    /// [`MAX_NAME_BYTES`] bytes kept).
+    pub name: String,
+    /// Its size, when known.
+    // Optional rather than nullable, for schema dialects with one `type` per property.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u64")]
+    pub size: Option<u64>,
+    /// Why it was left out.
+    pub reason: OmitReason,
+}
+
+/// A file the code wrote, returned with the result.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::schema::portable)]
+pub struct OutputFile {
+    /// Its name in [`OUTPUT_DIR`].
+    pub name: String,
+    /// Its MIME type, from its name and checked against its content ([`mime_type`]).
+    pub mime_type: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Its content: returned as MCP content (an image, an embedded resource), not in the
+    /// structured output, which lists the files.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub data: Vec<u8>,
+}
+
+impl fmt::Debug for OutputFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutputFile")
+            .field("name", &self.name)
+            .field("mime_type", &self.mime_type)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl OutputFile {
+    /// A returned file named `name` with `data`, its MIME type derived.
+    pub fn new(name: String, data: Vec<u8>) -> Self {
+        Self {
+            mime_type: mime_type(&name, &data).to_owned(),
+            size: data.len() as u64,
+            name,
+            data,
+        }
+    }
+
+    /// The content as base64.
+    pub fn base64(&self) -> String {
+        BASE64.encode(&self.data)
+    }
+
+    /// What kind of MCP content this file becomes.
+    pub fn kind(&self) -> FileKind {
+        kind_of(&self.mime_type)
+    }
+}
+
+/// How a returned file is shown to a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    /// An image a client can render (PNG, JPEG, GIF, SVG).
+    Image,
+    /// Text (UTF-8), returned as an embedded text resource.
+    Text,
+    /// Anything else, returned as an embedded base64 resource.
+    Binary,
+}
+
+/// The MIME type of a returned file. The name's extension proposes, the content disposes: an
+/// image type needs the format's signature, a text type valid UTF-8 (SVG both), else it is
+/// `application/octet-stream`. A client is never told a file is something it is not.
+pub fn mime_type(name: &str, data: &[u8]) -> &'static str {
+    let ext = name
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    let text = std::str::from_utf8(data).is_ok();
+    match ext.as_str() {
+        "png" if data.starts_with(b"\x89PNG\r\n\x1a\n") => "image/png",
+        "jpg" | "jpeg" if data.starts_with(b"\xff\xd8\xff") => "image/jpeg",
+        "gif" if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") => "image/gif",
+        "svg" if text && looks_like_svg(data) => "image/svg+xml",
+        "csv" if text => "text/csv",
+        "tsv" if text => "text/tab-separated-values",
+        "txt" | "log" | "" if text => "text/plain",
+        "md" if text => "text/markdown",
+        "json" if text => "application/json",
+        "html" | "htm" if text => "text/html",
+        "xml" if text => "application/xml",
+        "py" if text => "text/x-python",
+        _ => "application/octet-stream",
+    }
+}
+
+fn looks_like_svg(data: &[u8]) -> bool {
+    let head = &data[..data.len().min(1024)];
+    String::from_utf8_lossy(head).contains("<svg")
+}
+
+fn kind_of(mime: &str) -> FileKind {
+    if mime.starts_with("image/") {
+        FileKind::Image
+    } else if mime.starts_with("text/") || mime == "application/json" || mime == "application/xml" {
+        FileKind::Text
+    } else {
+        FileKind::Binary
+    }
+}
+
+/// The files of a runner's envelope, checked again against `caps` on this side of the sandbox:
+/// names, count, bytes and the base64 itself. What does not pass is reported in the omitted list
+/// with the runner's own omissions; a file is never cut, it comes whole or not at all.
+pub fn collect(
+    files: &[RunnerFile],
+    runner_omitted: &[OmittedFile],
+    caps: FileCaps,
+) -> (Vec<OutputFile>, Vec<OmittedFile>) {
+    let caps = caps.clamped();
+    let mut kept: Vec<OutputFile> = Vec::new();
+    let mut omitted: Vec<OmittedFile> = Vec::new();
+    let mut bytes = 0u64;
+    let omit = |name: &str, size: Option<u64>, reason| OmittedFile {
+        name: printable_name(name),
+        size,
+        reason,
+    };
+    for f in files {
+        if check_name(&f.name).is_err() || kept.iter().any(|k| k.name == f.name) {
+            omitted.push(omit(&f.name, Some(f.size), OmitReason::BadName));
+            continue;
+        }
+        let Ok(data) = BASE64.decode(f.data.as_bytes()) else {
+            omitted.push(omit(&f.name, Some(f.size), OmitReason::Unreadable));
+            continue;
+        };
+        let size = data.len() as u64;
+        if kept.len() >= caps.max_files as usize {
+            omitted.push(omit(&f.name, Some(size), OmitReason::FileCount));
+            continue;
+        }
+        if bytes + size > caps.max_bytes {
+            omitted.push(omit(&f.name, Some(size), OmitReason::ByteCount));
+            continue;
+        }
+        bytes += size;
+        kept.push(OutputFile::new(f.name.clone(), data));
+    }
+    // The runner's own list is bounded too: a runner cannot grow the status through it.
+    for o in runner_omitted.iter().take(MAX_OMITTED) {
+        omitted.push(omit(&o.name, o.size, o.reason));
+    }
+    omitted.truncate(MAX_OMITTED);
+    (kept, omitted)
+}
+
+/// Most omitted files reported (the rest are counted in the last entry's absence: a run that
+/// writes thousands of files is told about the first ones).
+pub const MAX_OMITTED: usize = 50;
+
+/// A name as it may be shown: control characters escaped, at most [`MAX_NAME_BYTES`] kept.
+pub fn printable_name(name: &str) -> String {
+    let escaped: String = name.chars().flat_map(char::escape_debug).collect();
+    let mut end = escaped.len().min(MAX_NAME_BYTES);
+    while !escaped.is_char_boundary(end) {
+        end -= 1;
+    }
+    escaped[..end].to_owned()
+}
+
+/// What a model reads about the files that were left out; `None` when none were.
+pub fn omitted_note(omitted: &[OmittedFile]) -> Option<String> {
+    if omitted.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = omitted
+        .iter()
+        .take(10)
+        .map(|o| format!("{} ({})", o.name, o.reason.as_str()))
+        .collect();
+    let more = omitted.len().saturating_sub(10);
+    Some(format!(
+        "{} file(s) in {OUTPUT_DIR} were not returned: {}{}; only regular files with plain \
+         names (letters, digits, '.', '_', '-') come back, within the server's caps on count \
+         (fileCount) and bytes (byteCount)",
+        omitted.len(),
+        list.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        },
+    ))
+}
+
+/// Serde for bytes as standard base64 text.
+pub mod base64_bytes {
+    use super::BASE64;
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// Writes bytes as base64.
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&BASE64.encode(bytes))
+    }
+
+    /// Reads base64 into bytes.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(d)?;
+        BASE64
+            .decode(text.as_bytes())
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+#[path = "files_tests.rs"]
+mod tests;
