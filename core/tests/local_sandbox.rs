@@ -543,7 +543,8 @@ for top, dirs, files in os.walk('/'):
             let (dir, size) = line.rsplit_once(' ').unwrap();
             let size: u64 = size.parse().unwrap();
             let bound = match dir {
-                "/tmp" => tmp_size,
+                // The runner makes /tmp/outputs in the same /tmp, for the files the code returns.
+                "/tmp" | "/tmp/outputs" => tmp_size,
                 "/dev/shm" => SHM_BOUND,
                 other => panic!("{engine}: {other} is writable ({size} bytes): {r:?}"),
             };
