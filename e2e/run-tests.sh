@@ -147,6 +147,12 @@ MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" "$REPO_ROOT/e2e/mcp/bench_warm.py" \
   --sequential 10 --block 5 --staggered 0 --burst 6 --rounds 1 --replicas 2
 
+step "import pandas warm against cold (the data profile's pool), short form"
+MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
+  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
+  "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/bench_warm.py" --pool data --profile data \
+  --code $'import pandas\nprint(1)' --sequential 3 --block 3 --staggered 0 --burst 0 --replicas 1
+
 step "load, short form: 20 agents x 5 calls, every call answered once (the full 100 x 20: e2e/BENCHMARKS.md)"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/load.py" --agents 20 --calls 5

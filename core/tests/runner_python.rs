@@ -69,7 +69,12 @@ fn scratch_dir() -> std::path::PathBuf {
 }
 
 fn run_with(code: &str, limits: Limits) -> (RunnerResult, Output) {
-    let out = runner(&limits, &program_frame(&Program::code(code), &limits));
+    run_framed(&Program::code(code), &limits)
+}
+
+/// Runs `program` under `limits` and reads its envelope (which must be there).
+fn run_framed(program: &Program<'_>, limits: &Limits) -> (RunnerResult, Output) {
+    let out = runner(limits, &program_frame(program, limits));
     let log = String::from_utf8(out.stdout.clone()).expect("runner output is UTF-8");
     let result = parse_envelope(&log).unwrap_or_else(|e| {
         panic!(
@@ -373,16 +378,7 @@ fn the_frame_tightens_the_sandboxs_limits_and_never_loosens_them() {
 // own tests (local_sandbox.rs, the MCP client suite) repeat the important ones end to end.
 
 fn run_program(program: &Program<'_>) -> (RunnerResult, Output) {
-    let limits = Limits::default();
-    let out = runner(&limits, &program_frame(program, &limits));
-    let log = String::from_utf8(out.stdout.clone()).expect("runner output is UTF-8");
-    let result = parse_envelope(&log).unwrap_or_else(|e| {
-        panic!(
-            "{e}; stdout={log:?} stderr={:?}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (result, out)
+    run_framed(program, &Limits::default())
 }
 
 fn with_outputs(code: &str, caps: FileCaps) -> RunnerResult {

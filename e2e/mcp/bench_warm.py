@@ -4,6 +4,7 @@ and the operator installed by the chart, in one run so the two paths share the m
 Usage (MCP_URL, MCP_API_KEY and KUBECTL as for the e2e/mcp suite):
     bench_warm.py [--sequential N] [--block B] [--think S] [--staggered N] [--rate R]
                   [--burst K] [--rounds R] [--pool NAME] [--replicas N]
+                  [--profile minimal|data] [--code CODE]
 
 - sequential: N calls per path, one at a time, in alternating blocks of B: warm blocks with the
   pool at --replicas, cold blocks with the pool scaled to 0 (S seconds between calls, so the pool
@@ -11,6 +12,10 @@ Usage (MCP_URL, MCP_API_KEY and KUBECTL as for the e2e/mcp suite):
 - staggered: N calls arriving at random (Poisson, R per second) on one session, the pool at
   --replicas, each call counted under the path it took;
 - burst: R rounds of K concurrent calls, each round with the pool at K and full.
+
+--profile and --code measure another program in another profile's pool, for example
+`import pandas` warm and cold: `--pool data --profile data --code 'import pandas; print(1)'`
+(the code must print 1).
 
 Each call's path is read from its SandboxRun (`status.path`), so a warm call that found the pool
 empty counts as cold. Prints p50/p95/p99 per path and phase, as a Markdown table. Restores the
@@ -63,9 +68,12 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] if ordered else float("nan")
 
 
+ARGS = {"code": "print(1)"}
+
+
 async def call(session: ClientSession) -> tuple[float, str]:
     t0 = time.perf_counter()
-    r = await session.call_tool("run_python", {"code": "print(1)"})
+    r = await session.call_tool("run_python", ARGS)
     ms = (time.perf_counter() - t0) * 1000
     out = r.structured_content or {}
     assert out.get("stdout") == "1\n" and out.get("phase") == "Succeeded", r
@@ -137,4 +145,8 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--pool", default="default")
     p.add_argument("--replicas", type=int, default=4)
-    asyncio.run(main(p.parse_args()))
+    p.add_argument("--profile", choices=["minimal", "data"], default="minimal")
+    p.add_argument("--code", default="print(1)")
+    args = p.parse_args()
+    ARGS.update({"code": args.code, "profile": args.profile})
+    asyncio.run(main(args))

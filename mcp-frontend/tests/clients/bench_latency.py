@@ -5,6 +5,8 @@ Usage: bench_latency.py [N] [extra sandboxrun-mcp stdio args...], e.g.
 Prints p50/p99 of the whole call as the client sees it, of `durationMs` (the code's own run
 time reported by the sandbox), and of a `tools/list` round trip (client, transport and server
 without any sandbox), so the frontend's and the sandbox start-up's shares are visible.
+BENCH_PROFILE=data and BENCH_CODE='import pandas; print(1)' measure another program in another
+profile (the code must print 1), e.g. the data profile's `import pandas`.
 Not collected by pytest (the file name does not start with test_).
 """
 
@@ -22,6 +24,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 BIN = os.environ.get("SANDBOXRUN_MCP_BIN", "target/debug/sandboxrun-mcp")
 # Seconds between calls (BENCH_THINK_MS, default 0: back to back).
 THINK_S = float(os.environ.get("BENCH_THINK_MS", "0")) / 1000
+CALL = {"code": os.environ.get("BENCH_CODE", "print(1)"),
+        "profile": os.environ.get("BENCH_PROFILE", "minimal")}
 
 
 def pct(values: list[float], p: float) -> float:
@@ -35,7 +39,7 @@ async def main(n: int, args: list[str]) -> None:
     params = StdioServerParameters(command=BIN, args=["stdio", *args], env=env)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
-        await session.call_tool("run_python", {"code": "print(1)"})  # warm-up
+        await session.call_tool("run_python", CALL)  # warm-up
         protocol = []
         for _ in range(n):
             t0 = time.perf_counter()
@@ -44,13 +48,13 @@ async def main(n: int, args: list[str]) -> None:
         wall, inner = [], []
         for _ in range(n):
             t0 = time.perf_counter()
-            r = await session.call_tool("run_python", {"code": "print(1)"})
+            r = await session.call_tool("run_python", CALL)
             wall.append((time.perf_counter() - t0) * 1000)
             assert r.structured_content["stdout"] == "1\n", r
             inner.append(float(r.structured_content["durationMs"]))
             # An agent's calls come with its thinking in between; armed sandboxes refill then.
             await anyio.sleep(THINK_S)
-    print(f"{' '.join(args)}: n={n} call p50={pct(wall, 50):.0f}ms p99={pct(wall, 99):.0f}ms "
+    print(f"{CALL['profile']} {' '.join(args)}: n={n} call p50={pct(wall, 50):.0f}ms p99={pct(wall, 99):.0f}ms "
           f"mean={statistics.mean(wall):.0f}ms | durationMs p50={pct(inner, 50):.0f}ms "
           f"p99={pct(inner, 99):.0f}ms | tools/list (MCP round trip alone) p50={pct(protocol, 50):.1f}ms")
 
