@@ -68,11 +68,11 @@ def test_the_data_profile_turns_an_input_csv_into_a_chart_image():
     images = [c for c in result.content if c.type == "image"]
     assert len(images) == 1, result.content
     png = base64.b64decode(images[0].data)
-    assert images[0].mimeType == "image/png"
+    assert images[0].mime_type == "image/png"
     assert png_size(png) == (640, 480)
     assert listed["chart.png"]["size"] == len(png)
     resources = [c for c in result.content if c.type == "resource"]
-    assert [r.resource.uri for r in resources] == ["file:///tmp/outputs/summary.csv"], resources
+    assert [str(r.resource.uri) for r in resources] == ["file:///tmp/outputs/summary.csv"], resources
     assert "amount" in resources[0].resource.text
 
     run = kubectl_json("-n", NAMESPACE, "get", "sandboxrun", sc["runName"])
