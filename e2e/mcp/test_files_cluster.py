@@ -5,6 +5,9 @@ with the program (the Pod's attach stream) and in the result envelope (its log),
 status holds them within a bound; hostile outputs (links, special files) never come back; input
 names that could escape their directory are refused by the frontend and by the CRD.
 
+Named to run after test_cluster_frontend.py (pytest takes files in name order): the data runs here
+make both pools start new sandboxes, and that test's streamed-output timing wants a quiet node.
+
 Environment (set by e2e/run-tests.sh): MCP_URL, MCP_API_KEY, KUBECTL."""
 
 from __future__ import annotations
