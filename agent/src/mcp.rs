@@ -150,13 +150,15 @@ impl Session {
                 let transport = StreamableHttpClientTransport::from_config(config);
                 info.serve(transport).await.map_err(|e| {
                     let mut text = tidy_transport_error(causes(&e));
-                    if e.auth_challenge().is_some() || text.contains("401") {
+                    // Connection first: nothing was answered, so no status can be in the text
+                    // (its URL's port may still hold the digits 401).
+                    if is_connect_error(&e) || text.contains("error sending request") {
+                        // rmcp keeps only the text of reqwest's error, not its source chain.
+                        text.push_str("; check --url and that the server is up");
+                    } else if e.auth_challenge().is_some() || names_status_401(&text) {
                         text.push_str(&format!(
                             "; the server wants an API key it accepts in ${API_KEY_ENV}"
                         ));
-                    } else if is_connect_error(&e) || text.contains("error sending request") {
-                        // rmcp keeps only the text of reqwest's error, not its source chain.
-                        text.push_str("; check --url and that the server is up");
                     }
                     text
                 })
@@ -291,6 +293,13 @@ fn spawn_error(program: &Path, e: &std::io::Error) -> AgentError {
         "cannot start the MCP server `{} stdio`: {e}{hint}",
         program.display()
     ))
+}
+
+/// Whether an error's text names HTTP status 401 as a number of its own (not as digits of a
+/// port or an id): rmcp keeps an unchallenged 401 only as text.
+fn names_status_401(text: &str) -> bool {
+    text.split(|c: char| !c.is_ascii_digit())
+        .any(|number| number == "401")
 }
 
 /// The text of a tool result: its text blocks (the sandboxrun tools put a sentence for the model
@@ -450,6 +459,16 @@ fn describe_block(block: &ContentBlock) -> String {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn status_401_is_a_number_of_its_own_not_digits_of_a_port() {
+        assert!(names_status_401("Unexpected status 401 Unauthorized"));
+        assert!(names_status_401("(401)"));
+        assert!(!names_status_401(
+            "error sending request for url (http://127.0.0.1:40141/mcp)"
+        ));
+        assert!(!names_status_401("http://127.0.0.1:14010/mcp: status 500"));
+    }
 
     #[test]
     fn success_text_is_the_content() {
