@@ -431,8 +431,11 @@ async fn two_hundred_kib_of_code_runs_and_the_pod_spec_holds_none_of_it() -> Res
     let client = client().await?;
     let marker = unique_name("code-marker");
     let filler = format!("# {marker} {}\n", "x".repeat(1000)).repeat(210);
+    // Longer than the operator's inline read of a warm sandbox (3 s): a run that ends within it
+    // goes from Pending to its end without ever being Running, and this test looks at the Pod
+    // while the run is Running.
     let code = format!(
-        "{filler}import time\ntime.sleep(3)\nprint(len(open('/proc/self/cmdline','rb').read()) < 65536)"
+        "{filler}import time\ntime.sleep(8)\nprint(len(open('/proc/self/cmdline','rb').read()) < 65536)"
     );
     ensure!(code.len() > 200 * 1024);
     let name = create(&client, &python_run("e2e-bigcode", &code, json!({}))).await?;
