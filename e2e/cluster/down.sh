@@ -61,11 +61,24 @@ for dir in "$STATE_DIR" "$RUN_DIR"; do
   awk -v d="$dir" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/self/mounts | sort -r |
     while read -r m; do umount -l "$m" 2>/dev/null; done
 done
-for ns in /run/netns/cni-*; do
-  [[ -e $ns ]] || continue
-  # Only namespaces no process uses any more (ours are gone by now).
-  ip netns pids "$(basename "$ns")" 2>/dev/null | grep -q . || { umount "$ns" 2>/dev/null; rm -f "$ns"; }
-done
+remove_pod_netns() {
+  local ns
+  for ns in /run/netns/cni-*; do
+    [[ -e $ns ]] || continue
+    # Only namespaces no process uses any more (ours are gone by now).
+    ip netns pids "$(basename "$ns")" 2>/dev/null | grep -q . ||
+      { umount "$ns" 2>/dev/null; rm -f "$ns" 2>/dev/null; }
+  done
+}
+remove_pod_netns
+# A namespace still there is hidden under a bind mount of /run/netns made after it (see up.sh):
+# detach that mount, remove what it hid, and leave the directory a shared mount point again.
+if compgen -G '/run/netns/cni-*' >/dev/null && mountpoint -q /run/netns; then
+  umount -l /run/netns
+  remove_pod_netns
+  mount --bind /run/netns /run/netns && mount --make-shared /run/netns
+fi
+for ns in /run/netns/cni-*; do [[ -e $ns ]] && log "left behind (still in use): $ns"; done
 
 # Kubelet cgroups for pods.
 for c in /sys/fs/cgroup/*/kubepods; do

@@ -124,6 +124,15 @@ sed -e "s|@STATE@|$STATE_DIR|g" -e "s|@RUN@|$RUN_DIR|g" -e "s|@CNI_BIN@|$CNI_BIN
 sed -e "s|@STATE@|$STATE_DIR|g" "$REPO_ROOT/config/runtime/runsc.toml" > "$STATE_DIR/runsc.toml"
 sed -e "s|@BRIDGE@|$BRIDGE|g" -e "s|@SUBNET@|$POD_SUBNET|g" -e "s|@GATEWAY@|$NODE_IP|g" \
   "$CLUSTER_DIR/templates/cni.conflist" > "$STATE_DIR/cni/net.d/10-sandboxrun.conflist"
+# /run/netns, where containerd bind-mounts every Pod's network namespace, must be a shared mount
+# point of its own before the first Pod starts. Otherwise the first `ip netns add` (the
+# NetworkPolicy tests run it) makes it one, as iproute2 does, by bind-mounting the directory onto
+# itself: that hides every Pod namespace mounted before it, and the kubelet can no longer remove
+# them (umount: EINVAL, unlink: EBUSY), so those Pods stay Terminating for ever. A cluster then
+# cannot uninstall its chart. iproute2 finds the mount point already there and leaves it alone.
+mkdir -p /run/netns
+mountpoint -q /run/netns || mount --bind /run/netns /run/netns
+mount --make-shared /run/netns
 start containerd "$CONTAINERD_BIN/containerd" --config "$STATE_DIR/containerd.toml"
 wait_for containerd 30 ctr --address "$CONTAINERD_SOCK" version
 

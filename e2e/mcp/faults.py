@@ -124,8 +124,15 @@ def operator_processes() -> dict[int, str]:
 
 
 def leader() -> str:
+    """The Lease's holder: `<Pod name>_<per-process id>` (operator/src/leader.rs), so a
+    container restarted in the same Pod is a different holder."""
     return stress.kubectl("-n", stress.SYSTEM_NS, "get", "lease", OPERATOR, "-o",
                           "jsonpath={.spec.holderIdentity}").strip()
+
+
+def pod_of(holder: str) -> str:
+    """The Pod part of a Lease holder identity (Pod names have no '_')."""
+    return holder.partition("_")[0]
 
 
 def kill_operator(which: str | None = None) -> str:
@@ -244,7 +251,7 @@ def operator_env(*assignments: str) -> None:
                    "--timeout=180s")
     # The new Pod acts only once it holds the Lease (the old one may keep it until it expires):
     # a fault phase started before would mostly meet an operator that waits.
-    wait(lambda: len(procs := operator_processes()) == 1 and leader() in procs.values(), 120,
+    wait(lambda: len(procs := operator_processes()) == 1 and pod_of(leader()) in procs.values(), 120,
          "the new operator to lead")
 
 
@@ -289,7 +296,7 @@ def run_faults(step, rounds: int) -> None:
                  "two operators")
             was = leader()
             step(f"round {r + 1}: two operator replicas; SIGKILL the leader {was} "
-                 f"({kill_operator(was)})")
+                 f"({kill_operator(pod_of(was))})")
             t = wait(lambda: leader() not in ("", was), 120, "a new leader")
             step(f"  {leader()} leads after {t:.0f} s")
             pause(10)

@@ -20,8 +20,18 @@ pub struct LeaseConfig {
     pub name: String,
     /// Lease namespace.
     pub namespace: String,
-    /// This replica's identity (holderIdentity).
+    /// This replica's identity (the Pod name); the Lease holds it with a per-process suffix.
     pub identity: String,
+}
+
+/// The Lease holder identity of this process: the replica's identity and a fresh UUID, as
+/// client-go does (`<hostname>_<uuid>`). The suffix matters: kube-lease-manager treats a Lease
+/// whose holder equals its own identity as already held, so with the bare Pod name a container
+/// restarted after a crash would take back its dead predecessor's Lease at once, without waiting
+/// for it to expire, and win against every standby replica. The Pod part stays readable in
+/// `kubectl get lease`.
+pub fn holder_identity(identity: &str) -> String {
+    format!("{identity}_{}", uuid::Uuid::new_v4().simple())
 }
 
 /// Runs `work` whenever this replica leads, until `shutdown` turns true. `work` receives a
@@ -36,16 +46,17 @@ where
     W: FnMut(std::pin::Pin<Box<dyn Future<Output = ()> + Send + Sync>>) -> F,
     F: Future<Output = ()>,
 {
+    let holder = holder_identity(&lease.identity);
     let manager = LeaseManagerBuilder::new(client, &lease.name)
         .with_namespace(&lease.namespace)
-        .with_identity(&lease.identity)
+        .with_identity(&holder)
         .with_duration(LEASE_DURATION_SECONDS)
         .with_grace(LEASE_GRACE_SECONDS)
         .with_field_manager("sandboxrun-operator-lease")
         .build()
         .await?;
     let (leading, task) = manager.watch().await;
-    info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "waiting for leadership");
+    info!(lease = %lease.name, namespace = %lease.namespace, %holder, "waiting for leadership");
 
     loop {
         // Wait to lead (or to stop).
@@ -54,7 +65,7 @@ where
             r = rx.wait_for(|l| *l) => if r.is_err() { warn!("lease manager stopped"); break; },
             _ = shutdown.wait_for(|s| *s) => break,
         }
-        info!(identity = %lease.identity, "became leader, starting controller");
+        info!(%holder, "became leader, starting controller");
 
         // Lead until the lease is lost or shutdown starts.
         let mut lost = leading.clone();
@@ -80,4 +91,26 @@ where
         Err(e) => warn!(error = %e, "lease task failed"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holder_identity;
+
+    #[test]
+    fn every_process_holds_the_lease_under_its_own_identity() {
+        let a = holder_identity("sandboxrun-operator-7d9f-abcde");
+        let b = holder_identity("sandboxrun-operator-7d9f-abcde");
+        assert_ne!(
+            a, b,
+            "a restarted container must not inherit its predecessor's Lease"
+        );
+        assert!(a.starts_with("sandboxrun-operator-7d9f-abcde_"), "{a}");
+        // A Lease holderIdentity is free text, but keep it a plain token.
+        assert!(
+            a.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'),
+            "{a}"
+        );
+    }
 }
