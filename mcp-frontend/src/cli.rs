@@ -80,6 +80,13 @@ pub struct BackendArgs {
     /// as 90s, 5m.
     #[arg(long, env = "SANDBOXRUN_APPROVAL_WAIT", default_value = "0", value_parser = parse_wait)]
     pub approval_wait: Duration,
+    /// How long a call made as an MCP task (a client that declares the tasks extension, and a
+    /// call still running after a moment) may take, and how long its result is kept for the
+    /// client to fetch after that: a task still running then is stopped and reported failed.
+    /// A task that waits for an approval follows it this long at most. Seconds or a duration
+    /// such as 90s, 30m, 1h.
+    #[arg(long, env = "SANDBOXRUN_TASK_TTL", default_value = "1h", value_parser = parse_task_ttl)]
+    pub task_ttl: Duration,
     /// Most calls one agent may have in flight at once, on every transport (runs, queries and
     /// approval waits); a call beyond it is refused with a message saying so.
     #[arg(long, env = "SANDBOXRUN_MAX_CALLS_PER_AGENT", default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
@@ -226,22 +233,36 @@ pub struct OAuthArgs {
 /// A duration of zero or more: bare seconds (`30`) or a friendly/ISO 8601 duration (`90s`, `5m`,
 /// `PT1M`), at most an hour (an MCP request held open longer than that is a mistake).
 fn parse_wait(s: &str) -> Result<Duration, String> {
-    const MAX: Duration = Duration::from_secs(3600);
+    let d = parse_duration(s)?;
+    if d > Duration::from_secs(3600) {
+        return Err(format!("{s:?}: the approval wait is at most 1h"));
+    }
+    Ok(d)
+}
+
+fn parse_task_ttl(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if !(Duration::from_secs(10)..=Duration::from_secs(24 * 3600)).contains(&d) {
+        return Err(format!(
+            "{s:?}: a task's time to live is between 10s and 24h"
+        ));
+    }
+    Ok(d)
+}
+
+/// Seconds, or a duration such as 90s, 5m, 1h.
+fn parse_duration(s: &str) -> Result<Duration, String> {
     let text = s.trim();
-    let d = match text.parse::<u64>() {
-        Ok(secs) => Duration::from_secs(secs),
+    match text.parse::<u64>() {
+        Ok(secs) => Ok(Duration::from_secs(secs)),
         Err(_) => {
             let signed = text
                 .parse::<jiff::SignedDuration>()
                 .map_err(|e| format!("{s:?} is not a duration (write 0, 30, 90s or 5m): {e}"))?;
             Duration::try_from(signed)
-                .map_err(|_| format!("{s:?}: the duration must not be negative"))?
+                .map_err(|_| format!("{s:?}: the duration must not be negative"))
         }
-    };
-    if d > MAX {
-        return Err(format!("{s:?}: the approval wait is at most 1h"));
     }
-    Ok(d)
 }
 
 #[cfg(test)]
@@ -295,6 +316,28 @@ mod tests {
                 Cli::try_parse_from(["sandboxrun-mcp", "serve", "--approval-wait", bad]).is_err(),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn task_ttl_forms() {
+        let ttl = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["sandboxrun-mcp", "serve"], args].concat())?;
+            let Command::Serve { backend, .. } = cli.command else {
+                panic!("serve expected")
+            };
+            Ok::<_, clap::Error>(backend.task_ttl)
+        };
+        assert_eq!(ttl(&[]).unwrap(), Duration::from_secs(3600));
+        for (arg, secs) in [("10", 10), ("90s", 90), ("30m", 1800), ("24h", 86400)] {
+            assert_eq!(
+                ttl(&["--task-ttl", arg]).unwrap(),
+                Duration::from_secs(secs),
+                "{arg}"
+            );
+        }
+        for bad in ["0", "9s", "25h", "-1m", "forever"] {
+            assert!(ttl(&["--task-ttl", bad]).is_err(), "{bad}");
         }
     }
 }

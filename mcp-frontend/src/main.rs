@@ -13,6 +13,7 @@ mod metrics;
 mod pipeline;
 mod policy;
 mod server;
+mod tasks;
 mod transport;
 
 use std::io::{IsTerminal, Read};
@@ -128,6 +129,7 @@ async fn shared_state(
         calls,
         in_flight: inflight::InFlight::new(args.max_calls_per_agent),
         environments,
+        tasks: tasks::Tasks::new(args.task_ttl),
     }))
 }
 

@@ -5,21 +5,23 @@
 //! call of [`SandboxRunServer::call`] with its tool type.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use rmcp::RoleServer;
 use rmcp::model::{
-    CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam, ResourceContents,
+    CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam, ProgressToken,
+    ResourceContents,
 };
 use rmcp::service::RequestContext;
+use rmcp::{Peer, RoleServer};
 use sandboxrun_api::ClusterTool;
 use sandboxrun_core::metrics::CallRecord;
 use sandboxrun_core::tools::{Attachment, CallSummary};
 use sandboxrun_core::{Environment, OutputChunk, OutputFn, Phase, Verdict};
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::backend::{BackendError, ProgressFn};
@@ -34,38 +36,90 @@ const THROTTLED: &str = "Throttled";
 const NOT_PERMITTED: &str = "EnvironmentNotPermitted";
 const SCOPE_MISSING: &str = "ScopeNotGranted";
 
+/// Who makes a call, and where what happens while it runs goes.
+pub(crate) struct CallScope {
+    /// The caller.
+    pub agent: String,
+    /// What the caller's access token allows (`None`: an API key or the local user).
+    pub grant: Option<crate::grant::Grant>,
+    /// Where the run's phases and output go while it runs.
+    pub reporter: Reporter,
+    /// Fires when the caller gives the call up: the run is then stopped.
+    pub cancel: CancellationToken,
+    /// Replaces the configured approval wait (a task follows an approval for its lifetime).
+    pub approval_wait: Option<Duration>,
+}
+
+/// Where a call's phases and output go while it runs.
+pub(crate) enum Reporter {
+    /// MCP progress notifications on the request, when it carries a progress token.
+    Request {
+        peer: Peer<RoleServer>,
+        token: Option<ProgressToken>,
+    },
+    /// The status message of the MCP task the call runs as (`tasks/get` shows the latest).
+    Task(watch::Sender<String>),
+}
+
 impl SandboxRunServer {
-    /// Runs one call of tool `T` with the raw `args` through the whole pipeline.
+    /// Runs one call of tool `T` with the raw `args` through the whole pipeline, for the caller
+    /// of the request `ctx`, reporting on that request.
     pub(crate) async fn call<T: ClusterTool>(
         &self,
         args: JsonObject,
         ctx: RequestContext<RoleServer>,
     ) -> CallToolResult {
+        let scope = CallScope {
+            agent: self.caller(&ctx),
+            grant: self.grant(&ctx),
+            reporter: Reporter::Request {
+                peer: ctx.peer.clone(),
+                token: ctx.meta.get_progress_token(),
+            },
+            cancel: ctx.ct.clone(),
+            approval_wait: None,
+        };
+        self.call_in::<T>(args, scope).await.1
+    }
+
+    /// Runs one call of tool `T` in `scope` (a request's, or a task's): how it ended, and its
+    /// MCP result.
+    pub(crate) async fn call_in<T: ClusterTool>(
+        &self,
+        args: JsonObject,
+        scope: CallScope,
+    ) -> (Outcome, CallToolResult) {
         let tool = T::TOOL.mcp_name();
-        let agent = self.caller(&ctx);
-        let span =
-            tracing::info_span!("tool_call", tool, agent = %agent, run = tracing::field::Empty);
-        self.pipeline::<T>(args, ctx, agent).instrument(span).await
+        let span = tracing::info_span!("tool_call", tool, agent = %scope.agent, run = tracing::field::Empty);
+        self.pipeline::<T>(args, scope).instrument(span).await
     }
 
     async fn pipeline<T: ClusterTool>(
         &self,
         args: JsonObject,
-        ctx: RequestContext<RoleServer>,
-        agent: String,
-    ) -> CallToolResult {
+        scope: CallScope,
+    ) -> (Outcome, CallToolResult) {
+        let CallScope {
+            agent,
+            grant,
+            reporter,
+            cancel,
+            approval_wait,
+        } = scope;
         let started = Instant::now();
         let shared = &self.shared;
         let tool = T::TOOL.mcp_name();
         let _in_flight = shared.metrics.call_started(tool);
-        let grant = self.grant(&ctx);
         // An access token's scopes bind which tools its bearer may call at all.
         if let Some(message) = grant.as_ref().and_then(|g| g.tool_refusal(&agent, T::TOOL)) {
             shared
                 .metrics
                 .observe_call(tool, Outcome::Rejected, started.elapsed());
             self.record::<T>(&agent, Environment::Sandbox, None, SCOPE_MISSING);
-            return CallToolResult::error(vec![ContentBlock::text(message)]);
+            return (
+                Outcome::Rejected,
+                CallToolResult::error(vec![ContentBlock::text(message)]),
+            );
         }
         let parse = shared.policy.parse_context();
         let call = match T::parse(&args, &parse) {
@@ -75,7 +129,10 @@ impl SandboxRunServer {
                     .metrics
                     .observe_call(tool, Outcome::InvalidArguments, started.elapsed());
                 self.record::<T>(&agent, Environment::Sandbox, None, INVALID);
-                return CallToolResult::error(vec![ContentBlock::text(message)]);
+                return (
+                    Outcome::InvalidArguments,
+                    CallToolResult::error(vec![ContentBlock::text(message)]),
+                );
             }
         };
         let environment = T::environment(&call);
@@ -89,7 +146,10 @@ impl SandboxRunServer {
                 .metrics
                 .observe_call(tool, Outcome::Rejected, started.elapsed());
             self.record::<T>(&agent, environment, None, NOT_PERMITTED);
-            return CallToolResult::error(vec![ContentBlock::text(message)]);
+            return (
+                Outcome::Rejected,
+                CallToolResult::error(vec![ContentBlock::text(message)]),
+            );
         }
         if let Some(allowed) = shared.environments.get(&agent)
             && !allowed.contains(&environment)
@@ -99,12 +159,15 @@ impl SandboxRunServer {
                 .metrics
                 .observe_call(tool, Outcome::Rejected, started.elapsed());
             self.record::<T>(&agent, environment, None, NOT_PERMITTED);
-            return CallToolResult::error(vec![ContentBlock::text(format!(
-                "agent {agent} may not target the {environment} environment: its API key allows \
+            return (
+                Outcome::Rejected,
+                CallToolResult::error(vec![ContentBlock::text(format!(
+                    "agent {agent} may not target the {environment} environment: its API key allows \
                  only {}; call again with one of those, or ask an operator to extend the key's \
                  environments",
-                allowed.join(", ")
-            ))]);
+                    allowed.join(", ")
+                ))]),
+            );
         }
         // Held until the call ends, however it ends (the slot frees its place when dropped).
         let Some(_slot) = shared.in_flight.acquire(&agent) else {
@@ -117,20 +180,28 @@ impl SandboxRunServer {
                 .metrics
                 .observe_call(tool, Outcome::Throttled, started.elapsed());
             self.record::<T>(&agent, environment, None, THROTTLED);
-            return CallToolResult::error(vec![ContentBlock::text(format!(
-                "agent {agent} already has {max} calls in flight, the most this server allows at \
+            return (
+                Outcome::Throttled,
+                CallToolResult::error(vec![ContentBlock::text(format!(
+                    "agent {agent} already has {max} calls in flight, the most this server allows at \
                  a time: wait for one of them to finish, then retry this call"
-            ))]);
+                ))]),
+            );
         };
         tracing::info!(backend = shared.backend.name(), %environment, "tool call");
-        let (progress, output, forwarder) = progress_forwarder(&ctx);
+        let (progress, output, forwarder) = progress_forwarder(reporter);
         // Notifications go out while the run goes on (and while it waits for an approval); the
         // forwarder ends once the backend has dropped the progress function, so they all
         // precede the result (on Streamable HTTP the response closes the request's stream).
         let (result, ()) = tokio::join!(
-            shared
-                .backend
-                .call::<T>(&agent, call.clone(), progress, output, ctx.ct.clone()),
+            shared.backend.call::<T>(
+                &agent,
+                call.clone(),
+                progress,
+                output,
+                cancel,
+                approval_wait
+            ),
             forwarder
         );
         let (outcome, tool_result) = match result {
@@ -170,7 +241,7 @@ impl SandboxRunServer {
         shared
             .metrics
             .observe_call(tool, outcome, started.elapsed());
-        tool_result
+        (outcome, tool_result)
     }
 
     /// Records a finished call in the call record `fetch_metrics` reads (`phase`: how it ended).
@@ -249,19 +320,22 @@ enum Note {
 
 /// Turns backend phases, and the output a run prints while it runs, into
 /// `notifications/progress` when the request carries a progress token (no token: neither is
-/// collected). Notifications go out in order from one task; the returned future ends once the
-/// backend has dropped both functions and everything queued was sent.
+/// collected), or into the status message of the call's task. Notifications go out in order
+/// from one task; the returned future ends once the backend has dropped both functions and
+/// everything queued was sent.
 fn progress_forwarder(
-    ctx: &RequestContext<RoleServer>,
+    reporter: Reporter,
 ) -> (
     ProgressFn,
     Option<OutputFn>,
     impl Future<Output = ()> + use<>,
 ) {
-    let token = ctx.meta.get_progress_token();
-    let peer = ctx.peer.clone();
+    let collect = match &reporter {
+        Reporter::Request { token, .. } => token.is_some(),
+        Reporter::Task(_) => true,
+    };
     let (tx, mut rx) = mpsc::unbounded_channel::<Note>();
-    let (progress, output): (ProgressFn, Option<OutputFn>) = if token.is_some() {
+    let (progress, output): (ProgressFn, Option<OutputFn>) = if collect {
         let out = tx.clone();
         (
             Arc::new(move |phase, run| {
@@ -275,7 +349,6 @@ fn progress_forwarder(
         (Arc::new(|_, _| {}), None)
     };
     let forward = async move {
-        let Some(token) = token else { return };
         let mut step = 0.0;
         while let Some(note) = rx.recv().await {
             let message = match note {
@@ -283,10 +356,24 @@ fn progress_forwarder(
                 Note::Output(chunk) => Some(output_message(&chunk)),
             };
             let Some(message) = message else { continue };
-            step += 1.0;
-            let param = ProgressNotificationParam::new(token.clone(), step).with_message(message);
-            if let Err(e) = peer.notify_progress(param).await {
-                tracing::debug!(error = %e, "could not send progress notification");
+            match &reporter {
+                Reporter::Request {
+                    peer,
+                    token: Some(token),
+                } => {
+                    step += 1.0;
+                    let param =
+                        ProgressNotificationParam::new(token.clone(), step).with_message(message);
+                    if let Err(e) = peer.notify_progress(param).await {
+                        tracing::debug!(error = %e, "could not send progress notification");
+                    }
+                }
+                Reporter::Request { token: None, .. } => {}
+                // The latest message is the task's status: a phase, or the last line printed.
+                Reporter::Task(status) => {
+                    let line = message.strip_suffix('\n').unwrap_or(&message);
+                    status.send_replace(line.to_owned());
+                }
             }
         }
     };

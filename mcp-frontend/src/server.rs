@@ -12,9 +12,10 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ResultType,
-    ServerCapabilities, ServerConfig,
+    CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
+    GetTaskParams, GetTaskResult, Implementation, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig,
+    UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
@@ -25,8 +26,11 @@ use sandboxrun_core::tools::metrics::{self as metrics_tool, FetchMetrics};
 use sandboxrun_core::tools::python::{self, RunPython};
 use sandboxrun_core::tools::sql::{self, ExecuteSql};
 
+use tokio_util::sync::CancellationToken;
+
 use crate::backend::Backend;
 use crate::metrics::Metrics;
+use crate::pipeline::{CallScope, Reporter};
 use crate::policy::Policy;
 
 /// The start of what the server tells a client (and its model) at initialization; each offered
@@ -61,6 +65,8 @@ pub struct Shared {
     /// The environments each agent with an API key may target (from its key entries); an agent
     /// not listed is the local user of stdio, who may target any.
     pub environments: std::collections::HashMap<String, Vec<sandboxrun_core::Environment>>,
+    /// Calls followed as MCP tasks (every session's, and every stateless request's).
+    pub tasks: crate::tasks::Tasks,
 }
 
 /// The MCP server. Cheap to clone: one per session.
@@ -116,6 +122,28 @@ impl SandboxRunServer {
             }
         }
         text
+    }
+
+    /// Starts the call of the tool named `name` (one this server offers) in `scope`, in the
+    /// background: a call followed as a task outlives its request.
+    fn spawn_call(
+        &self,
+        name: &str,
+        args: JsonObject,
+        scope: CallScope,
+    ) -> tokio::task::JoinHandle<(crate::metrics::Outcome, CallToolResult)> {
+        let server = self.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            if name == RunPython::TOOL.mcp_name() {
+                server.call_in::<RunPython>(args, scope).await
+            } else if name == ExecuteSql::TOOL.mcp_name() {
+                server.call_in::<ExecuteSql>(args, scope).await
+            } else {
+                debug_assert_eq!(name, FetchMetrics::TOOL.mcp_name());
+                server.call_in::<FetchMetrics>(args, scope).await
+            }
+        })
     }
 
     /// The caller: the per-request agent set by HTTP auth, else the session's default.
@@ -224,12 +252,16 @@ impl SandboxRunServer {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxRunServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("sandboxrun", env!("CARGO_PKG_VERSION"))
-                    .with_title("sandboxrun"),
-            )
-            .with_instructions(self.instructions())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("sandboxrun", env!("CARGO_PKG_VERSION")).with_title("sandboxrun"),
+        )
+        .with_instructions(self.instructions())
     }
 
     /// The tools this server offers, less those the caller's access token does not grant (a
@@ -293,8 +325,68 @@ impl ServerHandler for SandboxRunServer {
                 None,
             ));
         }
+        // A client that follows tasks gets one for a call that takes a while (tasks.rs).
+        if context
+            .client_capabilities()
+            .is_some_and(|caps| caps.supports_tasks())
+        {
+            let agent = self.caller(&context);
+            let args = request.arguments.unwrap_or_default();
+            let (status_tx, status) = tokio::sync::watch::channel(String::new());
+            let cancel = CancellationToken::new();
+            let scope = CallScope {
+                agent: agent.clone(),
+                grant: self.grant(&context),
+                reporter: Reporter::Task(status_tx),
+                cancel: cancel.clone(),
+                approval_wait: Some(self.shared.tasks.ttl()),
+            };
+            let call = self.spawn_call(&request.name, args, scope);
+            let running = crate::tasks::Running {
+                call,
+                cancel,
+                status,
+            };
+            return Ok(self
+                .shared
+                .tasks
+                .answer(&agent, running, context.ct.clone())
+                .await);
+        }
         let tcc = ToolCallContext::new(self, request, context);
         self.tool_router.call(tcc).await
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let agent = self.caller(&context);
+        self.shared
+            .tasks
+            .get(&agent, &request.task_id)
+            .map(GetTaskResult::new)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.shared
+            .tasks
+            .cancel(&self.caller(&context), &request.task_id)
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.shared
+            .tasks
+            .update(&self.caller(&context), &request.task_id)
     }
 }
 
@@ -326,6 +418,7 @@ mod tests {
             calls,
             in_flight: crate::inflight::InFlight::new(8),
             environments: Default::default(),
+            tasks: crate::tasks::Tasks::new(std::time::Duration::from_secs(3600)),
         };
         SandboxRunServer::new(Arc::new(shared), None)
     }

@@ -22,6 +22,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use sandboxrun_api::{ClusterTool, SandboxRun, SandboxRunSpec, SandboxRunStatus};
 use sandboxrun_core::{OutputFn, Phase};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::live_log::LogFollower;
@@ -37,6 +38,14 @@ pub const APPROVAL_PROGRESS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Attempts at creating a run that meets conflicts (see `KubeBackend::create`).
 const CREATE_ATTEMPTS: u32 = 5;
+
+/// How one call follows its run: where its phases and output go, and how long it waits for an
+/// approval.
+struct Follow {
+    progress: ProgressFn,
+    output: Option<OutputFn>,
+    approval_wait: Duration,
+}
 
 /// Creates SandboxRuns in one namespace and waits for their results.
 #[derive(Clone)]
@@ -94,7 +103,8 @@ impl KubeBackend {
 
     /// Runs one call as a SandboxRun. The call returns when the run is terminal, or when it
     /// awaits a person's approval and the approval wait is over (at once by default; the result
-    /// then lands in the run's status).
+    /// then lands in the run's status). `approval_wait` replaces the configured wait for this
+    /// call (a call made as an MCP task follows an approval for as long as the task lives).
     pub async fn call<T: ClusterTool>(
         &self,
         agent: &str,
@@ -102,10 +112,16 @@ impl KubeBackend {
         progress: ProgressFn,
         output: Option<OutputFn>,
         cancel: CancellationToken,
+        approval_wait: Option<Duration>,
     ) -> Result<T::Output, BackendError> {
         let run = Self::build(T::spec(agent, &call));
         let timeout = T::timeout_seconds(&call).max(run.spec.limits.timeout_seconds);
-        self.create_and_follow(run, timeout, progress, output, cancel, |name, status| {
+        let follow = Follow {
+            progress,
+            output,
+            approval_wait: approval_wait.unwrap_or(self.approval_wait),
+        };
+        self.create_and_follow(run, timeout, follow, cancel, |name, status| {
             T::output(name, status, &call)
         })
         .await
@@ -117,8 +133,7 @@ impl KubeBackend {
         &self,
         run: SandboxRun,
         timeout_seconds: u32,
-        progress: ProgressFn,
-        output: Option<OutputFn>,
+        follow: Follow,
         cancel: CancellationToken,
         read: impl Fn(&str, &SandboxRunStatus) -> Option<T>,
     ) -> Result<T, BackendError> {
@@ -129,25 +144,49 @@ impl KubeBackend {
         self.create(&run).await?;
         subscription.created();
         tracing::info!(run = %name, agent = %agent, "created SandboxRun");
-        progress(Phase::Pending, &name);
+        (follow.progress)(Phase::Pending, &name);
         // From here on the run exists: whatever ends this future (cancellation, a dropped
         // request, a shutdown) cancels it unless a result was read or it awaits approval.
         let guard = CancelOnDrop::new(self.api.clone(), name.clone());
         let armed = guard.armed.clone();
         let keep = move || armed.store(false, Ordering::Relaxed);
-        // An approval may come at the end of the wait; the run then still needs its own time.
-        let deadline =
-            Duration::from_secs(u64::from(timeout_seconds)) + self.grace + self.approval_wait;
+        // The call gives up on the operator after the run's own time and the grace; a run that
+        // awaits approval gets the approval wait on top, from when it starts waiting (an
+        // approval may come at the end of it, and the run then still needs its own time).
+        let own_time = Duration::from_secs(u64::from(timeout_seconds)) + self.grace;
+        let started = tokio::time::Instant::now();
+        let (deadline, mut deadline_rx) = watch::channel(started + own_time);
+        let expired = async move {
+            loop {
+                let at = *deadline_rx.borrow_and_update();
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {
+                        if *deadline_rx.borrow() <= at {
+                            return;
+                        }
+                    }
+                    changed = deadline_rx.changed() => {
+                        if changed.is_err() {
+                            tokio::time::sleep_until(at).await;
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        let extend = move |wait: Duration| {
+            deadline.send_replace(tokio::time::Instant::now() + wait + own_time);
+        };
 
         let result = tokio::select! {
-            r = self.follow(&name, subscription, &progress, output.as_ref(), &keep, &read) => r,
+            r = self.follow(&name, subscription, &follow, &keep, &extend, &read) => r,
             () = cancel.cancelled() => Err(BackendError::Cancelled),
-            () = tokio::time::sleep(deadline) => match self.final_look(&name, &read).await {
+            () = expired => match self.final_look(&name, &read).await {
                 Some(output) => Ok(output),
                 None => Err(BackendError::Unavailable(format!(
                 "SandboxRun {name} did not finish within {}s and was cancelled: the cluster may \
                  be busy (retry later) or the sandboxrun operator is not running or not watching \
-                 namespace {}", deadline.as_secs(), self.namespace))),
+                 namespace {}", started.elapsed().as_secs(), self.namespace))),
             },
         };
         if result.is_ok() {
@@ -216,11 +255,16 @@ impl KubeBackend {
         &self,
         name: &str,
         mut subscription: Subscription,
-        progress: &ProgressFn,
-        output: Option<&OutputFn>,
+        follow: &Follow,
         keep: &(dyn Fn() + Send + Sync),
+        extend_deadline: &(dyn Fn(Duration) + Send + Sync),
         read: &impl Fn(&str, &SandboxRunStatus) -> Option<T>,
     ) -> Result<T, BackendError> {
+        let (progress, output, approval_wait) = (
+            &follow.progress,
+            follow.output.as_ref(),
+            follow.approval_wait,
+        );
         // Running is reported once: when the status says so, or before the first output.
         let reported_running = Arc::new(AtomicBool::new(false));
         let report_running = {
@@ -235,14 +279,14 @@ impl KubeBackend {
         let mut log: Option<LogFollower> = None;
         // The result to return when the approval wait is over, while the run awaits approval.
         let mut awaiting: Option<T> = None;
-        let wait_over = tokio::time::sleep(self.approval_wait);
+        let wait_over = tokio::time::sleep(approval_wait);
         tokio::pin!(wait_over);
         let mut heartbeat = tokio::time::interval(APPROVAL_PROGRESS_INTERVAL);
         loop {
             let event = tokio::select! {
                 event = subscription.next() => event,
                 () = &mut wait_over, if awaiting.is_some() => {
-                    tracing::info!(run = %name, wait_seconds = self.approval_wait.as_secs(),
+                    tracing::info!(run = %name, wait_seconds = approval_wait.as_secs(),
                         "no approval decision within the approval wait; returning");
                     return awaiting.take().ok_or_else(|| deleted(name));
                 }
@@ -266,15 +310,16 @@ impl KubeBackend {
                     continue;
                 };
                 keep();
-                if self.approval_wait.is_zero() {
+                if approval_wait.is_zero() {
                     return Ok(output);
                 }
                 if awaiting.is_none() {
-                    tracing::info!(run = %name, wait_seconds = self.approval_wait.as_secs(),
+                    tracing::info!(run = %name, wait_seconds = approval_wait.as_secs(),
                         "run awaits approval; waiting for a decision");
+                    extend_deadline(approval_wait);
                     wait_over
                         .as_mut()
-                        .reset(tokio::time::Instant::now() + self.approval_wait);
+                        .reset(tokio::time::Instant::now() + approval_wait);
                     // The first tick is immediate: the progress notification goes out now.
                     heartbeat.reset_immediately();
                 }

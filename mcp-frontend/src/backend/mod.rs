@@ -8,6 +8,7 @@ pub mod local;
 pub mod run_watch;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sandboxrun_api::ClusterTool;
 use sandboxrun_core::{OutputFn, Phase};
@@ -52,7 +53,8 @@ impl Backend {
     /// Runs `call` for `agent` to its result. `progress` hears the run's phases, `output` what
     /// the code prints while it runs (run_python; in the cluster from the sandbox's log); when `cancel`
     /// fires the run is deleted (kube) or killed (local) and [`BackendError::Cancelled`] is
-    /// returned. Dropping the future cleans up the same way.
+    /// returned. Dropping the future cleans up the same way. `approval_wait` replaces the
+    /// configured approval wait for this call (kube; embedded runs never await a person).
     pub async fn call<T: ClusterTool>(
         &self,
         agent: &str,
@@ -60,9 +62,13 @@ impl Backend {
         progress: ProgressFn,
         output: Option<OutputFn>,
         cancel: CancellationToken,
+        approval_wait: Option<Duration>,
     ) -> Result<T::Output, BackendError> {
         match self {
-            Backend::Kube(kube) => kube.call::<T>(agent, call, progress, output, cancel).await,
+            Backend::Kube(kube) => {
+                kube.call::<T>(agent, call, progress, output, cancel, approval_wait)
+                    .await
+            }
             Backend::Local(local) => local.call::<T>(agent, call, progress, output, cancel).await,
         }
     }

@@ -282,6 +282,7 @@ async fn shared_state(dir: &Path) -> Arc<Shared> {
         fetch_metrics: true,
         calls,
         in_flight: InFlight::new(8),
+        tasks: crate::tasks::Tasks::new(std::time::Duration::from_secs(3600)),
         environments: keys().environments(),
     })
 }
