@@ -41,8 +41,8 @@ for app in "${APPS[@]}"; do
 done
 
 helm_args=(--namespace "$RELEASE_NAMESPACE" --create-namespace --wait --timeout 3m
-  --set "operator.image.tag=${TAGS[operator]}")
-[[ -n ${TAGS[mcp]:-} ]] && helm_args+=(--set "frontend.image.tag=${TAGS[mcp]}")
+  --set-string "operator.image.tag=${TAGS[operator]}")
+[[ -n ${TAGS[mcp]:-} ]] && helm_args+=(--set-string "frontend.image.tag=${TAGS[mcp]}")
 # Helm installs a chart's crds/ only on first install and never upgrades them, so a changed
 # SandboxRun schema would be silently pruned on an upgrade: apply it first, as the README says.
 log "kubectl apply --server-side -f charts/sandboxrun/crds/"

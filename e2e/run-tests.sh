@@ -84,6 +84,7 @@ cleanup() {
     step "tearing the cluster down"
     "$REPO_ROOT/e2e/cluster/down.sh" || true
   fi
+  "$REPO_ROOT/e2e/ingress/stop.sh" || true
   stop_postgres
   stop_prometheus
   stop_node_prometheus
@@ -109,6 +110,12 @@ export SANDBOXRUN_E2E_PROMETHEUS_URL="${node_prom_output##*PROMETHEUS_URL=}"
 step "the operator's databases Secret: the test PostgreSQL, read-only role, at the node address"
 "$REPO_ROOT/e2e/postgres/databases-secret.sh" "$SANDBOXRUN_TEST_POSTGRES_URL"
 
+step "a real ingress controller: Traefik on the node, TLS with a test CA (e2e/ingress/start.sh)"
+ingress_output="$("$REPO_ROOT/e2e/ingress/start.sh")"
+export INGRESS_URL INGRESS_CA
+INGRESS_URL="$(sed -n 's/^INGRESS_URL=//p' <<<"$ingress_output")"
+INGRESS_CA="$(sed -n 's/^INGRESS_CA=//p' <<<"$ingress_output")"
+
 step "install sandboxrun with helm (e2e/install.sh), frontend on a NodePort with an API key"
 MCP_API_KEY="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 MCP_AGENT=e2e-agent
@@ -124,6 +131,8 @@ SANDBOXRUN_CARGO_PROFILE=dev "$REPO_ROOT/e2e/install.sh" --set frontend.enabled=
   --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" \
   --set frontend.enableMetrics=true --set "operator.prometheus.url=$SANDBOXRUN_E2E_PROMETHEUS_URL" \
   --set "sandbox.allowedRuntimeClasses={runc}" \
+  --set ingress.enabled=true --set ingress.className=traefik --set ingress.nginx=false \
+  --set "ingress.hosts={localhost}" --set ingress.tls.secretName=sandboxrun-ingress-tls \
   -f "$REPO_ROOT/e2e/values-governance.yaml"
 kubectl -n sandboxrun-system get pods -o wide
 
@@ -135,7 +144,7 @@ cargo build --locked -p sandboxrun-agent -p sandboxrun-kubectl
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
   cargo test -p sandboxrun-e2e --locked --no-fail-fast -- --test-threads=2
 
-step "the frontend in the cluster, through its NodePort, with the official Python MCP SDK"
+step "the frontend in the cluster, through its NodePort and through the Ingress, with the official Python MCP SDK"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
   "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" -m pytest -q -p no:cacheprovider \

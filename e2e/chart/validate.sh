@@ -87,6 +87,13 @@ refuse "needs the prometheus-operator CRDs (monitoring.coreos.com/v1 PrometheusR
 refuse "frontend.enabled needs frontend.apiKeys" --set frontend.enabled=true
 refuse "frontend.oauth.issuer needs frontend.oauth.resource" --set frontend.enabled=true --set frontend.oauth.issuer=https://auth.example.com
 refuse "sandboxNamespace.name" --set sandboxNamespace.name=Not_A_Name
+# A numeric image tag (a digest prefix can be all digits) given with --set is a number to helm,
+# and a reused release value writes it back as 9.09742933179e+11: refused, not mangled.
+refuse "/operator/image/tag" --set operator.image.tag=909742933179
+refuse "/frontend/image/tag" --set frontend.enabled=true --set frontend.apiKeys[0].agent=a \
+  --set frontend.apiKeys[0].sha256=$(printf x | sha256sum | cut -d' ' -f1) --set frontend.image.tag=1234
+"$HELM" template sandboxrun "$CHART" "${kube[@]}" --set-string operator.image.tag=909742933179 |
+  grep -q 'image: "localhost/sandboxrun/operator:909742933179"' || die "--set-string tag not rendered as given"
 # The Grafana dashboard's ConfigMap carries the chart's JSON file unchanged, and it is JSON.
 python3 -m json.tool "$CHART/dashboards/sandboxrun.json" >/dev/null || die "dashboards/sandboxrun.json is not JSON"
 "$HELM" template sandboxrun "$CHART" "${kube[@]}" -f "$CHART/ci/all-features-values.yaml" "${monitoring[@]}" \

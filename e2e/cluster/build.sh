@@ -153,6 +153,54 @@ build_tools() {
   rm -rf "$TOOLS_BIN"; mv "$TOOLS_BIN.tmp" "$TOOLS_BIN"
 }
 
+# Traefik, the ingress controller of the Ingress tests (e2e/ingress/). Its module's go.mod pins
+# three things the Go module proxy does not serve, so the build starts from the module's source
+# and changes exactly those, nothing else:
+# - lego's DNS-challenge providers (ACME over DNS for ~150 DNS hosts) need SDK modules the proxy
+#   refuses: the one call that loads them by name now says the build has none. ACME is not used
+#   here (the Ingress's certificate is a Secret);
+# - github.com/abbot/go-http-auth is replaced by a containous fork at a version the proxy refuses:
+#   upstream v0.4.0, the fork's base, with the fork's two additions (patches/go-http-auth-fork.go);
+# - the nested module github.com/traefik/traefik/dynamic/ext (two empty extension structs) is not
+#   in the module's zip: it is written out as upstream has it.
+build_traefik() {
+  [[ -x $TRAEFIK_BIN/traefik ]] && return 0
+  log "building Traefik v$TRAEFIK_VERSION (cold: ~10 min on 2 cores)"
+  local work="$CACHE_DIR/work/traefik-v$TRAEFIK_VERSION"
+  rm -rf "$work"; mkdir -p "$(dirname "$work")"
+  local dir; dir=$(go mod download -json "github.com/traefik/traefik/v3@v$TRAEFIK_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [[ -d $dir ]] || die "traefik v$TRAEFIK_VERSION: module download failed"
+  cp -r "$dir" "$work"; chmod -R u+w "$work"; cd "$work"
+  local acme=pkg/provider/acme/provider.go
+  local call='provider, err = dns.NewDNSChallengeProviderByName(p.DNSChallenge.Provider)'
+  grep -qF "$call" "$acme" || die "Traefik patch no longer applies to $acme; review it"
+  sed -i '\|"github.com/go-acme/lego/v5/providers/dns"|d' "$acme"
+  sed -i "s|$call|err = fmt.Errorf(\"DNS challenge provider %q: this build has no DNS providers\", p.DNSChallenge.Provider)|" "$acme"
+  grep -qF 'github.com/abbot/go-http-auth => github.com/containous/go-http-auth ' go.mod ||
+    die "Traefik patch no longer applies to go.mod (go-http-auth); review it"
+  # The fork's base is upstream v0.4.0; the fork adds two functions traefik calls, written out
+  # here from upstream's own code: CheckSecret is the password comparison of upstream's
+  # BasicAuth.CheckAuth, RequireAuthStale is DigestAuth.RequireAuth with stale=true.
+  local auth
+  auth=$(go mod download -json github.com/abbot/go-http-auth@v0.4.0 | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [[ -d $auth ]] || die "github.com/abbot/go-http-auth v0.4.0: module download failed"
+  mkdir -p third_party; cp -r "$auth" third_party/go-http-auth; chmod -R u+w third_party/go-http-auth
+  rm -rf third_party/go-http-auth/examples
+  printf 'module github.com/abbot/go-http-auth\n\ngo 1.24\n' > third_party/go-http-auth/go.mod
+  cp "$CLUSTER_DIR/patches/go-http-auth-fork.go" third_party/go-http-auth/fork.go
+  go mod edit -replace=github.com/abbot/go-http-auth=./third_party/go-http-auth
+  mkdir -p pkg/config/dynamic/ext
+  printf 'module github.com/traefik/traefik/dynamic/ext\n\ngo 1.24\n' > pkg/config/dynamic/ext/go.mod
+  printf 'package ext\n\ntype HTTP struct{}\n\ntype Router struct{}\n' > pkg/config/dynamic/ext/ext.go
+  go mod tidy -e >/dev/null 2>&1
+  mkdir -p "$TRAEFIK_BIN.tmp"
+  CGO_ENABLED=0 go build -trimpath \
+    -ldflags "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=v$TRAEFIK_VERSION" \
+    -o "$TRAEFIK_BIN.tmp/traefik" ./cmd/traefik
+  rm -rf "$TRAEFIK_BIN"; mv "$TRAEFIK_BIN.tmp" "$TRAEFIK_BIN"
+}
+
 mkdir -p "$CACHE_DIR"
-what=("$@"); [[ ${#what[@]} -eq 0 ]] && what=(etcd containerd gvisor netpol tools kubernetes)
+what=("$@"); [[ ${#what[@]} -eq 0 ]] && what=(etcd containerd gvisor netpol tools kubernetes traefik)
 for w in "${what[@]}"; do "build_$w"; done

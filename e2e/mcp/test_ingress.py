@@ -1,0 +1,171 @@
+"""The frontend through a real ingress controller: the chart's Ingress (ingress.enabled, class
+traefik, TLS with a test CA's certificate) served by Traefik (e2e/ingress/start.sh), with the
+official Python MCP SDK as the client, over HTTPS. Each test checks what a proxy in the way
+tends to break: output streamed while the code runs must arrive as it is printed (not buffered to
+the end), a call held open past the 60 s at which proxies commonly cut requests must come back
+whole, the legacy SSE endpoint's long-lived stream must carry the session, and an approval wait
+must reach the client with its decision.
+
+Short form in CI: the held call lasts 65 s and the approval comes after the frontend's approval
+wait has started. The full form (INGRESS_FULL=1, see e2e/ingress/full.sh) holds an approval wait
+for 10 minutes.
+
+Environment (set by e2e/run-tests.sh): INGRESS_URL, INGRESS_CA, MCP_API_KEY, KUBECTL; for the
+full form INGRESS_FULL=1 on an install whose approval wait and timeout exceed 10 minutes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import ssl
+import subprocess
+import time
+import uuid
+
+import anyio
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+
+BASE = os.environ["INGRESS_URL"]
+CA = os.environ["INGRESS_CA"]
+KEY = os.environ["MCP_API_KEY"]
+KUBECTL = os.environ.get("KUBECTL", "kubectl")
+FULL = os.environ.get("INGRESS_FULL") == "1"
+
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+# Proxies commonly end a response that has been quiet or open for 60 s (nginx's default
+# proxy_read_timeout; Traefik's readTimeout is 60 s by default too): the held call outlasts it.
+HELD_SECONDS = 65
+TICK = 5
+
+
+def tls() -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=CA)
+
+
+def client(timeout: float) -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(headers=HEADERS, timeout=timeout, verify=tls())
+
+
+def kubectl(*args: str) -> str:
+    return subprocess.run([KUBECTL, *args], check=True, capture_output=True, text=True).stdout
+
+
+def test_the_ingress_serves_the_frontend_over_tls_with_the_chart_certificate():
+    r = httpx2.get(f"{BASE}/healthz", verify=tls(), timeout=10)
+    assert r.status_code == 200 and r.text == "ok"
+    # Without the CA the certificate is not trusted: TLS is the ingress's, with the chart's Secret.
+    with pytest.raises(httpx2.ConnectError):
+        httpx2.get(f"{BASE}/healthz", timeout=10)
+    # And the frontend still asks for a credential through it.
+    r = httpx2.post(f"{BASE}/mcp", json={}, verify=tls(), timeout=10,
+                    headers={"Accept": "application/json, text/event-stream"})
+    assert r.status_code == 401, r.text
+
+
+def test_output_streams_through_the_ingress_and_a_call_held_past_60s_comes_back_whole():
+    code = (f"import time\nfor i in range({HELD_SECONDS // TICK}):\n"
+            f"    print('tick', i, flush=True)\n    time.sleep({TICK})\nprint('done')\n")
+
+    async def main():
+        async with client(HELD_SECONDS + 120) as http, \
+                streamable_http_client(f"{BASE}/mcp", http_client=http) as streams, \
+                ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            seen: list[tuple[float, str]] = []
+
+            async def on_progress(value, total, message):
+                seen.append((time.monotonic(), message or ""))
+
+            started = time.monotonic()
+            result = await session.call_tool(
+                "run_python", {"code": code, "timeoutSeconds": HELD_SECONDS + 30},
+                progress_callback=on_progress, read_timeout_seconds=HELD_SECONDS + 100)
+            return result, seen, started, time.monotonic()
+
+    result, seen, started, ended = anyio.run(main)
+    assert result.is_error is False, result
+    n = HELD_SECONDS // TICK
+    assert result.structured_content["stdout"] == "".join(f"tick {i}\n" for i in range(n)) + "done\n"
+    assert ended - started >= HELD_SECONDS, "the call ran its whole length"
+    ticks = [(t, m) for t, m in seen if m.startswith("stdout: tick")]
+    assert [m.strip() for _, m in ticks] == [f"stdout: tick {i}" for i in range(n)], seen
+    # Unbuffered: each line came about when it was printed, not in a burst at the end.
+    first, last = ticks[0][0], ticks[-1][0]
+    assert last - first >= (n - 2) * TICK, [round(t - started, 1) for t, _ in ticks]
+    assert ended - ticks[0][0] >= HELD_SECONDS - 2 * TICK
+
+
+def test_the_legacy_sse_endpoint_works_through_the_ingress():
+    def factory(headers=None, timeout=None, auth=None):
+        return httpx2.AsyncClient(headers=headers, timeout=timeout, auth=auth, verify=tls())
+
+    async def main():
+        async with sse_client(f"{BASE}/sse", headers=HEADERS, timeout=30,
+                              httpx_client_factory=factory) as streams, \
+                ClientSession(streams[0], streams[1]) as session:
+            init = await session.initialize()
+            assert init.server_info.name == "sandboxrun"
+            tools = [t.name for t in (await session.list_tools()).tools]
+            assert "run_python" in tools
+            # The stream stays open across a pause longer than a short proxy idle timeout.
+            await anyio.sleep(15)
+            return await session.call_tool("run_python", {"code": "print(6*7)"})
+
+    result = anyio.run(main)
+    assert result.is_error is False, result
+    assert result.structured_content["stdout"] == "42\n"
+
+
+def test_an_approval_wait_reaches_the_client_through_the_ingress():
+    """An execute_sql call in production awaits a person: it is held open through the ingress,
+    with progress naming the run, until the run is approved; the rows come back on the same
+    request. Short form: approved 10 s into the wait. Full form: after 10 minutes."""
+    marker = f"ingress-{uuid.uuid4().hex}"
+    query = f"/* {marker} */ SELECT id FROM ledger WHERE id <= 2 ORDER BY id"
+    decide_after = 600 if FULL else 10
+    state: dict = {}
+
+    async def approve(awaiting: anyio.Event):
+        with anyio.fail_after(90):
+            await awaiting.wait()
+        await anyio.sleep(decide_after)
+        by = kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}")
+        patch = json.dumps({"spec": {"approval": {"approved": True, "by": by}}})
+        await anyio.to_thread.run_sync(lambda: kubectl(
+            "-n", "sandboxrun-runs", "patch", "sandboxrun", state["run"], "--type", "merge", "-p", patch))
+        state["approved_at"] = time.monotonic()
+
+    async def main():
+        awaiting = anyio.Event()
+
+        async def on_progress(value, total, message):
+            m = re.match(r"AwaitingApproval: (run-[a-z0-9]+) ", message or "")
+            if m and not awaiting.is_set():
+                state["run"] = m.group(1)
+                awaiting.set()
+
+        async with client(decide_after + 300) as http, \
+                streamable_http_client(f"{BASE}/mcp", http_client=http) as streams, \
+                ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            started = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(approve, awaiting)
+                result = await session.call_tool(
+                    "execute_sql",
+                    {"database": "analytics", "query": query, "environment": "production"},
+                    progress_callback=on_progress, read_timeout_seconds=decide_after + 240)
+            return result, time.monotonic() - started
+
+    result, elapsed = anyio.run(main)
+    assert "approved_at" in state, "the run was approved while the call waited"
+    assert result.is_error is False, result
+    sc = result.structured_content
+    assert (sc["runName"], sc["phase"], sc["verdict"]) == (state["run"], "Succeeded", "Escalate"), sc
+    assert sc["rows"] == [[1], [2]], sc
+    assert elapsed >= decide_after
