@@ -12,6 +12,7 @@ mod inflight;
 mod metrics;
 mod pipeline;
 mod policy;
+mod scope;
 mod server;
 mod tasks;
 mod transport;

@@ -5,27 +5,26 @@
 //! call of [`SandboxRunServer::call`] with its tool type.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
+use rmcp::RoleServer;
 use rmcp::model::{
-    CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam, ProgressToken,
-    ResourceContents,
+    CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam, ResourceContents,
 };
 use rmcp::service::RequestContext;
-use rmcp::{Peer, RoleServer};
 use sandboxrun_api::ClusterTool;
 use sandboxrun_core::metrics::CallRecord;
 use sandboxrun_core::tools::{Attachment, CallSummary};
 use sandboxrun_core::{Environment, OutputChunk, OutputFn, Phase, Verdict};
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::mpsc;
 use tracing::Instrument;
 
 use crate::backend::{BackendError, ProgressFn};
 use crate::metrics::Outcome;
+use crate::scope::{CallScope, Reporter};
 use crate::server::SandboxRunServer;
 
 /// The `phase` label of calls that ended without a run phase (see `CALLS_METRIC`).
@@ -35,31 +34,6 @@ const UNAVAILABLE: &str = "Unavailable";
 const THROTTLED: &str = "Throttled";
 const NOT_PERMITTED: &str = "EnvironmentNotPermitted";
 const SCOPE_MISSING: &str = "ScopeNotGranted";
-
-/// Who makes a call, and where what happens while it runs goes.
-pub(crate) struct CallScope {
-    /// The caller.
-    pub agent: String,
-    /// What the caller's access token allows (`None`: an API key or the local user).
-    pub grant: Option<crate::grant::Grant>,
-    /// Where the run's phases and output go while it runs.
-    pub reporter: Reporter,
-    /// Fires when the caller gives the call up: the run is then stopped.
-    pub cancel: CancellationToken,
-    /// Replaces the configured approval wait (a task follows an approval for its lifetime).
-    pub approval_wait: Option<Duration>,
-}
-
-/// Where a call's phases and output go while it runs.
-pub(crate) enum Reporter {
-    /// MCP progress notifications on the request, when it carries a progress token.
-    Request {
-        peer: Peer<RoleServer>,
-        token: Option<ProgressToken>,
-    },
-    /// The status message of the MCP task the call runs as (`tasks/get` shows the latest).
-    Task(watch::Sender<String>),
-}
 
 impl SandboxRunServer {
     /// Runs one call of tool `T` with the raw `args` through the whole pipeline, for the caller

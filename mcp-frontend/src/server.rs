@@ -30,8 +30,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::Backend;
 use crate::metrics::Metrics;
-use crate::pipeline::{CallScope, Reporter};
 use crate::policy::Policy;
+use crate::scope::{CallScope, Reporter};
 
 /// The start of what the server tells a client (and its model) at initialization; each offered
 /// tool adds its own part ([`ToolSpec::INSTRUCTIONS`], in the tool's module).
