@@ -40,6 +40,8 @@ fn env(name: &str) -> Result<String> {
 async fn an_approval_wait_is_followed_as_a_task_past_the_frontends_approval_wait() -> Result<()> {
     let (url, key, agent) = (env("MCP_URL")?, env("MCP_API_KEY")?, env("MCP_AGENT")?);
     let kube = client().await?;
+    // The tree's one rustls provider (ring): reqwest wants one installed before any client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(url).auth_header(key),
     );

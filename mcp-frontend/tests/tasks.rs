@@ -145,6 +145,8 @@ async fn connect(
     tasks: bool,
 ) -> RunningService<RoleClient, ClientConfig> {
     let key = KEYS.iter().find(|(a, _)| *a == agent).unwrap().1;
+    // The tree's one rustls provider (ring): reqwest wants one installed before any client.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(format!("{}/mcp", server.base))
             .auth_header(key),
