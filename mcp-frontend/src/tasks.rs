@@ -29,8 +29,10 @@ use crate::metrics::Outcome;
 /// and a cold sandbox mostly does; a long program or an approval wait does not.
 pub const INLINE_WINDOW: Duration = Duration::from_secs(2);
 
-/// The polling interval suggested to clients.
-const POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// The polling interval suggested to clients. A task is a call of more than [`INLINE_WINDOW`],
+/// so a second more to see its end is little; faster polling of an agent's 8 calls in flight
+/// (`--max-calls-per-agent`) would use most of its default 600 requests a minute.
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Most tasks one agent may have in the store (running, or finished and kept for their
 /// result). A call beyond it is answered like a call of a client without tasks: it holds its
