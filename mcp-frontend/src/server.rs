@@ -125,7 +125,9 @@ impl SandboxRunServer {
     }
 
     /// Starts the call of the tool named `name` (one this server offers) in `scope`, in the
-    /// background: a call followed as a task outlives its request.
+    /// background: a call followed as a task outlives its request. The same name-to-tool
+    /// mapping as the `#[tool]` handlers below; a name no tool has gets an error result (the
+    /// caller has checked it against the router, so only a new tool missing here can get one).
     fn spawn_call(
         &self,
         name: &str,
@@ -139,9 +141,17 @@ impl SandboxRunServer {
                 server.call_in::<RunPython>(args, scope).await
             } else if name == ExecuteSql::TOOL.mcp_name() {
                 server.call_in::<ExecuteSql>(args, scope).await
-            } else {
-                debug_assert_eq!(name, FetchMetrics::TOOL.mcp_name());
+            } else if name == FetchMetrics::TOOL.mcp_name() {
                 server.call_in::<FetchMetrics>(args, scope).await
+            } else {
+                tracing::error!(tool = %name, "no task route for this tool");
+                (
+                    crate::metrics::Outcome::Unavailable,
+                    CallToolResult::error(vec![rmcp::model::ContentBlock::text(format!(
+                        "{name} cannot run as a task on this server; call it from a client \
+                         without the tasks extension"
+                    ))]),
+                )
             }
         })
     }
