@@ -140,6 +140,7 @@ SANDBOXRUN_CARGO_PROFILE=dev "$REPO_ROOT/e2e/install.sh" --set frontend.enabled=
   --set frontend.service.nodePort=$MCP_NODE_PORT -f "$keys_values" \
   --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" \
   --set frontend.enableMetrics=true --set "operator.prometheus.url=$SANDBOXRUN_E2E_PROMETHEUS_URL" \
+  --set operator.prometheus.environment=sandbox \
   --set "sandbox.allowedRuntimeClasses={runc}" \
   --set ingress.enabled=true --set ingress.className=traefik --set ingress.nginx=false \
   --set "ingress.hosts={localhost}" --set ingress.tls.secretName=sandboxrun-ingress-tls \

@@ -54,7 +54,7 @@ pub const MAX_TTL_SECONDS_AFTER_FINISHED: u32 = 604_800;
 pub const STATUS_OUTPUT_BUDGET_BYTES: usize = 256 * 1024;
 
 /// The resource limits of one run, with every default filled in.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Limits {
     /// Wall-clock budget in seconds, from container start to the end of the run.

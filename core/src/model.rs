@@ -48,8 +48,13 @@ impl fmt::Display for Tool {
     }
 }
 
-/// The environment a run targets; policy is stricter the closer it is to production.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+/// The environment a run targets; policy is stricter the closer it is to production. Ordered
+/// from least to most sensitive (`Sandbox < Staging < Production`): a call that reaches a
+/// database or a Prometheus bound to a more sensitive environment than it names is judged in that
+/// one ([`crate::policy::CallContext::reaching`]).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Environment {
     /// Throw-away data and code; the default.

@@ -3,12 +3,14 @@
 //! and writes the result into its status. The CRD YAML under `crds/` is generated from these
 //! types by `cargo run -p sandboxrun-api --bin crdgen`, and a test fails when it is stale.
 
+mod approval;
 pub mod client;
 mod pool;
 mod run;
 mod status;
 pub mod tools;
 
+pub use approval::*;
 pub use pool::*;
 pub use run::*;
 pub use status::*;

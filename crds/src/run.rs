@@ -6,6 +6,7 @@ use sandboxrun_core::limits::{self as lim, Limits};
 use sandboxrun_core::{Environment, Tool};
 use serde::{Deserialize, Serialize};
 
+use crate::approval::Approval;
 use crate::status::SandboxRunStatus;
 
 /// CEL: a quantity string within [min, max], inclusive.
@@ -39,6 +40,19 @@ const ONE_TOOL_RULE: &str =
 /// CEL transition rule on the spec: the tool cannot be swapped for another (each tool's own
 /// content is immutable through its field rule, which only runs when old and new both have it).
 const SAME_TOOL_RULE: &str = "has(self.python) == has(oldSelf.python) && has(self.sql) == has(oldSelf.sql) && has(self.metrics) == has(oldSelf.metrics)";
+
+/// CEL on the spec, also at creation (`optionalOldSelf`): a run cannot be created approved, nor
+/// denied. An approval is a person's answer to a run that waits for one; written by the creator
+/// in the same breath it would be no answer at all.
+const NO_APPROVAL_AT_CREATE_RULE: &str = "oldSelf.hasValue() || !has(self.approval)";
+
+/// CEL transition rule on the whole object: `spec.approval` changes only while the run awaits
+/// approval (its status says so), so an approval is always written after the run began waiting
+/// for it; never before (where it would wait to be counted once the run is escalated), never
+/// after the run went on or ended (a finished run is the audit trail).
+pub const APPROVAL_WHILE_AWAITING_RULE: &str = "(has(self.spec.approval) == has(oldSelf.spec.approval) && \
+(!has(self.spec.approval) || self.spec.approval == oldSelf.spec.approval)) || \
+(has(oldSelf.status) && has(oldSelf.status.phase) && oldSelf.status.phase == 'AwaitingApproval')";
 
 /// A tool call to execute: exactly one of `python`, `sql` or `metrics`. Everything but
 /// `approval` and `cancelled` is immutable once created.
@@ -76,6 +90,8 @@ const SAME_TOOL_RULE: &str = "has(self.python) == has(oldSelf.python) && has(sel
         json_path = ".metadata.creationTimestamp"
     )
 )]
+#[kube(validation = kube::core::Rule::new(APPROVAL_WHILE_AWAITING_RULE).message("spec.approval can be set or changed only while the run awaits approval (status.phase AwaitingApproval)"))]
+#[x_kube(validation = kube::core::Rule::new(NO_APPROVAL_AT_CREATE_RULE).optional_old_self(true).message("spec.approval cannot be set when a run is created: a person approves or denies a run once it awaits approval"))]
 #[x_kube(validation = kube::core::Rule::new(ONE_TOOL_RULE).message("exactly one of python, sql or metrics must be set"))]
 #[x_kube(validation = kube::core::Rule::new(SAME_TOOL_RULE).message("the tool of a SandboxRun cannot be changed; create a new one"))]
 #[serde(rename_all = "camelCase")]
@@ -118,8 +134,8 @@ pub struct SandboxRunSpec {
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("ttlSecondsAfterFinished is immutable"))]
     pub ttl_seconds_after_finished: u32,
 
-    /// Approval of an escalated run, set by a person with RBAC rights; mutable, like
-    /// `cancelled`.
+    /// Approval of an escalated run, set by a person with RBAC rights while the run awaits
+    /// approval (never at creation).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<Approval>,
 
@@ -127,7 +143,10 @@ pub struct SandboxRunSpec {
     /// connection drops) or a person. The operator ends an unfinished run `Cancelled` (reason
     /// `CallCancelled`), stops its sandbox and writes its audit line; a finished run keeps its
     /// result. It can be set, never unset.
+    // The schema default makes the transition rule run on every update: without it, a run
+    // created without the field has no old value and the rule is skipped.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(extend("default" = false))]
     #[x_kube(validation = kube::core::Rule::new("self || !oldSelf").message("a cancelled run stays cancelled"))]
     pub cancelled: bool,
 }
@@ -323,43 +342,5 @@ impl LimitsSpec {
             output_bytes: self.output_bytes,
         }
         .clamped()
-    }
-}
-
-/// Approval of a run that policy escalated: the decision and who made it.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[schemars(transform = by_is_required)]
-pub struct Approval {
-    /// Whether a person approved the run.
-    #[serde(default)]
-    pub approved: bool,
-    /// Who decided: their Kubernetes user name (`kubectl auth whoami`). With the chart's
-    /// identity policy it must be the name of whoever writes the approval, so it is a record,
-    /// not a claim.
-    // Required by the schema for every new approval; `default` only reads approvals written
-    // before the field existed (a run the operator cannot read would stall its whole watch).
-    #[serde(default)]
-    #[schemars(length(min = 1, max = 253))]
-    pub by: String,
-    /// Why they decided so, in their words (optional; `kubectl sandboxrun deny RUN --reason
-    /// TEXT`). The operator carries it into the run's outcome: the `Approved` condition, the
-    /// status message of a denied run, its Event and its audit line.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 1024))]
-    pub reason: Option<String>,
-}
-
-/// The schema of [`Approval`] requires `by` (serde's `default` would make it optional with an
-/// empty default, which its own minimum length refuses).
-fn by_is_required(schema: &mut schemars::Schema) {
-    if let Some(by) = schema
-        .get_mut("properties")
-        .and_then(|p| p.get_mut("by"))
-        .and_then(|b| b.as_object_mut())
-    {
-        by.remove("default");
-    }
-    if let Some(object) = schema.as_object_mut() {
-        object.insert("required".to_owned(), serde_json::json!(["by"]));
     }
 }

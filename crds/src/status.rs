@@ -3,8 +3,12 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::KubeSchema;
-use sandboxrun_core::files::{self, OmittedFile};
-use sandboxrun_core::{Phase, Tool, Verdict};
+use sandboxrun_core::files::{self, FileCaps, OmittedFile};
+use sandboxrun_core::limits::Limits;
+use sandboxrun_core::metrics::scope::MetricsRules;
+use sandboxrun_core::{Environment, Phase, Tool, Verdict};
+
+use crate::approval::ApprovalRequest;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -19,18 +23,20 @@ pub const CONDITION_COMPLETED: &str = "Completed";
 /// answer was lost, so a late write of an older status would otherwise undo a newer one: a
 /// finished run would run again (a second end, a second audit line), or a run whose Pod is
 /// recorded would get a second Pod. The API server refuses such a write (422); the operator
-/// reads the run again and goes on from what it finds.
+/// reads the run again and goes on from what it finds. The record of when the run began waiting
+/// for approval is written once and never changed: an approval counts only after it.
 pub const STATUS_FORWARD_RULE: &str = "(!has(oldSelf.phase) || (has(self.phase) && \
 (oldSelf.phase in ['Succeeded', 'Failed', 'TimedOut', 'Rejected', 'Cancelled'] \
 ? self.phase == oldSelf.phase \
 : {'AwaitingApproval': 1, 'Pending': 2, 'Running': 3, 'Succeeded': 4, 'Failed': 4, 'TimedOut': 4, 'Rejected': 4, 'Cancelled': 4}[self.phase] \
 >= {'AwaitingApproval': 1, 'Pending': 2, 'Running': 3}[oldSelf.phase]))) \
-&& (!has(oldSelf.podName) || (has(self.podName) && self.podName == oldSelf.podName))";
+&& (!has(oldSelf.podName) || (has(self.podName) && self.podName == oldSelf.podName)) \
+&& (!has(oldSelf.approvalRequest) || (has(self.approvalRequest) && self.approvalRequest == oldSelf.approvalRequest))";
 
 /// What happened to a run. Absent fields are unknown or not applicable yet.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = kube::core::Rule::new(STATUS_FORWARD_RULE).message("a run's status only moves forward: its phase never goes back, a terminal phase is final, and its recorded sandbox Pod stays its own"))]
+#[x_kube(validation = kube::core::Rule::new(STATUS_FORWARD_RULE).message("a run's status only moves forward: its phase never goes back, a terminal phase is final, its recorded sandbox Pod stays its own and the record of when it began waiting for approval is never changed"))]
 pub struct SandboxRunStatus {
     /// Where the run is in its life.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -41,6 +47,10 @@ pub struct SandboxRunStatus {
     /// What policy decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<Decision>,
+    /// When the run began waiting for a person's approval (written with `AwaitingApproval`): an
+    /// approval counts only if it was written after this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_request: Option<ApprovalRequest>,
     /// Kubernetes conditions (`Started`, `Completed`) with reasons and observedGeneration.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -168,7 +178,9 @@ pub enum SandboxPath {
     Cold,
 }
 
-/// Policy's judgement of a run.
+/// Policy's judgement of a run, taken once on the run's full context and recorded whole: every
+/// later stage (the gate, the sandbox Pod, the query) executes from this record, never from a
+/// second judgement (a later re-check may only tighten it).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 pub struct Decision {
     /// Allow, Block or Escalate.
@@ -179,6 +191,75 @@ pub struct Decision {
     /// Why the rule decided so.
     #[serde(default)]
     pub reason: String,
+    /// What the decision lets the run do (absent on runs decided before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Grant>,
+}
+
+/// What a decision lets a run do: the part of policy's judgement that the execution needs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    /// The environment the run was judged in: the one it names, or the one of its database or
+    /// Prometheus when that is more sensitive.
+    pub environment: Environment,
+    /// The limits the run executes with (the requested ones, lowered to the rule's ceilings).
+    pub limits: Limits,
+    /// sql: the most rows the result keeps.
+    #[serde(default)]
+    pub max_rows: u64,
+    /// sql: the checked query as the guard rewrote it, the only text that is executed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    /// python: the bounds on the files the run returns.
+    #[serde(default)]
+    pub files: FileCaps,
+    /// metrics: what the query may read (the deciding rule's `metrics` section; absent: any
+    /// metric).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsRules>,
+}
+
+impl Grant {
+    /// The grant of `decision`, judged in `environment`.
+    pub fn of(decision: &sandboxrun_core::Decision, environment: Environment) -> Self {
+        Self {
+            environment,
+            limits: decision.limits.clone(),
+            max_rows: decision.max_rows,
+            query: decision.rewritten_query.clone(),
+            files: decision.files,
+            metrics: decision.metrics.clone(),
+        }
+    }
+}
+
+impl Decision {
+    /// The record of `decision`, judged in `environment`.
+    pub fn record(decision: &sandboxrun_core::Decision, environment: Environment) -> Self {
+        Self {
+            verdict: decision.verdict,
+            rule: decision.rule.clone(),
+            reason: decision.reason.clone(),
+            grant: Some(Grant::of(decision, environment)),
+        }
+    }
+
+    /// The decision as it was taken, rebuilt from the record (`None`: the record has no grant,
+    /// from an operator that did not record one).
+    pub fn taken(&self) -> Option<sandboxrun_core::Decision> {
+        let grant = self.grant.as_ref()?;
+        Some(sandboxrun_core::Decision {
+            verdict: self.verdict,
+            rule: self.rule.clone(),
+            reason: self.reason.clone(),
+            limits: grant.limits.clone(),
+            max_rows: grant.max_rows,
+            rewritten_query: grant.query.clone(),
+            metrics: grant.metrics.clone(),
+            files: grant.files,
+        })
+    }
 }
 
 /// Schema of a free-form JSON value the API server keeps as is.

@@ -178,6 +178,7 @@ fn sql_status_maps_to_the_output() {
         verdict,
         rule: "analysts-sandbox".into(),
         reason: "ok".into(),
+        grant: None,
     };
     assert!(read(&status(Phase::Running), "run-1").is_none());
     let done = SandboxRunStatus {

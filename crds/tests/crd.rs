@@ -115,8 +115,30 @@ fn run(spec: Value) -> Value {
     })
 }
 
+/// The schema without the rules kube-cel cannot evaluate: those with `optionalOldSelf` (it
+/// passes `oldSelf` as a plain value, not an optional). The API server evaluates them; the e2e
+/// suite shows it (e2e/tests/governance.rs), and the test below checks they are in the schema.
+fn evaluable_schema() -> Value {
+    let mut schema = schema();
+    strip_optional_old_self(&mut schema);
+    schema
+}
+
+fn strip_optional_old_self(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            if let Some(Value::Array(rules)) = map.get_mut("x-kubernetes-validations") {
+                rules.retain(|r| r.get("optionalOldSelf") != Some(&json!(true)));
+            }
+            map.values_mut().for_each(strip_optional_old_self);
+        }
+        Value::Array(items) => items.iter_mut().for_each(strip_optional_old_self),
+        _ => {}
+    }
+}
+
 fn messages(object: &Value, old: Option<&Value>) -> Vec<String> {
-    match kube_cel::validate(&schema(), object, old) {
+    match kube_cel::validate(&evaluable_schema(), object, old) {
         Ok(()) => vec![],
         Err(errors) => errors.into_vec().into_iter().map(|e| e.message).collect(),
     }
@@ -180,9 +202,90 @@ fn quantities_above_the_maximum_or_malformed_are_rejected() {
     }
 }
 
+const APPROVAL_WHILE_AWAITING: &str = "spec.approval can be set or changed only while the run awaits approval (status.phase AwaitingApproval)";
+const NO_APPROVAL_AT_CREATE: &str = "spec.approval cannot be set when a run is created: a person approves or denies a run once it awaits approval";
+
+#[test]
+fn an_approval_is_written_only_while_the_run_awaits_one() {
+    let created = run(json!({"python": {"code": "print(1)"}}));
+    let with_status = |phase: &str| {
+        let mut r = created.clone();
+        r["status"] = json!({"phase": phase});
+        r
+    };
+    let approve = |old: &Value, answer: Value| {
+        let mut new = old.clone();
+        new["spec"]["approval"] = answer;
+        new
+    };
+    let yes = json!({"approved": true, "by": "alice"});
+    // Not at creation, neither approved nor denied: a rule that also runs at creation
+    // (optionalOldSelf), evaluated by the API server (kube-cel has no optional oldSelf).
+    let rules = schema()["properties"]["spec"]["x-kubernetes-validations"].clone();
+    let at_create = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["message"] == NO_APPROVAL_AT_CREATE)
+        .expect("the creation rule is in the schema");
+    assert_eq!(at_create["optionalOldSelf"], json!(true));
+    assert_eq!(at_create["rule"], "oldSelf.hasValue() || !has(self.approval)");
+    assert!(messages(&created, None).is_empty());
+    // Not before the run waits, nor once it went on or ended.
+    for phase in [None, Some("Pending"), Some("Running"), Some("Succeeded"), Some("Rejected")] {
+        let old = phase.map_or_else(|| created.clone(), with_status);
+        assert_eq!(
+            messages(&approve(&old, yes.clone()), Some(&old)),
+            [APPROVAL_WHILE_AWAITING],
+            "{phase:?}"
+        );
+    }
+    // While it waits: set, changed (a denial after all), or taken back.
+    let waiting = with_status("AwaitingApproval");
+    let approved = approve(&waiting, yes.clone());
+    assert!(messages(&approved, Some(&waiting)).is_empty());
+    let denied = approve(&approved, json!({"approved": false, "by": "alice", "reason": "no"}));
+    assert!(messages(&denied, Some(&approved)).is_empty());
+    assert!(messages(&waiting, Some(&approved)).is_empty());
+    // An approval already there stays as it is through other changes (cancelling), whatever
+    // the phase.
+    let mut cancelled = approved.clone();
+    cancelled["status"]["phase"] = json!("Running");
+    let mut after = cancelled.clone();
+    after["spec"]["cancelled"] = json!(true);
+    assert!(messages(&after, Some(&cancelled)).is_empty());
+}
+
+#[test]
+fn cancelled_has_a_schema_default_so_its_transition_rule_always_runs() {
+    let schema = schema();
+    let cancelled = &schema["properties"]["spec"]["properties"]["cancelled"];
+    assert_eq!(cancelled["default"], json!(false), "{cancelled}");
+}
+
+#[test]
+fn the_record_of_the_wait_is_never_changed() {
+    let mut old = run(json!({"python": {"code": "print(1)"}}));
+    old["status"] = json!({"phase": "AwaitingApproval",
+        "approvalRequest": {"since": "2026-12-02T10:00:00Z", "generation": 1}});
+    let mut moved = old.clone();
+    moved["status"]["approvalRequest"]["generation"] = json!(5);
+    assert_eq!(messages(&moved, Some(&old)).len(), 1);
+    let mut dropped = old.clone();
+    dropped["status"]
+        .as_object_mut()
+        .unwrap()
+        .remove("approvalRequest");
+    assert_eq!(messages(&dropped, Some(&old)).len(), 1);
+    let mut onwards = old.clone();
+    onwards["status"]["phase"] = json!("Pending");
+    assert!(messages(&onwards, Some(&old)).is_empty());
+}
+
 #[test]
 fn spec_is_immutable_except_approval() {
-    let old = run(json!({"python": {"code": "print(1)"}}));
+    let mut old = run(json!({"python": {"code": "print(1)"}}));
+    old["status"] = json!({"phase": "AwaitingApproval"});
 
     let mut approved = old.clone();
     approved["spec"]["approval"] = json!({"approved": true, "by": "alice"});

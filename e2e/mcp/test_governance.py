@@ -37,6 +37,8 @@ PSQL = "/usr/lib/postgresql/15/bin/psql"
 RUNS_NS = "sandboxrun-runs"
 SYSTEM_NS = "sandboxrun-system"
 DATABASE = "analytics"
+# The same PostgreSQL, configured as production's (e2e/postgres/databases-secret.sh).
+PRODUCTION_DATABASE = "analytics-production"
 # From e2e/values-governance.yaml.
 APPROVAL_WAIT = 20
 APPROVAL_TIMEOUT = 45
@@ -56,11 +58,12 @@ def psql(query: str) -> str:
 class Call:
     """One execute_sql call: the result, the progress messages, and the marker in its query."""
 
-    def __init__(self, query: str, environment: str):
+    def __init__(self, query: str, environment: str, database: str = DATABASE):
         self.marker = f"call-{uuid.uuid4().hex}"
         # A leading comment keeps the marker in spec.sql.query whatever the query's tail is.
         self.query = f"/* {self.marker} */ {query}"
         self.environment = environment
+        self.database = database
         self.progress: list[str] = []
         self.awaiting = anyio.Event()
         self.awaiting_run: str | None = None
@@ -89,15 +92,15 @@ class Call:
                             tg.start_soon(decide, self)
                         self.result = await session.call_tool(
                             "execute_sql",
-                            {"database": DATABASE, "query": self.query,
+                            {"database": self.database, "query": self.query,
                              "environment": self.environment},
                             read_timeout_seconds=240, progress_callback=self.on_progress)
                     self.elapsed = time.monotonic() - started
         return self
 
 
-def call(query: str, environment: str = "sandbox", decide=None) -> Call:
-    c = Call(query, environment)
+def call(query: str, environment: str = "sandbox", decide=None, database: str = DATABASE) -> Call:
+    c = Call(query, environment, database)
     anyio.run(c.run, decide)
     return c
 
@@ -313,3 +316,38 @@ def test_the_frontend_never_sees_the_database_credentials():
     operator = [d for d in json.loads(deployments)["items"]
                 if d["metadata"]["labels"].get("app.kubernetes.io/component") == "operator"]
     assert "sandboxrun-databases" in json.dumps(operator[0]["spec"])
+
+
+def test_a_sandbox_call_to_a_production_database_waits_for_a_person_and_reads_nothing_before():
+    """A database belongs to an environment: a call that names a laxer one is judged in the
+    database's. Here the call says sandbox, the database is production's: the sandbox rule never
+    applies, the run waits for a person like any production query, and it has read nothing
+    (no result, no query started) until the approval, after which it returns the rows."""
+    seen = {}
+
+    async def decide(c: Call):
+        with anyio.fail_after(60):
+            await c.awaiting.wait()
+        # Well past the moment an allowed query would have run: still nothing read.
+        await anyio.sleep(3)
+        seen["run"] = json.loads(kubectl("-n", RUNS_NS, "get", "sandboxrun", c.awaiting_run,
+                                         "-o", "json"))
+        await approve(c, True)
+
+    c = call("SELECT id, amount FROM ledger WHERE id <= 2 ORDER BY id", "sandbox", decide,
+             database=PRODUCTION_DATABASE)
+    before = seen["run"]["status"]
+    assert before["phase"] == "AwaitingApproval", before
+    assert "result" not in before and "startTime" not in before, before
+    assert before.get("reason") != "QueryStarted", before
+    assert before["decision"]["rule"] == PRODUCTION_RULE, before["decision"]
+    assert before["decision"]["grant"]["environment"] == "production", before["decision"]
+    # After the approval: the recorded query ran, with the production rule's cap.
+    assert c.result.is_error is False, text_of(c.result)
+    sc = c.result.structured_content
+    assert (sc["verdict"], sc["rule"], sc["phase"]) == ("Escalate", PRODUCTION_RULE, "Succeeded")
+    assert sc["rows"] == [[1, "-420.81"], [2, "-341.62"]]
+    assert sc["executedQuery"].rstrip().endswith("LIMIT 101"), sc["executedQuery"]
+    run, line = assert_recorded(c, "Escalate", "Succeeded", PRODUCTION_RULE, "QueryCompleted")
+    assert line["judged_in"] == "production", line
+    assert line["decided_by"] == whoami(), line

@@ -30,11 +30,19 @@ umask 077
 printf '%s' "$CLUSTER_URL" >"$work/analytics-url"
 cat >"$work/databases.yaml" <<YAML
 # Database name (execute_sql's \`database\`) -> dialect and where the URL is (another key of this
-# Secret, mounted next to this file).
+# Secret, mounted next to this file). Every database belongs to an environment (absent:
+# production): the same test database twice, as the sandbox's and as production's (a call naming
+# the sandbox is judged in production there: e2e/mcp/test_governance.py).
 analytics:
   dialect: postgres
+  environment: sandbox
   urlFile: /etc/sandboxrun-databases/analytics-url
   maxConnections: 4
+analytics-production:
+  dialect: postgres
+  environment: production
+  urlFile: /etc/sandboxrun-databases/analytics-url
+  maxConnections: 2
 YAML
 
 kubectl create namespace "$NAMESPACE" --dry-run=client -o yaml | kubectl apply -f - >/dev/null

@@ -150,21 +150,69 @@ async fn an_escalated_run_is_rejected_after_a_denial() -> Result<()> {
 }
 
 #[tokio::test]
-async fn an_approval_set_at_creation_does_not_count() -> Result<()> {
+async fn an_approval_counts_only_when_written_while_the_run_waits() -> Result<()> {
     let client = client().await?;
-    // Whoever may create runs must not be able to approve their own escalated run.
-    let name = awaiting_production_run(
-        &client,
-        "gov-self",
-        json!({"approval": {"approved": true, "by": "gov-self"}}),
-    )
+    // Whoever may create runs must not be able to approve their own escalated run: an approval
+    // at creation is refused by the API server, approved or denied.
+    for approved in [true, false] {
+        let run = python_run_in(
+            "gov-self",
+            "production",
+            "print('must not run')",
+            json!({"approval": {"approved": approved, "by": "gov-self"}}),
+        );
+        let refused = create(&client, &run).await;
+        let message = format!("{:?}", refused.err());
+        ensure!(
+            message.contains("spec.approval cannot be set when a run is created"),
+            "an approval at creation was not refused: {message}"
+        );
+    }
+    // Nor before the run waits for one, or once it went on: an allowed run, running or done.
+    let allowed = python_run_in("gov-early", "sandbox", "print('ran')", json!({}));
+    let early = create(&client, &allowed).await?;
+    wait_for(&client, &early, RUN_TIMEOUT, |p| {
+        p == Phase::Running || p.is_terminal()
+    })
     .await?;
-    set_approval(&client, &name, false).await?;
-    let run = wait_terminal(&client, &name, DECIDE_TIMEOUT).await?;
+    let refused = set_approval(&client, &early, true).await;
+    let message = format!("{:?}", refused.err());
     ensure!(
-        status(&run).reason.as_deref() == Some("ApprovalDenied"),
-        "{:?}",
-        run.status
+        message.contains("only while the run awaits approval"),
+        "an approval of a run that never waited was not refused: {message}"
     );
+    // A run that waits records when it began, at which generation and with no approval on it.
+    let name = awaiting_production_run(&client, "gov-wait", json!({})).await?;
+    let run = runs(&client).get(&name).await?;
+    let request = status(&run)
+        .approval_request
+        .expect("the wait is recorded in the status");
+    ensure!(
+        request.void.is_none() && Some(request.generation) == run.metadata.generation,
+        "{request:?}"
+    );
+    // A person's approval while it waits counts, and the condition, the Event and the audit line
+    // name that person.
+    set_approval(&client, &name, true).await?;
+    let me = sandboxrun_e2e::identity::whoami(&client).await?;
+    let done = wait_terminal(&client, &name, RUN_TIMEOUT).await?;
+    let st = status(&done);
+    ensure!(run_phase(&done) == Some(Phase::Succeeded), "{st:?}");
+    let condition = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Approved" && c.status == "True")
+        .expect("an Approved condition");
+    ensure!(
+        condition.message.starts_with(&format!("{me} approved the run")),
+        "{condition:?}"
+    );
+    ensure!(
+        condition.observed_generation > Some(request.generation),
+        "the approval's own version is recorded: {condition:?}"
+    );
+    let line = the_audit_line(&client, &name).await?;
+    ensure!(line["decided_by"] == me.as_str(), "{line}");
+    ensure!(line["judged_in"] == "production", "{line}");
     Ok(())
 }

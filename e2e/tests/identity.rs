@@ -102,10 +102,25 @@ async fn runs_record_their_creator_and_an_agent_cannot_approve_its_own_run() -> 
             );
         }
         // As itself: admitted.
-        let own = runs(&creator)
+        runs(&creator)
             .create(&PostParams::default(), &run_of(&me))
             .await?;
-        let run_name = own.metadata.name.clone().unwrap_or_default();
+        // A run of its own that waits for a person (production, which policy escalates; created
+        // by the admin, since the creator may target only the sandbox): an approval is written
+        // only while a run waits, so the identity rules below are what refuses it.
+        let mut escalated = run_of(&me);
+        escalated.spec.environment = Environment::Production;
+        let waiting = runs(&admin)
+            .create(&PostParams::default(), &escalated)
+            .await?;
+        let run_name = waiting.metadata.name.clone().unwrap_or_default();
+        sandboxrun_e2e::runs::wait_for(
+            &admin,
+            &run_name,
+            std::time::Duration::from_secs(60),
+            |p| p == Phase::AwaitingApproval,
+        )
+        .await?;
         // Its own approval (or denial), whatever the patch looks like: refused.
         for approved in [true, false] {
             let patch = json!({"spec": {"approval": {"approved": approved, "by": me}}});
@@ -265,7 +280,13 @@ async fn the_frontend_only_cancels_the_unfinished_runs_it_created() -> Result<()
                 .await,
             &format!("the frontend {what}"),
         )?;
-        ensure!(message.contains("may only cancel"), "{what}: {message}");
+        // Refused by the identity policy, or, for an approval of a run that does not wait for
+        // one, already by the schema.
+        ensure!(
+            message.contains("may only cancel")
+                || message.contains("only while the run awaits approval"),
+            "{what}: {message}"
+        );
     }
     // The cancellation: the run ends Cancelled, its sandbox goes.
     runs(&frontend)

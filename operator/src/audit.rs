@@ -52,7 +52,16 @@ pub fn record(
     now: Timestamp,
 ) {
     let decision = status.decision.as_ref();
-    let decided = approval_state(run.spec.approval.as_ref(), run.metadata.generation);
+    let decided = approval_state(
+        run.spec.approval.as_ref(),
+        status.approval_request.as_ref(),
+        run.metadata.generation,
+    );
+    // Where policy judged it: the run's environment, or its database's or Prometheus's when
+    // that is more sensitive.
+    let judged_in = decision
+        .and_then(|d| d.grant.as_ref())
+        .map_or("", |g| g.environment.as_str());
     tracing::info!(
         target: TARGET,
         run = %run.name_any(),
@@ -60,6 +69,7 @@ pub fn record(
         agent = %run.spec.agent,
         tool = tool.map_or("", Tool::as_str),
         environment = run.spec.environment.as_str(),
+        judged_in,
         verdict = decision.map_or("", |d| d.verdict.as_str()),
         rule = decision.map_or("", |d| d.rule.as_str()),
         reason = decision.map_or("", |d| d.reason.as_str()),

@@ -96,6 +96,13 @@ pub struct Config {
     #[arg(long, env = "SANDBOXRUN_PROMETHEUS_URL")]
     pub prometheus_url: Option<RedactedUrl>,
 
+    /// The environment the Prometheus of --prometheus-url belongs to: sandbox, staging or
+    /// production (default, the most sensitive). A metrics run is judged in this environment
+    /// when it is more sensitive than the one the run names, so a call cannot reach production
+    /// metrics under a sandbox rule.
+    #[arg(long, env = "SANDBOXRUN_PROMETHEUS_ENVIRONMENT", default_value = "production", value_parser = parse_environment)]
+    pub prometheus_environment: sandboxrun_core::Environment,
+
     /// Seconds between checks of the policy file for changes.
     #[arg(long, env = "SANDBOXRUN_POLICY_POLL_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub policy_poll_seconds: u64,
@@ -223,6 +230,14 @@ impl Config {
             })
             .unwrap_or_else(|| "sandboxrun-operator".to_owned())
     }
+}
+
+/// An environment by its name (`sandbox`, `staging`, `production`).
+fn parse_environment(name: &str) -> Result<sandboxrun_core::Environment, String> {
+    sandboxrun_core::Environment::ALL
+        .into_iter()
+        .find(|e| e.as_str() == name)
+        .ok_or_else(|| format!("{name:?} is not an environment: use sandbox, staging or production"))
 }
 
 #[cfg(test)]

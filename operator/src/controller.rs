@@ -20,7 +20,9 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sandboxrun_api::{SandboxRun, SandboxRunStatus};
 use sandboxrun_core::metrics::PrometheusClient;
-use sandboxrun_core::{Databases, Decision, Phase, PolicyStore, Reason, Tool, Verdict};
+use sandboxrun_core::{
+    CallContext, Databases, Decision, Environment, Phase, PolicyStore, Reason, Tool, Verdict,
+};
 use serde_json::json;
 use tracing::{info, warn};
 
@@ -58,6 +60,9 @@ pub struct Context {
     pub databases: Option<Databases>,
     /// The Prometheus metrics runs query; `None`: metrics runs end Rejected.
     pub prometheus: Option<PrometheusClient>,
+    /// The environment the Prometheus belongs to (`--prometheus-environment`): metrics runs are
+    /// judged in it when it is more sensitive than the one they name.
+    pub prometheus_environment: Environment,
     /// How long one read of a finished sandbox's log may take (`python::log::LOG_READ_TIMEOUT`).
     pub log_read_timeout: Duration,
     /// This replica's name (the Pod's), recorded in the claim of a query it executes.
@@ -112,6 +117,7 @@ impl Context {
             approval_timeout,
             databases: None,
             prometheus: None,
+            prometheus_environment: Environment::Production,
             log_read_timeout: crate::python::log::LOG_READ_TIMEOUT,
             identity: "sandboxrun-operator".to_owned(),
             feeds: crate::python::feed::Feeds::default(),
@@ -131,9 +137,15 @@ impl Context {
         self
     }
 
-    /// The same context, executing metrics runs against `prometheus`.
-    pub fn with_prometheus(mut self, prometheus: Option<PrometheusClient>) -> Self {
+    /// The same context, executing metrics runs against `prometheus`, which belongs to
+    /// `environment`.
+    pub fn with_prometheus(
+        mut self,
+        prometheus: Option<PrometheusClient>,
+        environment: Environment,
+    ) -> Self {
         self.prometheus = prometheus;
+        self.prometheus_environment = environment;
         self
     }
 
@@ -165,15 +177,42 @@ impl Context {
         self
     }
 
-    /// What policy says about `run` now. Without a policy every run is blocked, unless the
-    /// operator was explicitly told to allow them all.
-    pub fn decide(&self, run: &SandboxRun, tool: Tool) -> Decision {
-        let call = gate::call_context(&run.spec, tool);
+    /// Everything policy sees of `run`: the call as the run states it, completed by the tool's
+    /// one context builder in core with what this operator's configuration knows of its target
+    /// (an sql run's database: dialect and environment; a metrics run's Prometheus: its
+    /// environment). The embedded server builds the same context with the same functions.
+    pub fn call_context(&self, run: &SandboxRun, tool: Tool) -> CallContext {
+        let prometheus = self.prometheus.as_ref().map(|_| self.prometheus_environment);
+        gate::full_context(&run.spec, tool, self.databases.as_ref(), prometheus)
+    }
+
+    /// What policy says about `run` now, as it is recorded in `status.decision`: judged on the
+    /// run's full context ([`Context::call_context`]). Without a policy every run is blocked,
+    /// unless the operator was explicitly told to allow them all.
+    pub fn decide(&self, run: &SandboxRun, tool: Tool) -> sandboxrun_api::Decision {
+        let call = self.call_context(run, tool);
+        let decision = self.judge(&call);
+        sandboxrun_api::Decision::record(&decision, call.environment)
+    }
+
+    /// Policy's verdict on `call`.
+    pub fn judge(&self, call: &CallContext) -> Decision {
         match &self.policy {
-            Some(store) => store.evaluate(&call),
-            None if self.allow_without_policy => gate::allow_all(&call),
-            None => gate::block_all(&call),
+            Some(store) => store.evaluate(call),
+            None if self.allow_without_policy => gate::allow_all(call),
+            None => gate::block_all(call),
         }
+    }
+
+    /// The decision a run executes: its record (`status.decision`), rebuilt; a run decided by an
+    /// operator that recorded no grant is judged again on its full context (the only case of a
+    /// second judgement, for runs from before the record).
+    pub fn recorded(&self, run: &SandboxRun, status: &SandboxRunStatus, tool: Tool) -> Decision {
+        status
+            .decision
+            .as_ref()
+            .and_then(sandboxrun_api::Decision::taken)
+            .unwrap_or_else(|| self.judge(&self.call_context(run, tool)))
     }
 }
 
@@ -342,8 +381,10 @@ impl<'a> Reconcile<'a> {
         if !undecided(&prev) {
             return Ok(ControlFlow::Continue((prev, None)));
         }
-        let decision = self.ctx.decide(self.run, tool);
-        let record = gate::recorded(&decision);
+        let record = self.ctx.decide(self.run, tool);
+        let decision = record
+            .taken()
+            .expect("a decision recorded now carries its grant");
         info!(run = %self.name, namespace = %self.ns, decision = %decision, "policy decision");
         self.ctx.events.decided(self.run, &record).await;
         if record.verdict == Verdict::Allow {
@@ -365,7 +406,11 @@ impl<'a> Reconcile<'a> {
         let Some(decision) = prev.decision.clone() else {
             return Ok(ControlFlow::Continue(prev));
         };
-        let approval = gate::approval_state(self.run.spec.approval.as_ref(), self.generation);
+        let approval = gate::approval_state(
+            self.run.spec.approval.as_ref(),
+            prev.approval_request.as_ref(),
+            self.generation,
+        );
         let created = self.run.metadata.creation_timestamp.as_ref();
         let since = gate::awaiting_since(&prev, created, self.now);
         let awaiting = prev.phase == Some(Phase::AwaitingApproval);
@@ -390,13 +435,10 @@ impl<'a> Reconcile<'a> {
                 Ok(ControlFlow::Break(action))
             }
             Gate::Await { deadline } => {
-                if !awaiting {
-                    let approve = gate::approve_command(&self.name, &self.ns);
-                    let status =
-                        gate::awaiting_status(&prev, tool, &approve, self.generation, self.now);
-                    self.apply(&status).await?;
-                    info!(run = %self.name, namespace = %self.ns, "run awaits approval");
-                    self.ctx.metrics.entered(Phase::AwaitingApproval);
+                if (!awaiting || prev.approval_request.is_none())
+                    && let ControlFlow::Break(action) = self.begin_waiting(&prev, tool).await?
+                {
+                    return Ok(ControlFlow::Break(action));
                 }
                 // A change of spec.approval wakes the run up before this.
                 let wait = until(deadline, self.now);
@@ -416,6 +458,47 @@ impl<'a> Reconcile<'a> {
                 Ok(ControlFlow::Continue(prev))
             }
         }
+    }
+
+    /// Records that the run now waits for a person (`AwaitingApproval`, with
+    /// `status.approvalRequest`: when, at which generation, and any approval it already
+    /// carries, which will never count). Written only over the run as just read from the API
+    /// server, so the generation and the approval recorded are the ones the write lands on: an
+    /// approval written at any moment before is recorded as void, one written after is at a
+    /// later generation.
+    async fn begin_waiting(&self, prev: &SandboxRunStatus, tool: Tool) -> Stage<()> {
+        let Some(fresh) = self.runs.get_opt(&self.name).await? else {
+            return Ok(ControlFlow::Break(Action::await_change()));
+        };
+        let current = fresh.status.clone().unwrap_or_default();
+        if is_terminal(&current) {
+            return self.finished(&current).await.map(ControlFlow::Break);
+        }
+        if current.approval_request.is_some() {
+            // Already waiting: the cache had not seen our record yet.
+            return Ok(ControlFlow::Continue(()));
+        }
+        let request = gate::approval_request(
+            fresh.spec.approval.as_ref(),
+            fresh.metadata.generation.unwrap_or(1),
+            self.now,
+        );
+        let approve = gate::approve_command(&self.name, &self.ns);
+        let status = gate::awaiting_status(prev, tool, &approve, request, self.generation, self.now);
+        match self
+            .apply_if_unchanged(&status, fresh.resource_version())
+            .await
+        {
+            Ok(()) => {}
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {
+                info!(run = %self.name, "the run changed before it was recorded waiting; looking again");
+                return Ok(ControlFlow::Break(Action::requeue(Duration::from_millis(200))));
+            }
+            Err(e) => return Err(e),
+        }
+        info!(run = %self.name, namespace = %self.ns, "run awaits approval");
+        self.ctx.metrics.entered(Phase::AwaitingApproval);
+        Ok(ControlFlow::Continue(()))
     }
 
     /// Stage 3: the run passed the gate; execute its tool. `decided` is the decision taken in
@@ -480,11 +563,16 @@ impl<'a> Reconcile<'a> {
         }
         let prev = SandboxRunStatus { ..claim };
         let (ctx, now) = (self.ctx, Timestamp::now());
-        let policy = ctx.policy.as_deref();
+        // Executed as recorded: the decision the gate passed, and the approval it recorded.
+        let recorded = query::Recorded {
+            decision: ctx.recorded(self.run, &prev, tool),
+            approved: audit::approved(&prev),
+            recheck: ctx.policy.is_some().then(|| ctx.judge(&ctx.call_context(self.run, tool))),
+        };
         let (outcome, result) = if tool == Tool::Sql {
-            query::sql(self.run, ctx.databases.as_ref(), policy, now).await
+            query::sql(self.run, ctx.databases.as_ref(), &recorded, now).await
         } else {
-            query::metrics(self.run, ctx.prometheus.as_ref(), policy, now).await
+            query::metrics(self.run, ctx.prometheus.as_ref(), &recorded, now).await
         };
         let status = SandboxRunStatus {
             result,
@@ -892,6 +980,7 @@ pub fn trim(run: &mut SandboxRun) {
             if let Some(decision) = status.decision.as_mut() {
                 decision.rule = String::new();
                 decision.reason = String::new();
+                decision.grant = None;
             }
         }
     }

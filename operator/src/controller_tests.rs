@@ -283,10 +283,13 @@ async fn an_escalated_run_waits_and_runs_once_approved() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, Some("default: escalate\nrules: []\n"));
     reconcile_as(cached(&api), &ctx).await;
-    assert_eq!(api.take_requests(), [get_run(), patch_status()]);
+    // Decided on a fresh read; the wait recorded over the run as read once more.
+    assert_eq!(api.take_requests(), [get_run(), get_run(), patch_status()]);
     let status = api.status();
     assert_eq!(status["phase"], "AwaitingApproval", "{status}");
     assert_eq!(status["decision"]["verdict"], "Escalate");
+    assert_eq!(status["approvalRequest"]["generation"], 1, "{status}");
+    assert!(status["approvalRequest"].get("void").is_none(), "{status}");
     // Waiting again writes nothing.
     reconcile_as(cached(&api), &ctx).await;
     assert_eq!(api.take_requests(), Vec::<String>::new());
@@ -324,6 +327,46 @@ async fn an_escalated_run_waits_and_runs_once_approved() {
             .iter()
             .any(|n| n.starts_with("alice approved"))),
         "the Approved Event names who approved"
+    );
+}
+
+#[tokio::test]
+async fn an_approval_written_before_the_wait_never_counts() {
+    // A run that carries an approval before anyone was asked (the schema refuses one at
+    // creation; this one got past it, say from before the rule), then any other spec change that
+    // raises the generation: it still waits, and only a person's later answer counts.
+    let mut run = run_json(python());
+    run["spec"]["approval"] = json!({"approved": true, "by": "mallory"});
+    let api = FakeApi::start(run).await;
+    let ctx = context(&api, Some("default: escalate\nrules: []\n"));
+    reconcile_as(cached(&api), &ctx).await;
+    let status = api.status();
+    assert_eq!(status["phase"], "AwaitingApproval", "{status}");
+    assert_eq!(status["approvalRequest"]["void"]["by"], "mallory", "{status}");
+    for generation in [2, 3] {
+        api.with(|s| {
+            let run = s.run.as_mut().unwrap();
+            run["spec"]["cancelled"] = json!(false);
+            run["metadata"]["generation"] = json!(generation);
+        });
+        reconcile_as(cached(&api), &ctx).await;
+        assert!(api.with(|s| s.pod.is_none()), "no Pod at generation {generation}");
+        assert_eq!(api.status()["phase"], "AwaitingApproval");
+    }
+    // A person answers after the wait began: that counts.
+    api.with(|s| {
+        let run = s.run.as_mut().unwrap();
+        run["spec"]["approval"] = json!({"approved": true, "by": "alice"});
+        run["metadata"]["generation"] = json!(4);
+    });
+    reconcile_as(cached(&api), &ctx).await;
+    assert!(api.with(|s| s.pod.is_some()));
+    assert!(
+        api.with(|s| s
+            .event_notes
+            .iter()
+            .any(|n| n.starts_with("alice approved"))),
+        "the approval named is the person's"
     );
 }
 
@@ -663,6 +706,7 @@ fn the_cache_keeps_no_managed_fields_and_no_output_of_finished_runs() {
             verdict: sandboxrun_core::Verdict::Allow,
             rule: "r".repeat(256),
             reason: "why".repeat(100),
+            grant: None,
         }),
         ..Default::default()
     });

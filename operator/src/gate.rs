@@ -10,16 +10,21 @@
 //!   the person gave (`spec.approval.reason`) go into the `Approved` condition, the message of a
 //!   denied run, its Events and its audit line.
 //!
-//! An approval only counts when it was set after the run was created (`metadata.generation`
-//! above 1): whoever creates a run cannot approve it in the same breath.
+//! An approval only counts when a person wrote it after the run began waiting for one: the
+//! operator records when waiting began (`status.approvalRequest`: the time, the run's generation
+//! and any approval the run already carried), and an approval counts only at a later generation
+//! and when it is not the one already there ([`approval_state`]). The schema backs this up: no
+//! approval at creation, and `spec.approval` changes only while the run awaits approval
+//! (`crds/src/run.rs`); the chart's admission policy checks who writes it.
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sandboxrun_api::{
-    Approval, CONDITION_COMPLETED, CONDITION_STARTED, Decision, SandboxRunSpec, SandboxRunStatus,
+    Approval, ApprovalRequest, CONDITION_COMPLETED, CONDITION_STARTED, SandboxRunSpec,
+    SandboxRunStatus,
 };
-use sandboxrun_core::files::input_bytes;
-use sandboxrun_core::policy::{DEFAULT_ROWS, PythonRequest};
+use sandboxrun_core::policy::DEFAULT_ROWS;
+use sandboxrun_core::tools::python as python_tool;
 use sandboxrun_core::{CallContext, FileCaps, Phase, Reason, Tool, Verdict};
 
 use crate::outcome::{Outcome, rejected, set_condition};
@@ -31,22 +36,50 @@ pub const APPROVED: &str = "Approved";
 /// Rule name of the decisions taken when the operator runs without a policy file.
 pub const NO_POLICY_RULE: &str = "no-policy";
 
-/// What policy is asked about a run: its agent, tool and environment, the limits it requests
-/// and, for sql runs, the query; for python runs, the sandbox profile and the input files.
+/// The call as the run states it: its agent, tool and environment, the limits it requests and,
+/// for sql runs, the query; for python runs (through core's builder), the sandbox profile and
+/// the input files. What only the configuration knows (a database's dialect and environment, the
+/// Prometheus's environment) is added by the tool's own builder in core
+/// (`Context::call_context`).
 pub fn call_context(spec: &SandboxRunSpec, tool: Tool) -> CallContext {
+    let limits = spec.limits.effective();
+    if let Some(python) = spec.python.as_ref().filter(|_| tool == Tool::Python) {
+        return python_tool::call_context(
+            &spec.agent,
+            spec.environment,
+            limits,
+            python.sandbox_profile(),
+            &python.files,
+        );
+    }
     let mut call = CallContext::new(spec.agent.clone(), tool, spec.environment);
-    call.limits = spec.limits.effective();
-    if let Some(sql) = &spec.sql {
+    call.limits = limits;
+    if let Some(sql) = spec.sql.as_ref().filter(|_| tool == Tool::Sql) {
         call = call.with_sql(sql.database.clone(), sql.query.clone());
     }
-    if let Some(python) = spec.python.as_ref().filter(|_| tool == Tool::Python) {
-        call.python = Some(PythonRequest {
-            profile: python.sandbox_profile(),
-            input_files: u32::try_from(python.files.len()).unwrap_or(u32::MAX),
-            input_bytes: input_bytes(&python.files),
-        });
-    }
     call
+}
+
+/// Everything policy sees of a run: the call as the run states it ([`call_context`]), completed
+/// by the tool's one context builder in core with what the operator's configuration knows of its
+/// target (an sql run's database: dialect and environment; a metrics run's Prometheus, when
+/// there is one: `prometheus`, its environment). The embedded server builds the same context with
+/// the same core functions.
+pub fn full_context(
+    spec: &SandboxRunSpec,
+    tool: Tool,
+    databases: Option<&sandboxrun_core::Databases>,
+    prometheus: Option<sandboxrun_core::Environment>,
+) -> CallContext {
+    let call = call_context(spec, tool);
+    match tool {
+        Tool::Python => call,
+        Tool::Sql => match databases {
+            Some(databases) => sandboxrun_core::tools::sql::call_context(databases, call),
+            None => call,
+        },
+        Tool::Metrics => sandboxrun_core::tools::metrics::call_context(prometheus, call),
+    }
 }
 
 /// The decision when the operator has no policy file and was told to allow everything
@@ -81,15 +114,6 @@ pub fn block_all(call: &CallContext) -> sandboxrun_core::Decision {
         rewritten_query: None,
         metrics: None,
         files: FileCaps::default(),
-    }
-}
-
-/// The part of a decision recorded in `status.decision`.
-pub fn recorded(decision: &sandboxrun_core::Decision) -> Decision {
-    Decision {
-        verdict: decision.verdict,
-        rule: decision.rule.clone(),
-        reason: decision.reason.clone(),
     }
 }
 
@@ -167,11 +191,24 @@ fn approver(approval: &Approval) -> String {
     }
 }
 
-/// The approval state of a run from its `spec.approval` and `metadata.generation`.
-pub fn approval_state(approval: Option<&Approval>, generation: Option<i64>) -> ApprovalState {
+/// The approval state of a run from its `spec.approval`, its `metadata.generation` and the
+/// record of when it began waiting (`status.approvalRequest`). An approval counts only if the
+/// run began waiting before it was written: a later generation than the one recorded then, and
+/// not the approval the run already carried then. So nothing written at creation, or before the
+/// run was escalated, counts, however many other changes raise the generation afterwards.
+pub fn approval_state(
+    approval: Option<&Approval>,
+    request: Option<&ApprovalRequest>,
+    generation: Option<i64>,
+) -> ApprovalState {
+    let Some(request) = request else {
+        // The run never began waiting: nobody was asked yet.
+        return ApprovalState::Pending;
+    };
+    let written_since = generation.is_some_and(|g| g > request.generation);
     match approval {
-        // Set at creation (generation 1): the creator cannot approve, nor deny, its own run.
-        Some(_) if generation.unwrap_or(1) <= 1 => ApprovalState::Pending,
+        Some(_) if !written_since => ApprovalState::Pending,
+        Some(a) if request.void.as_ref() == Some(a) => ApprovalState::Pending,
         Some(a) if a.approved => ApprovalState::Approved {
             by: approver(a),
             reason: given_reason(a),
@@ -201,7 +238,7 @@ pub enum Gate {
 /// Decides the next step from the recorded decision and the approval. `since` is when the run
 /// was escalated (see [`awaiting_since`]).
 pub fn gate(
-    decision: &Decision,
+    decision: &sandboxrun_api::Decision,
     approval: ApprovalState,
     since: Timestamp,
     timeout: SignedDuration,
@@ -249,27 +286,47 @@ pub fn gate(
     }
 }
 
-/// When the run started waiting for approval: the transition time of its `Approved=False`
-/// condition, else its creation, else `now`.
+/// When the run started waiting for approval: its record of it, else the transition time of its
+/// `Approved=False` condition, else its creation, else `now`.
 pub fn awaiting_since(
     status: &SandboxRunStatus,
     created: Option<&Time>,
     now: Timestamp,
 ) -> Timestamp {
     status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == CONDITION_APPROVED && c.status == "False")
-        .map(|c| c.last_transition_time.0)
+        .approval_request
+        .as_ref()
+        .map(|r| r.since.0)
+        .or_else(|| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == CONDITION_APPROVED && c.status == "False")
+                .map(|c| c.last_transition_time.0)
+        })
         .or(created.map(|t| t.0))
         .unwrap_or(now)
+}
+
+/// The record that the run begins waiting now, at `generation`, carrying `approval` already
+/// (which will never count).
+pub fn approval_request(
+    approval: Option<&Approval>,
+    generation: i64,
+    now: Timestamp,
+) -> ApprovalRequest {
+    ApprovalRequest {
+        since: Time(now),
+        generation,
+        void: approval.cloned(),
+    }
 }
 
 /// The status that records a fresh decision; nothing else changes.
 pub fn decided_status(
     prev: &SandboxRunStatus,
     tool: Tool,
-    decision: Decision,
+    decision: sandboxrun_api::Decision,
     generation: Option<i64>,
 ) -> SandboxRunStatus {
     SandboxRunStatus {
@@ -280,11 +337,13 @@ pub fn decided_status(
     }
 }
 
-/// The status of a run waiting for a person's approval (`approve` is the command to approve it).
+/// The status of a run waiting for a person's approval (`approve` is the command to approve it),
+/// since `request`.
 pub fn awaiting_status(
     prev: &SandboxRunStatus,
     tool: Tool,
     approve: &str,
+    request: ApprovalRequest,
     generation: Option<i64>,
     now: Timestamp,
 ) -> SandboxRunStatus {
@@ -292,6 +351,7 @@ pub fn awaiting_status(
         phase: Some(Phase::AwaitingApproval),
         tool: Some(tool),
         decision: prev.decision.clone(),
+        approval_request: Some(request),
         conditions: prev.conditions.clone(),
         observed_generation: generation,
         ..Default::default()

@@ -11,12 +11,18 @@ fn t(s: &str) -> Timestamp {
 const T0: &str = "2026-11-29T08:00:00Z";
 const TIMEOUT: SignedDuration = SignedDuration::from_secs(900);
 
-fn decision(verdict: Verdict) -> Decision {
-    Decision {
+fn decision(verdict: Verdict) -> sandboxrun_api::Decision {
+    sandboxrun_api::Decision {
         verdict,
         rule: "r".into(),
         reason: "because".into(),
+        grant: None,
     }
+}
+
+/// The record of a wait that began at generation 1 with no approval on the run.
+fn waiting() -> ApprovalRequest {
+    approval_request(None, 1, t(T0))
 }
 
 fn rejected_reason(g: Gate) -> (String, String) {
@@ -168,22 +174,22 @@ fn an_approvals_reason_is_recorded_trimmed_and_blank_is_none() {
         by: "bob".into(),
         reason: reason.map(str::to_owned),
     };
-    let said = approval_state(Some(&with(Some("  not today \n"))), Some(2));
+    let said = approval_state(Some(&with(Some("  not today \n"))), Some(&waiting()), Some(2));
     assert_eq!(said.reason(), Some("not today"));
     assert_eq!(said.by(), Some("bob"));
     assert_eq!(
-        approval_state(Some(&with(Some(" \t"))), Some(2)).reason(),
+        approval_state(Some(&with(Some(" \t"))), Some(&waiting()), Some(2)).reason(),
         None
     );
-    assert_eq!(approval_state(Some(&with(None)), Some(2)).reason(), None);
-    // At creation an approval does not count, nor does what it says.
+    assert_eq!(approval_state(Some(&with(None)), Some(&waiting()), Some(2)).reason(), None);
+    // At the generation the wait began an approval does not count, nor does what it says.
     assert_eq!(
-        approval_state(Some(&with(Some("x"))), Some(1)).reason(),
+        approval_state(Some(&with(Some("x"))), Some(&waiting()), Some(1)).reason(),
         None
     );
     let mut approve = with(Some("ticket OPS-1"));
     approve.approved = true;
-    let approved = approval_state(Some(&approve), Some(2));
+    let approved = approval_state(Some(&approve), Some(&waiting()), Some(2));
     assert_eq!(approved.reason(), Some("ticket OPS-1"));
     assert_eq!(
         approved_message("alice", approved.reason()),
@@ -196,7 +202,7 @@ fn an_approvals_reason_is_recorded_trimmed_and_blank_is_none() {
 }
 
 #[test]
-fn approval_counts_only_after_creation() {
+fn approval_counts_only_after_the_wait_began() {
     let yes = Approval {
         approved: true,
         by: "alice".into(),
@@ -207,12 +213,12 @@ fn approval_counts_only_after_creation() {
         by: "bob".into(),
         reason: None,
     };
-    assert_eq!(approval_state(None, Some(3)), ApprovalState::Pending);
-    // Set by whoever created the run: not an approval.
-    assert_eq!(approval_state(Some(&yes), Some(1)), ApprovalState::Pending);
-    assert_eq!(approval_state(Some(&no), Some(1)), ApprovalState::Pending);
-    assert_eq!(approval_state(Some(&yes), None), ApprovalState::Pending);
-    let approved = approval_state(Some(&yes), Some(2));
+    assert_eq!(approval_state(None, Some(&waiting()), Some(3)), ApprovalState::Pending);
+    // There when the wait began (generation 1): not an approval.
+    assert_eq!(approval_state(Some(&yes), Some(&waiting()), Some(1)), ApprovalState::Pending);
+    assert_eq!(approval_state(Some(&no), Some(&waiting()), Some(1)), ApprovalState::Pending);
+    assert_eq!(approval_state(Some(&yes), Some(&waiting()), None), ApprovalState::Pending);
+    let approved = approval_state(Some(&yes), Some(&waiting()), Some(2));
     assert_eq!(
         approved,
         ApprovalState::Approved {
@@ -221,7 +227,7 @@ fn approval_counts_only_after_creation() {
         }
     );
     assert_eq!(approved.by(), Some("alice"));
-    let denied = approval_state(Some(&no), Some(2));
+    let denied = approval_state(Some(&no), Some(&waiting()), Some(2));
     assert_eq!(
         denied,
         ApprovalState::Denied {
@@ -230,7 +236,7 @@ fn approval_counts_only_after_creation() {
         }
     );
     assert_eq!(denied.by(), Some("bob"));
-    assert_eq!(approval_state(Some(&yes), Some(1)).by(), None);
+    assert_eq!(approval_state(Some(&yes), Some(&waiting()), Some(1)).by(), None);
 }
 
 #[test]
@@ -239,15 +245,23 @@ fn awaiting_status_records_the_wait_and_keeps_its_start() {
         decision: Some(decision(Verdict::Escalate)),
         ..Default::default()
     };
-    let s = awaiting_status(&prev, Tool::Python, "kubectl patch …", Some(1), t(T0));
+    let s = awaiting_status(&prev, Tool::Python, "kubectl patch …", waiting(), Some(1), t(T0));
     assert_eq!(s.phase, Some(Phase::AwaitingApproval));
     assert_eq!(s.reason.as_deref(), Some("AwaitingApproval"));
     assert_eq!(s.decision, prev.decision);
     assert!(s.message.as_deref().unwrap().contains("kubectl patch"));
     assert_eq!(s.pod_name, None);
     assert_eq!(awaiting_since(&s, None, t("2026-11-29T09:00:00Z")), t(T0));
-    // Rewriting it later does not move the start of the wait.
-    let again = awaiting_status(&s, Tool::Python, "x", Some(1), t("2026-11-29T08:05:00Z"));
+    // Rewriting it later (with its record, which the schema keeps) does not move the start of
+    // the wait.
+    let again = awaiting_status(
+        &s,
+        Tool::Python,
+        "x",
+        s.approval_request.clone().unwrap(),
+        Some(1),
+        t("2026-11-29T08:05:00Z"),
+    );
     assert_eq!(
         awaiting_since(&again, None, t("2026-11-29T09:00:00Z")),
         t(T0)
@@ -487,7 +501,7 @@ rules:
     // The blocked run ends Rejected by the gate, nothing executed.
     let blocked = strict.evaluate(&call_context(&s, Tool::Python));
     let (reason, message) = rejected_reason(gate(
-        &recorded(&blocked),
+        &sandboxrun_api::Decision::record(&blocked, Environment::Sandbox),
         ApprovalState::Pending,
         Timestamp::now(),
         SignedDuration::from_mins(15),

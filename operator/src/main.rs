@@ -190,7 +190,7 @@ async fn main() -> anyhow::Result<()> {
         )
         .allowing_all_without_policy(config.allow_all_without_policy)
         .with_databases(databases)
-        .with_prometheus(prometheus)
+        .with_prometheus(prometheus, config.prometheus_environment)
         .with_identity(identity.clone())
         .with_pools(pool_store),
     );

@@ -127,6 +127,7 @@ pub fn base(
     SandboxRunStatus {
         tool,
         decision: prev.decision.clone(),
+        approval_request: prev.approval_request.clone(),
         conditions: prev.conditions.clone(),
         observed_generation: generation,
         // How the run got its sandbox stays true to its end.

@@ -5,9 +5,11 @@
 //! `--prometheus-url`, chart value `operator.prometheus.url`); the internet-facing frontend only
 //! creates the SandboxRun.
 //!
-//! A query run that passed the gate (allowed, or escalated and approved) is judged once more (a
-//! policy reload may have blocked it since; an sql query is judged with its database's dialect
-//! and only the SQL guard's **rewritten** query runs, never the text in the spec). It ends
+//! A query run that passed the gate executes **as recorded**: the decision taken once on its
+//! full context (`status.decision`, with its grant: the guard's rewritten query, the row cap,
+//! the limits, the metrics scope) and the approval the gate recorded; never the text in the spec,
+//! never a second judgement on other inputs. Policy is asked once more only to tighten: a run
+//! the current policy blocks (a reload since) runs nothing. It ends
 //! `Succeeded` with its typed result in `status.result` (core's [`SqlResult`] or
 //! [`MetricsResult`], written with `serde_json::to_value`), `Failed` or `TimedOut` with a
 //! message that says what to change, or `Rejected` when nothing may run. Without databases (or
@@ -22,10 +24,9 @@ use sandboxrun_core::metrics::{
 };
 use sandboxrun_core::tools::metrics::{self as metrics_tool, Source};
 use sandboxrun_core::tools::sql::{self as sql_tool, Execution};
-use sandboxrun_core::{Databases, Decision, Phase, PolicyStore, Reason, Tool, Verdict};
+use sandboxrun_core::{Databases, Decision, Phase, Reason, Verdict};
 use serde_json::Value;
 
-use crate::gate;
 use crate::outcome::{Outcome, millis_between, rejected};
 
 /// The message of an sql run when the operator has no databases.
@@ -53,11 +54,51 @@ fn ran(
     Outcome::of(phase, reason, message, Some(started), finished)
 }
 
-/// Judges and executes an sql run that passed the gate.
+/// What a query run executes: its recorded decision, whether the gate recorded a person's
+/// approval, and policy's judgement now (`None`: the operator has no policy), which may only
+/// tighten the record.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// The decision as recorded when policy judged the run.
+    pub decision: Decision,
+    /// Whether the gate recorded a person's approval (the `Approved` condition).
+    pub approved: bool,
+    /// Policy's judgement of the same full context now.
+    pub recheck: Option<Decision>,
+}
+
+impl Recorded {
+    /// The rejection of a run that must not execute: blocked by the record or by policy now, or
+    /// escalated without a recorded approval.
+    fn refusal(&self, now: Timestamp) -> Option<Outcome> {
+        let d = &self.decision;
+        if d.verdict == Verdict::Block {
+            let message = format!("blocked by rule {}: {}", d.rule, d.reason);
+            return Some(rejected(Reason::PolicyBlocked, message, now));
+        }
+        if let Some(now_d) = self.recheck.as_ref().filter(|r| r.verdict == Verdict::Block) {
+            let message = format!(
+                "blocked by rule {} since it was decided: {}",
+                now_d.rule, now_d.reason
+            );
+            return Some(rejected(Reason::PolicyBlocked, message, now));
+        }
+        if d.verdict == Verdict::Escalate && !self.approved {
+            let message = format!(
+                "rule {} escalated the run ({}) and no approval was recorded",
+                d.rule, d.reason
+            );
+            return Some(rejected(Reason::ApprovalDenied, message, now));
+        }
+        None
+    }
+}
+
+/// Executes an sql run that passed the gate, as recorded.
 pub async fn sql(
     run: &SandboxRun,
     databases: Option<&Databases>,
-    policy: Option<&PolicyStore>,
+    recorded: &Recorded,
     now: Timestamp,
 ) -> Ended {
     let Some(databases) = databases else {
@@ -66,31 +107,28 @@ pub async fn sql(
             None,
         );
     };
-    let Some(policy) = policy else {
+    if recorded.recheck.is_none() {
         let message = "sql runs need a policy with sql rules to check the query: start the \
                        operator with --policy-file";
         return (
             rejected(Reason::PolicyRequired, message.to_owned(), now),
             None,
         );
-    };
+    }
     let Some(spec) = run.spec.sql.as_ref() else {
         return (
             rejected(Reason::NoQuery, "the run has no spec.sql".to_owned(), now),
             None,
         );
     };
-    let decision = sql_decision(run, databases, policy);
-    // The gate let the run through (allowed, or escalated and approved): `approved` is true. A
-    // Block, or a query the guard could not rewrite, runs nothing.
-    let execution = sql_tool::execute(databases, &spec.database, &decision, true).await;
-    sql_outcome(&execution, &decision, now)
-}
-
-/// The decision of an sql run: core's, on the run's agent, environment, query and requested
-/// limits.
-fn sql_decision(run: &SandboxRun, databases: &Databases, policy: &PolicyStore) -> Decision {
-    sql_tool::decide(policy, databases, gate::call_context(&run.spec, Tool::Sql))
+    if let Some(refusal) = recorded.refusal(now) {
+        return (refusal, None);
+    }
+    let decision = &recorded.decision;
+    // Only the guard's rewritten query of the record runs (none: nothing runs), with the
+    // record's row cap and limits.
+    let execution = sql_tool::execute(databases, &spec.database, decision, recorded.approved).await;
+    sql_outcome(&execution, decision, now)
 }
 
 /// The outcome and `status.result` of a judged query (`now`: when nothing ran).
@@ -113,11 +151,11 @@ pub fn sql_outcome(execution: &Execution, decision: &Decision, now: Timestamp) -
     (outcome, execution.result().as_ref().map(to_status))
 }
 
-/// Judges and executes a metrics run that passed the gate.
+/// Executes a metrics run that passed the gate, as recorded.
 pub async fn metrics(
     run: &SandboxRun,
     prometheus: Option<&PrometheusClient>,
-    policy: Option<&PolicyStore>,
+    recorded: &Recorded,
     now: Timestamp,
 ) -> Ended {
     let Some(prometheus) = prometheus else {
@@ -136,21 +174,11 @@ pub async fn metrics(
             None,
         );
     };
-    let call = gate::call_context(&run.spec, Tool::Metrics);
-    let decision = match policy {
-        Some(policy) => {
-            let decision = policy.evaluate(&call);
-            if decision.verdict == Verdict::Block {
-                let message = format!("blocked by rule {}: {}", decision.rule, decision.reason);
-                return (rejected(Reason::PolicyBlocked, message, now), None);
-            }
-            Some(decision)
-        }
-        None => None,
-    };
-    let timeout_seconds = decision
-        .as_ref()
-        .map_or(call.limits.timeout_seconds, |d| d.limits.timeout_seconds);
+    if let Some(refusal) = recorded.refusal(now) {
+        return (refusal, None);
+    }
+    let decision = &recorded.decision;
+    let timeout_seconds = decision.limits.timeout_seconds;
     let time = TimeArgs {
         time: spec.time.clone(),
         start: spec.range.as_ref().map(|r| r.start.clone()),
@@ -168,14 +196,10 @@ pub async fn metrics(
             return (outcome, None);
         }
     };
-    // What the deciding rule lets the query read (its metric names and pinned labels).
-    let query = match decision
-        .as_ref()
-        .map(|d| metrics_tool::scoped(&query, d, None))
-    {
-        None => query,
-        Some(Ok(scoped)) => scoped,
-        Some(Err(e)) => {
+    // What the recorded rule lets the query read (its metric names and pinned labels).
+    let query = match metrics_tool::scoped(&query, decision, None) {
+        Ok(scoped) => scoped,
+        Err(e) => {
             let outcome = ran(Phase::Failed, Reason::InvalidQuery, e.to_string(), now, now);
             return (outcome, None);
         }

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use sandboxrun_api::SandboxRunStatus;
 use sandboxrun_core::metrics::{ResultType, Series};
 use sandboxrun_core::tools::sql::SqlResult;
-use sandboxrun_core::{CallContext, Environment, QueryError, QueryResult};
+use sandboxrun_core::{CallContext, Environment, PolicyStore, QueryError, QueryResult, Tool};
+
+use crate::gate;
 use serde_json::json;
 
 use super::*;
@@ -53,6 +55,31 @@ async fn demo_databases(tag: &str) -> (Databases, std::path::PathBuf) {
     (Databases::from_config(&config).unwrap(), dir)
 }
 
+/// What the operator executes for `run`: judged once on its full context by `policy` (no
+/// policy: allowed, as with `--allow-all-without-policy`), and again by `current` at execution
+/// (a policy reload since may tighten it), with the gate's record of a person's approval.
+fn recorded_by(
+    run: &SandboxRun,
+    databases: Option<&Databases>,
+    policy: Option<&PolicyStore>,
+    current: Option<&PolicyStore>,
+    approved: bool,
+) -> Recorded {
+    let tool = run.spec.tool().unwrap_or(Tool::Sql);
+    // The tests' Prometheus belongs to the sandbox, as the e2e suite's does.
+    let call = gate::full_context(&run.spec, tool, databases, Some(Environment::Sandbox));
+    Recorded {
+        decision: policy.map_or_else(|| gate::allow_all(&call), |p| p.evaluate(&call)),
+        approved,
+        recheck: current.map(|p| p.evaluate(&call)),
+    }
+}
+
+/// [`recorded_by`] one policy, unchanged since, with no approval.
+fn recorded(run: &SandboxRun, databases: Option<&Databases>, policy: Option<&PolicyStore>) -> Recorded {
+    recorded_by(run, databases, policy, policy, false)
+}
+
 fn embedded_policy() -> PolicyStore {
     PolicyStore::new(sandboxrun_core::policy::embedded::embedded_policy())
 }
@@ -67,7 +94,7 @@ async fn sql_runs_execute_the_rewritten_query_and_write_the_typed_result() {
         "demo",
         "SELECT id, account FROM ledger ORDER BY id LIMIT 2",
     );
-    let (o, v) = sql(&run, Some(&databases), Some(&policy), now).await;
+    let (o, v) = sql(&run, Some(&databases), &recorded(&run, Some(&databases), Some(&policy)), now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Succeeded, "QueryCompleted"),
@@ -88,7 +115,7 @@ async fn sql_runs_execute_the_rewritten_query_and_write_the_typed_result() {
 
     // The guard refuses `SELECT *` under this policy: nothing runs.
     let star = sql_run("sandbox", "demo", "SELECT * FROM ledger");
-    let (o, v) = sql(&star, Some(&databases), Some(&policy), now).await;
+    let (o, v) = sql(&star, Some(&databases), &recorded(&star, Some(&databases), Some(&policy)), now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Rejected, "PolicyBlocked")
@@ -101,7 +128,8 @@ async fn sql_runs_execute_the_rewritten_query_and_write_the_typed_result() {
     let blocked = PolicyStore::new(
         sandboxrun_core::Policy::from_yaml("default: block\nrules: []\n", "p").unwrap(),
     );
-    let (o, _) = sql(&run, Some(&databases), Some(&blocked), now).await;
+    let since = recorded_by(&run, Some(&databases), Some(&policy), Some(&blocked), false);
+    let (o, _) = sql(&run, Some(&databases), &since, now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Rejected, "PolicyBlocked")
@@ -113,14 +141,14 @@ async fn sql_runs_execute_the_rewritten_query_and_write_the_typed_result() {
 async fn sql_runs_without_databases_policy_or_query_are_rejected() {
     let now = Timestamp::now();
     let run = sql_run("sandbox", "demo", "SELECT id FROM ledger");
-    let (o, v) = sql(&run, None, Some(&embedded_policy()), now).await;
+    let (o, v) = sql(&run, None, &recorded(&run, None, Some(&embedded_policy())), now).await;
     assert_eq!(
         (o.phase, o.reason.as_str(), o.message.as_str()),
         (Phase::Rejected, "ToolNotImplemented", NO_DATABASES)
     );
     assert!(v.is_none());
     let (databases, dir) = demo_databases("reject").await;
-    let (o, _) = sql(&run, Some(&databases), None, now).await;
+    let (o, _) = sql(&run, Some(&databases), &recorded(&run, Some(&databases), None), now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Rejected, "PolicyRequired")
@@ -128,7 +156,7 @@ async fn sql_runs_without_databases_policy_or_query_are_rejected() {
     assert!(o.message.contains("--policy-file"), "{}", o.message);
     let mut no_query = run.clone();
     no_query.spec.sql = None;
-    let (o, _) = sql(&no_query, Some(&databases), Some(&embedded_policy()), now).await;
+    let (o, _) = sql(&no_query, Some(&databases), &recorded(&no_query, Some(&databases), Some(&embedded_policy())), now).await;
     assert_eq!((o.phase, o.reason.as_str()), (Phase::Rejected, "NoQuery"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -224,7 +252,7 @@ async fn sql_runs_are_judged_with_their_requested_limits() {
     let (databases, dir) = demo_databases("limits").await;
     let mut run = sql_run("sandbox", "demo", "SELECT id FROM ledger");
     run.spec.limits.timeout_seconds = 7;
-    let decision = sql_decision(&run, &databases, &embedded_policy());
+    let decision = recorded(&run, Some(&databases), Some(&embedded_policy())).decision;
     assert_eq!(decision.verdict, Verdict::Allow, "{}", decision.reason);
     // The statement timeout is the run's own, not the default.
     assert_eq!(decision.limits.timeout_seconds, 7);
@@ -232,6 +260,70 @@ async fn sql_runs_are_judged_with_their_requested_limits() {
         sql_tool::query_limits(&decision).statement_timeout,
         Duration::from_secs(7)
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn a_query_is_judged_in_its_databases_environment_and_runs_as_recorded() {
+    let dir = std::env::temp_dir().join(format!("sbr-operator-bound-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("demo.sqlite");
+    sandboxrun_core::query::demo::ensure_sqlite(&path)
+        .await
+        .unwrap();
+    let production = sandboxrun_core::query::DatabaseConfig {
+        environment: Some(Environment::Production),
+        ..sandboxrun_core::query::demo::database_config(&path)
+    };
+    let databases = Databases::from_config(&BTreeMap::from([("demo".to_owned(), production)]))
+        .unwrap();
+    // Production queries wait for a person; sandbox ones run.
+    let policy = PolicyStore::new(
+        sandboxrun_core::Policy::from_yaml(
+            "default: block\nrules:\n\
+             - {name: prod, agents: ['*'], tools: [sql], environments: [production], verdict: escalate,\
+                sql: {databases: [demo], tables: {ledger: {columns: [id]}}}}\n\
+             - {name: sandbox, agents: ['*'], tools: [sql], environments: [sandbox], verdict: allow,\
+                sql: {databases: [demo], tables: {ledger: {columns: [id]}}}}\n",
+            "p",
+        )
+        .unwrap(),
+    );
+    let now = Timestamp::now();
+    // The run says sandbox; its database is production's: judged there, escalated.
+    let run = sql_run("sandbox", "demo", "SELECT id FROM ledger ORDER BY id LIMIT 1");
+    let call = gate::full_context(&run.spec, Tool::Sql, Some(&databases), None);
+    assert_eq!(call.environment, Environment::Production);
+    let unapproved = recorded(&run, Some(&databases), Some(&policy));
+    assert_eq!(unapproved.decision.verdict, Verdict::Escalate);
+    assert_eq!(unapproved.decision.rule, "prod");
+    // Without the gate's record of an approval nothing runs.
+    let (o, v) = sql(&run, Some(&databases), &unapproved, now).await;
+    assert_eq!(o.phase, Phase::Rejected, "{}", o.message);
+    assert_eq!(o.started_at, None, "nothing executed");
+    assert!(v.is_none());
+    // With it, the recorded query runs.
+    let approved = recorded_by(&run, Some(&databases), Some(&policy), Some(&policy), true);
+    let (o, v) = sql(&run, Some(&databases), &approved, now).await;
+    assert_eq!(o.phase, Phase::Succeeded, "{}", o.message);
+    let result: SqlResult = typed(v).unwrap();
+    assert_eq!(result.rows, [[json!(1)]]);
+    // A more sensitive environment named by the call stands: production on a sandbox database.
+    let sandbox_db = Databases::from_config(&BTreeMap::from([(
+        "demo".to_owned(),
+        sandboxrun_core::query::demo::database_config(&path),
+    )]))
+    .unwrap();
+    let run = sql_run("production", "demo", "SELECT id FROM ledger LIMIT 1");
+    let call = gate::full_context(&run.spec, Tool::Sql, Some(&sandbox_db), None);
+    assert_eq!(call.environment, Environment::Production);
+    // A database configured without an environment is production's.
+    let unbound = sandboxrun_core::query::DatabaseConfig {
+        environment: None,
+        ..sandboxrun_core::query::demo::database_config(&path)
+    };
+    let unbound = Databases::from_config(&BTreeMap::from([("demo".to_owned(), unbound)])).unwrap();
+    assert_eq!(unbound.environment("demo"), Some(Environment::Production));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -285,7 +377,7 @@ async fn metrics_runs_query_a_real_prometheus() {
     let policy = chart_policy();
     let now = Timestamp::now();
     let run = metrics_run("sandbox", json!({"query": "up"}));
-    let (o, v) = metrics(&run, Some(&prometheus), Some(&policy), now).await;
+    let (o, v) = metrics(&run, Some(&prometheus), &recorded(&run, None, Some(&policy)), now).await;
     assert_eq!(o.phase, Phase::Succeeded, "{}", o.message);
     let v = v.unwrap();
     assert_eq!(v["resultType"], "vector");
@@ -306,7 +398,7 @@ async fn metrics_runs_query_a_real_prometheus() {
         json!({"query": "up{job=\"prometheus\"}",
             "range": {"start": start.to_string(), "end": now.to_string(), "step": "5s"}}),
     );
-    let (o, v) = metrics(&run, Some(&prometheus), Some(&policy), now).await;
+    let (o, v) = metrics(&run, Some(&prometheus), &recorded(&run, None, Some(&policy)), now).await;
     assert_eq!(o.phase, Phase::Succeeded, "{}", o.message);
     let v = v.unwrap();
     assert_eq!(v["resultType"], "matrix");
@@ -316,7 +408,7 @@ async fn metrics_runs_query_a_real_prometheus() {
     );
 
     let run = metrics_run("sandbox", json!({"query": "sum(rate(up[5m])) by job"}));
-    let (o, v) = metrics(&run, Some(&prometheus), Some(&policy), now).await;
+    let (o, v) = metrics(&run, Some(&prometheus), &recorded(&run, None, Some(&policy)), now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Failed, "InvalidQuery")
@@ -333,7 +425,7 @@ async fn metrics_runs_query_a_real_prometheus() {
         "sandbox",
         json!({"query": "up", "range": {"start": "1", "end": "0", "step": "1s"}}),
     );
-    let (o, _) = metrics(&run, Some(&prometheus), Some(&policy), now).await;
+    let (o, _) = metrics(&run, Some(&prometheus), &recorded(&run, None, Some(&policy)), now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Failed, "InvalidQuery")
@@ -345,7 +437,7 @@ async fn metrics_runs_query_a_real_prometheus() {
 async fn metrics_without_prometheus_or_outside_policy_nothing_is_queried() {
     let now = Timestamp::now();
     let run = metrics_run("sandbox", json!({"query": "up"}));
-    let (o, v) = metrics(&run, None, None, now).await;
+    let (o, v) = metrics(&run, None, &recorded(&run, None, None), now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Rejected, "ToolNotImplemented")
@@ -359,7 +451,7 @@ async fn metrics_without_prometheus_or_outside_policy_nothing_is_queried() {
     let policy = PolicyStore::new(
         sandboxrun_core::Policy::from_yaml("default: block\nrules: []\n", "p").unwrap(),
     );
-    let (o, _) = metrics(&blocked, Some(&nowhere), Some(&policy), now).await;
+    let (o, _) = metrics(&blocked, Some(&nowhere), &recorded(&blocked, None, Some(&policy)), now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Rejected, "PolicyBlocked")
@@ -367,7 +459,7 @@ async fn metrics_without_prometheus_or_outside_policy_nothing_is_queried() {
     // A syntax error is reported with its position without asking the (unreachable)
     // Prometheus.
     let bad = metrics_run("sandbox", json!({"query": "sum(rate(up[5m])) by job"}));
-    let (o, _) = metrics(&bad, Some(&nowhere), None, now).await;
+    let (o, _) = metrics(&bad, Some(&nowhere), &recorded(&bad, None, None), now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Failed, "InvalidQuery")

@@ -198,6 +198,16 @@ impl CallContext {
         }
     }
 
+    /// The same call, judged in the environment of what it reaches (a database, a Prometheus)
+    /// when that one is more sensitive than the environment the call names: a caller can raise
+    /// the bar by naming a stricter environment, never lower it by naming a laxer one. Every
+    /// tool's context builder (`tools::sql::call_context`, `tools::metrics::call_context`) binds
+    /// its target through this one function.
+    pub fn reaching(mut self, target: Environment) -> Self {
+        self.environment = self.environment.max(target);
+        self
+    }
+
     /// The same call carrying a query for `database` (PostgreSQL dialect).
     pub fn with_sql(mut self, database: impl Into<String>, query: impl Into<String>) -> Self {
         self.sql = Some(SqlRequest {

@@ -62,5 +62,9 @@ pub async fn ensure_sqlite(path: &Path) -> Result<bool, DemoError> {
 
 /// The configuration naming the demo database at `path`.
 pub fn database_config(path: &Path) -> DatabaseConfig {
-    DatabaseConfig::with_url(SqlDialect::Sqlite, format!("sqlite://{}", path.display()))
+    DatabaseConfig {
+        // Made-up data, made on this machine: the sandbox's.
+        environment: Some(crate::model::Environment::Sandbox),
+        ..DatabaseConfig::with_url(SqlDialect::Sqlite, format!("sqlite://{}", path.display()))
+    }
 }

@@ -63,8 +63,10 @@ pub struct DatabaseConfig {
     /// A file holding the URL (surrounding whitespace is ignored), e.g. a mounted Secret.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url_file: Option<PathBuf>,
-    /// The environment this database belongs to (`sandbox`, `staging`, `production`). When set,
-    /// every query against it is judged in that environment, whatever the call says: the
+    /// The environment this database belongs to (`sandbox`, `staging`, `production`; absent:
+    /// `production`, the most sensitive, so a database nobody bound is never reachable under a
+    /// laxer rule). A query against it is judged in this environment, or in the call's when that
+    /// is more sensitive, whatever the call says: the
     /// target decides, so a production database cannot be reached as "sandbox".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<crate::model::Environment>,
@@ -427,8 +429,8 @@ enum Engine {
 struct Entry {
     engine: Engine,
     scrubber: Scrubber,
-    /// The environment the database belongs to, when configured.
-    environment: Option<crate::model::Environment>,
+    /// The environment the database belongs to ([`DatabaseConfig::environment`]).
+    environment: crate::model::Environment,
 }
 
 /// The configured databases, by name. Cheap to clone (shared connection pools).
@@ -479,7 +481,9 @@ impl Databases {
                 Entry {
                     engine,
                     scrubber,
-                    environment: db.environment,
+                    environment: db
+                        .environment
+                        .unwrap_or(crate::model::Environment::Production),
                 },
             );
         }
@@ -493,9 +497,9 @@ impl Databases {
         self.entries.keys().cloned().collect()
     }
 
-    /// The environment a configured database belongs to, when its configuration says.
+    /// The environment a configured database belongs to (`None`: no such database).
     pub fn environment(&self, database: &str) -> Option<crate::model::Environment> {
-        self.entries.get(database).and_then(|e| e.environment)
+        self.entries.get(database).map(|e| e.environment)
     }
 
     /// The dialect of a configured database (what to pass to the guard).

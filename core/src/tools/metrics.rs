@@ -326,6 +326,17 @@ pub fn parse_args(
     Ok((parsed, query))
 }
 
+/// What policy sees of a metrics call: the call as made, judged in the environment of the
+/// Prometheus it reaches when that is more sensitive than the one it names (`bound`: the
+/// endpoint's configured environment). `None` embedded, where a call reads this server's own
+/// call record, scoped to the caller's own calls. The one builder of a metrics call's context.
+pub fn call_context(bound: Option<Environment>, call: CallContext) -> CallContext {
+    match bound {
+        Some(bound) => call.reaching(bound),
+        None => call,
+    }
+}
+
 /// Runs a judged query against `source` with the decision's timeout, capped in series, samples
 /// and bytes.
 pub async fn execute(
@@ -430,10 +441,8 @@ impl ToolSpec for FetchMetrics {
         call: MetricsCall,
         _output: Option<crate::runner::OutputFn>,
     ) -> Result<MetricsOutput, String> {
-        let decision =
-            embedded
-                .policy
-                .evaluate(&CallContext::new(agent, Tool::Metrics, call.environment));
+        let context = call_context(None, CallContext::new(agent, Tool::Metrics, call.environment));
+        let decision = embedded.policy.evaluate(&context);
         tracing::info!(
             run = %run_name, agent, verdict = %decision.verdict, rule = %decision.rule,
             "fetch_metrics decision"

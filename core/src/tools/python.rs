@@ -101,17 +101,37 @@ pub struct PythonCall {
 }
 
 impl PythonCall {
-    /// What policy looks at to judge this call, made by `agent`.
+    /// What policy looks at to judge this call, made by `agent` (embedded runs are the
+    /// sandbox's).
     pub fn context(&self, agent: &str) -> CallContext {
-        let mut context = CallContext::new(agent, Tool::Python, Environment::Sandbox);
-        context.limits = self.limits.clone();
-        context.python = Some(PythonRequest {
-            profile: self.profile,
-            input_files: u32::try_from(self.files.len()).unwrap_or(u32::MAX),
-            input_bytes: input_bytes(&self.files),
-        });
-        context
+        call_context(
+            agent,
+            Environment::Sandbox,
+            self.limits.clone(),
+            self.profile,
+            &self.files,
+        )
     }
+}
+
+/// What policy sees of a python call: who asks, in which environment, with which limits, for
+/// which sandbox profile and how many input bytes. The one builder of a python call's context:
+/// the embedded server and the operator both judge through it.
+pub fn call_context(
+    agent: &str,
+    environment: Environment,
+    limits: Limits,
+    profile: Profile,
+    files: &[InputFile],
+) -> CallContext {
+    let mut context = CallContext::new(agent, Tool::Python, environment);
+    context.limits = limits;
+    context.python = Some(PythonRequest {
+        profile,
+        input_files: u32::try_from(files.len()).unwrap_or(u32::MAX),
+        input_bytes: input_bytes(files),
+    });
+    context
 }
 
 /// Validates the raw arguments of `run_python`: returns the code and the requested timeout, or

@@ -183,20 +183,28 @@ impl Execution {
     }
 }
 
-/// Judges an sql call (its agent, environment, query and requested limits) with the target
-/// database's dialect, and in the target database's environment when its configuration names
-/// one: the caller's `environment` argument cannot move a production database into a sandbox
-/// rule.
-pub fn decide(policy: &PolicyStore, databases: &Databases, mut call: CallContext) -> Decision {
-    if let Some(sql) = call.sql.as_mut() {
-        sql.dialect = databases
-            .dialect(&sql.database)
-            .unwrap_or(SqlDialect::Postgres);
-        if let Some(environment) = databases.environment(&sql.database) {
-            call.environment = environment;
-        }
+/// What policy sees of an sql call: the call as made (agent, environment, query, requested
+/// limits), completed with what only the configuration knows about its target: the database's
+/// dialect (the guard parses the query as that database will) and its environment (the call is
+/// judged in the database's environment when that is more sensitive than the one it names, so
+/// `environment: sandbox` cannot move a production database into a sandbox rule). The one
+/// builder of an sql call's context: the embedded server and the operator both judge through it.
+pub fn call_context(databases: &Databases, mut call: CallContext) -> CallContext {
+    let Some(sql) = call.sql.as_mut() else {
+        return call;
+    };
+    sql.dialect = databases
+        .dialect(&sql.database)
+        .unwrap_or(SqlDialect::Postgres);
+    match databases.environment(&sql.database) {
+        Some(bound) => call.reaching(bound),
+        None => call,
     }
-    policy.evaluate(&call)
+}
+
+/// Judges an sql call on its full context ([`call_context`]).
+pub fn decide(policy: &PolicyStore, databases: &Databases, call: CallContext) -> Decision {
+    policy.evaluate(&call_context(databases, call))
 }
 
 /// The caps of an allowed query: the decision's timeout and row cap; bytes within

@@ -92,12 +92,14 @@ impl Reconcile<'_> {
                     info!(run = %self.name, pod = %claimed.claimed.pod, "taking up a warm sandbox claimed before a restart");
                     self.ctx.claims_in_doubt.remove(&self.uid());
                     let limits = pod::limits_of(&claimed.object).unwrap_or(limits);
-                    let files = self.file_caps(Some(&claimed.object), decided.as_ref());
+                    let files = self.file_caps(Some(&claimed.object), &prev, decided.as_ref());
                     return self.run_warm(&prev, &claimed.claimed, &limits, files).await;
                 }
+                // The decision as recorded when policy judged the run (taken in this
+                // reconciliation, or read back from the status).
                 let decision = match decided {
                     Some(d) => d,
-                    None => self.ctx.decide(self.run, Tool::Python),
+                    None => self.ctx.recorded(self.run, &prev, Tool::Python),
                 };
                 let (limits, files) = (decision.limits, decision.files);
                 let profile = pod::profile_of(self.run);
@@ -161,7 +163,7 @@ impl Reconcile<'_> {
                             if feed::already_received(&self.pods, pod_name).await? {
                                 self.ctx.feeds.mark_fed(&self.uid());
                             } else {
-                                let files = self.file_caps(pod.as_ref(), decided.as_ref());
+                                let files = self.file_caps(pod.as_ref(), &prev, decided.as_ref());
                                 self.feed(pod_name, &limits, files).await?;
                             }
                         }
@@ -170,7 +172,7 @@ impl Reconcile<'_> {
                 self.progress_to(&prev, &progress, pod_name).await
             }
             Next::Collect(exited) => {
-                let files = self.file_caps(pod.as_ref(), decided.as_ref());
+                let files = self.file_caps(pod.as_ref(), &prev, decided.as_ref());
                 self.collect(&prev, &exited, &limits, files, pod_name).await
             }
             Next::Finish(outcome) => {
@@ -181,12 +183,16 @@ impl Reconcile<'_> {
     }
 
     /// The caps on the files the run returns: recorded on its Pod (from the decision that built
-    /// or claimed it), else the decision taken in this reconciliation, else policy's now (a Pod
-    /// of an operator from before file caps).
-    fn file_caps(&self, pod: Option<&Pod>, decided: Option<&Decision>) -> FileCaps {
+    /// or claimed it), else the decision taken in this reconciliation, else the recorded one.
+    fn file_caps(
+        &self,
+        pod: Option<&Pod>,
+        prev: &SandboxRunStatus,
+        decided: Option<&Decision>,
+    ) -> FileCaps {
         pod.and_then(pod::file_caps_of)
             .or_else(|| decided.map(|d| d.files))
-            .unwrap_or_else(|| self.ctx.decide(self.run, Tool::Python).files)
+            .unwrap_or_else(|| self.ctx.recorded(self.run, prev, Tool::Python).files)
     }
 
     /// Creates the sandbox Pod, with the decision's limits (the requested ones, lowered to the
