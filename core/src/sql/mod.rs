@@ -35,6 +35,7 @@
 
 mod allow;
 mod check;
+mod cost;
 mod deny;
 mod scan;
 
@@ -45,6 +46,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use allow::{POSTGRES_FUNCTIONS, SQLITE_FUNCTIONS};
+pub use cost::{MAX_OPERAND_CHARS, MAX_PADDED_WIDTH, MAX_PADDING_TOTAL, MAX_PATTERN_CHARS};
 pub use deny::denied_function_patterns;
 
 /// The functions every rule allows for `dialect` (lowercase names), before its `functions`.
@@ -381,6 +383,11 @@ pub enum ViolationKind {
     /// Values combined again and again across subqueries or CTEs (`WITH a AS (SELECT x || x …),
     /// b AS (SELECT a.x || a.x …)`): their size could grow exponentially.
     ValueGrowth,
+    /// Work one function call could do without bound, which the database cannot interrupt: a
+    /// superlinear function (`btrim(x, set)`, `translate`, a regular expression) with a
+    /// cost-multiplying operand that is not a short literal, or a value padded (`char(n)`,
+    /// `lpad`) wider than allowed.
+    UnboundedWork,
     /// A table-valued function in `FROM` the rules do not list.
     TableFunction,
     /// A system catalog not listed by the rules.
