@@ -45,6 +45,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::sql::{GuardedQuery, SqlDialect};
 
+/// The PostgreSQL session settings every connection is forced to (startup options, verified
+/// after connecting) because the SQL guard reads queries under them: `standard_conforming_strings
+/// = on` and `search_path = public`. Tests that plan queries outside the executor use them too.
+pub use postgres::FORCED_SETTINGS as POSTGRES_SESSION_SETTINGS;
+
 /// How one database is named in configuration. Exactly one of `url`, `url_env` and `url_file`
 /// gives the connection URL (`postgres://user:password@host:port/db` or `sqlite:///path/file.db`);
 /// in clusters it is a file mounted from a Secret.

@@ -42,7 +42,7 @@ const TERMINATE_WITHIN: Duration = Duration::from_secs(3);
 /// Settings that only change how values are printed (`DateStyle`, `IntervalStyle`) or warn
 /// (`escape_string_warning`) do not change what a query reads, and `backslash_quote` matters only
 /// when `standard_conforming_strings` is off.
-pub(crate) const FORCED_SETTINGS: &[(&str, &str)] = &[
+pub const FORCED_SETTINGS: &[(&str, &str)] = &[
     ("standard_conforming_strings", "on"),
     ("search_path", "public"),
 ];
