@@ -143,7 +143,7 @@ fn padding_is_bounded_per_value_and_per_query() {
         );
     }
     // Each padding is small, together they are not: the query's budget is its own size.
-    let many = vec!["''::char(1000)"; 17].join(", ");
+    let many = ["''::char(1000)"; 17].join(", ");
     refused(
         &format!("SELECT concat({many})"),
         pg,
@@ -152,8 +152,8 @@ fn padding_is_bounded_per_value_and_per_query() {
     );
     let mixed = format!(
         "SELECT concat({}, {})",
-        vec!["lpad('', 1000)"; 9].join(", "),
-        vec!["''::char(1000)"; 9].join(", ")
+        ["lpad('', 1000)"; 9].join(", "),
+        ["''::char(1000)"; 9].join(", ")
     );
     refused(&mixed, pg, &r, ViolationKind::UnboundedWork);
     accepted("SELECT concat(''::char(1000), lpad('x', 1000))", pg, &r);

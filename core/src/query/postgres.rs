@@ -51,7 +51,7 @@ pub(crate) struct PgDatabase {
     name: String,
     pool: PgPool,
     /// For the separate connection that terminates a stuck backend.
-    options: PgConnectOptions,
+    options: Box<PgConnectOptions>,
     resources: ResourceLimits,
 }
 
@@ -81,7 +81,7 @@ impl PgDatabase {
         Ok(Self {
             name: name.to_owned(),
             pool,
-            options,
+            options: Box::new(options),
             resources,
         })
     }

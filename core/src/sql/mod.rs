@@ -13,7 +13,8 @@
 //!   built-in ones, and syntax the guard does not know is refused;
 //! - casts only to allowed types (numbers, text, dates and times, booleans, UUIDs, JSON, and
 //!   arrays of those), comparing the unquoted, unqualified, lowercase type name;
-//! - reads only tables the rules allow (system catalogs only when listed by name), and only their
+//! - reads only tables the rules allow (system catalogs, and SQLite's eponymous virtual tables
+//!   such as `dbstat`, only when listed by name), and only their
 //!   allowed columns, after resolving table aliases, CTE names and subqueries with PostgreSQL's
 //!   rules: every column reference (`c`, `t.c`, `s.t.c`, `t.c[1]`, `(t).c`, `(t.*).c`, a
 //!   whole-row `t`) is resolved against the relation it really names; an unqualified column that
@@ -26,6 +27,11 @@
 //!   combined, and stays below 50,000 terms once PostgreSQL substitutes its CTEs and subqueries
 //!   (a CTE chain that refers to the previous level twice doubles with every level, and
 //!   PostgreSQL does not interrupt planning for the statement timeout);
+//! - does bounded work in every single call (`cost.rs`): superlinear functions and operators
+//!   (`btrim(x, set)`, `translate`, `strpos`, regular expressions, SQLite's `ltrim(x, set)`,
+//!   `instr`, `LIKE`) take their cost-multiplying operands as short literals, and paddings
+//!   (`char(n)`, `lpad`, numeric scales) stay within [`MAX_PADDED_WIDTH`] each and
+//!   [`MAX_PADDING_TOTAL`] in all, because databases do not interrupt one call for the timeout;
 //! - uses `*` / `t.*` only when `allowWildcard` is set and every table it expands over allows all
 //!   columns.
 //!
