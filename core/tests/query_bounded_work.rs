@@ -160,6 +160,37 @@ fn padding_is_bounded_per_value_and_per_query() {
 }
 
 #[test]
+fn numeric_values_are_not_made_huge_from_small_literals() {
+    let r = ledger_rules();
+    let pg = SqlDialect::Postgres;
+    for q in [
+        "SELECT power(7::numeric, 100000)",
+        "SELECT pow(amount, 5000) FROM ledger",
+        "SELECT power(amount, id) FROM ledger",
+        "SELECT pg_catalog.power(7.0, (100000))",
+        "SELECT 7::numeric ^ 100000",
+        "SELECT amount ^ (id * 1000) FROM ledger",
+        "SELECT exp(200000::numeric)",
+        "SELECT exp(amount) FROM ledger",
+        "SELECT sqrt(1e100000)",
+        "SELECT sqrt('1e100000'::numeric)",
+        "SELECT amount + '1E+5000' FROM ledger",
+        "SELECT 1e-5000 + amount FROM ledger",
+        "SELECT sqrt(numeric '1e100000')",
+    ] {
+        refused(q, pg, &r, ViolationKind::UnboundedWork);
+    }
+    for q in [
+        "SELECT power(amount, 2), amount ^ 3, exp(1), power(2, 10) FROM ledger",
+        "SELECT power(amount::float8, id), amount::double precision ^ id FROM ledger",
+        "SELECT exp(amount::float8), 1.5e10, '2026-01-01' FROM ledger",
+        "SELECT power(1.05, -30)",
+    ] {
+        accepted(q, pg, &r);
+    }
+}
+
+#[test]
 fn sqlite_calls_that_run_inside_one_instruction_are_bounded() {
     let r = ledger_rules();
     let lite = SqlDialect::Sqlite;

@@ -20,7 +20,16 @@
 //!    [`MAX_PADDED_WIDTH`], and all of them together at most [`MAX_PADDING_TOTAL`], so values built
 //!    from literals stay as small as the query text allows (the value-growth check assumes so).
 //!
-//! Both are checked on the syntax tree, wherever the expression is (select list, `WHERE`,
+//! 3. **No numeric value is made huge from a small literal.** PostgreSQL's `numeric` holds up
+//!    to 131,072 digits, and one operation on such values takes a tenth of a second without an
+//!    interrupt check: `power(7::numeric, 100000)`, `7::numeric ^ 100000`, `exp(200000::numeric)`
+//!    and the literal `1e100000` (or `'1e100000'`, which PostgreSQL may read as a number) make
+//!    them out of a few bytes. Number literals have a decimal exponent of at most
+//!    [`MAX_NUMBER_EXPONENT`], and `power`/`pow`/`^`/`exp` take a number literal of at most that
+//!    size as their exponent, unless an operand is cast to a floating-point type (`x::float8`),
+//!    which makes the call a bounded floating-point one.
+//!
+//! All are checked on the syntax tree, wherever the expression is (select list, `WHERE`,
 //! subqueries, CTEs), in both dialects.
 
 use sqlparser::ast::{CharacterLength, DataType, ExactNumberInfo, Expr, ObjectNamePart, Value};
@@ -32,6 +41,9 @@ use super::{GuardViolation, MAX_QUERY_BYTES, SqlDialect, ViolationKind as K};
 pub const MAX_OPERAND_CHARS: usize = 64;
 /// Longest literal pattern (regular expression, `SIMILAR TO`, SQLite `LIKE`), in characters.
 pub const MAX_PATTERN_CHARS: usize = 256;
+/// The largest decimal exponent of a number literal, and the largest literal exponent of
+/// `power`/`pow`/`^`/`exp` over `numeric`.
+pub const MAX_NUMBER_EXPONENT: u64 = 1_000;
 /// The widest one padding may make a value: `char(n)`, `lpad`/`rpad` widths, numeric scales.
 pub const MAX_PADDED_WIDTH: u64 = 1_000;
 /// The most all paddings of one query may add up to: no more than the query's own size.
@@ -264,9 +276,156 @@ impl Padding {
     }
 }
 
+/// The decimal magnitude of a number written as text (`1e100000` → 100000, `123.4` → 3), or
+/// `None` when the text is not a number.
+fn decimal_magnitude(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let t = t.strip_prefix(['+', '-']).unwrap_or(t);
+    let (mantissa, exponent) = match t.find(['e', 'E']) {
+        Some(i) => (&t[..i], Some(&t[i + 1..])),
+        None => (t, None),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = |s: &str| s.chars().all(|c| c.is_ascii_digit() || c == '_');
+    if (int.is_empty() && frac.is_empty()) || !digits(int) || !digits(frac) {
+        return None;
+    }
+    let exp: u64 = match exponent {
+        None => 0,
+        Some(e) => {
+            let e = e.strip_prefix(['+', '-']).unwrap_or(e);
+            if e.is_empty() || !digits(e) {
+                return None;
+            }
+            let significant = e.replace('_', "");
+            let significant = significant.trim_start_matches('0');
+            if significant.len() > 19 {
+                u64::MAX
+            } else {
+                significant.parse().unwrap_or(0)
+            }
+        }
+    };
+    Some(exp.saturating_add(int.len() as u64))
+}
+
+/// A number literal (or a string literal PostgreSQL may read as one) whose value or precision
+/// needs more than [`MAX_NUMBER_EXPONENT`] digits.
+pub(super) fn check_literal(value: &Value) -> Result<(), GuardViolation> {
+    let text = match value {
+        Value::Number(n, _) => n.clone(),
+        other => match other.clone().into_string() {
+            Some(s) if s.len() <= 64 * 1024 => s,
+            _ => return Ok(()),
+        },
+    };
+    match decimal_magnitude(&text) {
+        Some(m) if m > MAX_NUMBER_EXPONENT => Err(unbounded(
+            format!(
+                "the number {} has about {m} digits, more than the {MAX_NUMBER_EXPONENT} allowed: arithmetic on such values cannot be interrupted",
+                abbreviate(&text)
+            ),
+            format!(
+                "write numbers with at most {MAX_NUMBER_EXPONENT} digits (or an exponent of at most {MAX_NUMBER_EXPONENT})"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn abbreviate(text: &str) -> String {
+    if text.chars().count() <= 24 {
+        text.to_owned()
+    } else {
+        format!("{}…", text.chars().take(24).collect::<String>())
+    }
+}
+
+/// Whether `expr` is cast to a floating-point type, which makes an arithmetic call over it a
+/// floating-point one (bounded) rather than a `numeric` one.
+fn is_float(expr: &Expr) -> bool {
+    match expr {
+        Expr::Nested(inner) => is_float(inner),
+        Expr::Cast { data_type, .. } => {
+            matches!(
+                data_type,
+                DataType::Float(_)
+                    | DataType::Float4
+                    | DataType::Float8
+                    | DataType::Float32
+                    | DataType::Float64
+                    | DataType::Real
+                    | DataType::Double(_)
+                    | DataType::DoublePrecision
+            ) || matches!(data_type, DataType::Custom(name, _) if name.to_string().to_lowercase().ends_with("float8") || name.to_string().to_lowercase().ends_with("float4"))
+        }
+        _ => false,
+    }
+}
+
+/// `power(base, exponent)`, `base ^ exponent`, `exp(exponent)` (`base` `None`): over
+/// `numeric`, the exponent must be a number literal of at most [`MAX_NUMBER_EXPONENT`];
+/// a floating-point operand makes the call a bounded one.
+pub(super) fn check_exponentiation(
+    what: &str,
+    base: Option<&Expr>,
+    exponent: Option<&Expr>,
+) -> Result<(), GuardViolation> {
+    let Some(exponent) = exponent else {
+        return Ok(());
+    };
+    if is_float(exponent) || base.is_some_and(is_float) {
+        return Ok(());
+    }
+    let literal = match strip_sign(exponent) {
+        Expr::Value(v) => match &v.value {
+            Value::Number(n, _) => decimal_magnitude(n).map(|_| {
+                n.trim_start_matches(['+', '-'])
+                    .parse::<f64>()
+                    .unwrap_or(f64::INFINITY)
+            }),
+            _ => None,
+        },
+        _ => None,
+    };
+    match literal {
+        Some(v) if v.abs() <= MAX_NUMBER_EXPONENT as f64 => Ok(()),
+        _ => Err(unbounded(
+            format!(
+                "{what} with an exponent that is not a number literal of at most {MAX_NUMBER_EXPONENT}: over numeric it can build a value of 100,000 digits whose arithmetic cannot be interrupted"
+            ),
+            "use a literal exponent of at most 1000, or cast an operand to double precision (e.g. power(x::float8, y))".to_owned(),
+        )),
+    }
+}
+
+fn strip_sign(expr: &Expr) -> &Expr {
+    match expr {
+        Expr::Nested(inner) => strip_sign(inner),
+        Expr::UnaryOp { expr, .. } => strip_sign(expr),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn magnitudes_of_numbers() {
+        assert_eq!(decimal_magnitude("1e100000"), Some(100_001));
+        assert_eq!(decimal_magnitude(" -1.5E+3 "), Some(4));
+        assert_eq!(decimal_magnitude("1.5e-1003"), Some(1004));
+        assert_eq!(decimal_magnitude("123.45"), Some(3));
+        assert_eq!(decimal_magnitude(".5"), Some(0));
+        assert_eq!(
+            decimal_magnitude("1e99999999999999999999999"),
+            Some(u64::MAX)
+        );
+        assert_eq!(decimal_magnitude("abc"), None);
+        assert_eq!(decimal_magnitude("1e"), None);
+        assert_eq!(decimal_magnitude(""), None);
+    }
 
     #[test]
     fn padding_is_budgeted() {

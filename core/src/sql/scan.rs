@@ -298,7 +298,16 @@ impl<'a> Scan<'a> {
             Expr::Cast { data_type, .. } if dialect == SqlDialect::Postgres => {
                 self.pad_cast(data_type)
             }
-            Expr::TypedString(t) if dialect == SqlDialect::Postgres => self.pad_cast(&t.data_type),
+            Expr::TypedString(t) if dialect == SqlDialect::Postgres => {
+                cost::check_literal(&t.value.value)?;
+                self.pad_cast(&t.data_type)
+            }
+            Expr::Value(v) if dialect == SqlDialect::Postgres => cost::check_literal(&v.value),
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::PGExp,
+                right,
+            } => cost::check_exponentiation("the operator ^", Some(left), Some(right)),
             Expr::Function(f) => {
                 let mut parts = Vec::new();
                 for part in &f.name.0 {
@@ -326,6 +335,14 @@ impl<'a> Scan<'a> {
                     _ => Vec::new(),
                 };
                 cost::check_call(dialect, name, &args)?;
+                if dialect == SqlDialect::Postgres {
+                    let arg = |i: usize| args.get(i).copied().flatten();
+                    match name {
+                        "power" | "pow" => cost::check_exponentiation(name, arg(0), arg(1))?,
+                        "exp" => cost::check_exponentiation(name, None, arg(0))?,
+                        _ => {}
+                    }
+                }
                 if dialect == SqlDialect::Postgres && matches!(name, "lpad" | "rpad") {
                     // The scan refuses other widths unless the rule lists the function.
                     if let Some(width) = padding_width(&f.args) {
