@@ -160,6 +160,53 @@ fn padding_is_bounded_per_value_and_per_query() {
 }
 
 #[test]
+fn functions_a_rule_adds_keep_their_widths_bounded() {
+    let pg_rules: SqlRules = serde_json::from_value(json!({
+        "databases": ["*"], "tables": {"ledger": {"columns": "*"}},
+        "functions": ["format", "repeat", "replace", "regexp_replace"]
+    }))
+    .unwrap();
+    let pg = SqlDialect::Postgres;
+    for q in [
+        "SELECT format('%*s', 100000000, '') ",
+        "SELECT format('%1$*2$s', account, id) FROM ledger",
+        "SELECT format('%5000s', account) FROM ledger",
+        "SELECT format(account, id) FROM ledger",
+        "SELECT repeat(account, 100000) FROM ledger",
+        "SELECT repeat(account, id) FROM ledger",
+        "SELECT replace(account, account, 'x') FROM ledger",
+        "SELECT regexp_replace(account, account, 'x') FROM ledger",
+    ] {
+        refused(q, pg, &pg_rules, ViolationKind::UnboundedWork);
+    }
+    accepted(
+        "SELECT format('%s: %10s', id, account), repeat('-', 10), replace(account, 'a', 'b') FROM ledger",
+        pg,
+        &pg_rules,
+    );
+    let lite_rules: SqlRules = serde_json::from_value(json!({
+        "databases": ["*"], "tables": {"ledger": {"columns": "*"}},
+        "functions": ["printf", "zeroblob", "replace"]
+    }))
+    .unwrap();
+    let lite = SqlDialect::Sqlite;
+    for q in [
+        "SELECT printf('%*d', 100000000, 1)",
+        "SELECT printf('%.100000f', amount) FROM ledger",
+        "SELECT length(zeroblob(100000000))",
+        "SELECT zeroblob(id) FROM ledger",
+        "SELECT replace(account, account, account) FROM ledger",
+    ] {
+        refused(q, lite, &lite_rules, ViolationKind::UnboundedWork);
+    }
+    accepted(
+        "SELECT printf('%5d %s', id, account), zeroblob(16) FROM ledger",
+        lite,
+        &lite_rules,
+    );
+}
+
+#[test]
 fn numeric_values_are_not_made_huge_from_small_literals() {
     let r = ledger_rules();
     let pg = SqlDialect::Postgres;

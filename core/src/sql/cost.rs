@@ -41,6 +41,55 @@ use super::{GuardViolation, MAX_QUERY_BYTES, SqlDialect, ViolationKind as K};
 pub const MAX_OPERAND_CHARS: usize = 64;
 /// Longest literal pattern (regular expression, `SIMILAR TO`, SQLite `LIKE`), in characters.
 pub const MAX_PATTERN_CHARS: usize = 256;
+/// Functions whose result is as wide as a number argument says (`repeat(x, n)`, `zeroblob(n)`),
+/// by dialect, name and the position of that argument. None is on the default allowlist; a rule
+/// may add them, and their widths then count like paddings: a literal within the budget.
+const WIDTH_ARGUMENTS: &[(SqlDialect, &str, usize)] = &[
+    (SqlDialect::Postgres, "repeat", 1),
+    (SqlDialect::Sqlite, "zeroblob", 0),
+    (SqlDialect::Sqlite, "randomblob", 0),
+];
+
+/// The widths a `format`/`printf` format string asks for (`%5000s`, `%.9999f`): each width and
+/// precision counts as a padding; `*` (a width from an argument) is `None`.
+fn format_widths(format: &str) -> Option<Vec<u64>> {
+    let mut widths = Vec::new();
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            continue;
+        }
+        if chars.peek() == Some(&'%') {
+            chars.next();
+            continue;
+        }
+        let mut number = String::new();
+        // Flags, argument positions (`1$`), width, `.precision`, up to the conversion letter.
+        while let Some(&n) = chars.peek() {
+            if n == '*' {
+                return None;
+            }
+            if n.is_ascii_digit() {
+                number.push(n);
+            } else {
+                if !number.is_empty() && n != '$' {
+                    widths.push(number.parse().unwrap_or(u64::MAX));
+                }
+                number.clear();
+                if n.is_ascii_alphabetic() && !matches!(n, 'l' | 'h' | 'q') {
+                    chars.next();
+                    break;
+                }
+            }
+            chars.next();
+        }
+        if !number.is_empty() {
+            widths.push(number.parse().unwrap_or(u64::MAX));
+        }
+    }
+    Some(widths)
+}
+
 /// The largest decimal exponent of a number literal, and the largest literal exponent of
 /// `power`/`pow`/`^`/`exp` over `numeric`.
 pub const MAX_NUMBER_EXPONENT: u64 = 1_000;
@@ -242,6 +291,65 @@ pub(super) fn padded_width(data_type: &DataType) -> Option<u64> {
     }
 }
 
+/// Checks the functions whose result is as wide as they are told (when a rule allows them):
+/// `format`/`printf` take a literal format whose widths count as paddings, `repeat`,
+/// `zeroblob`, `randomblob` a literal width that does.
+pub(super) fn check_output_width(
+    dialect: SqlDialect,
+    name: &str,
+    args: &[Option<&Expr>],
+    padding: &mut Padding,
+) -> Result<(), GuardViolation> {
+    let literal_number = |e: Option<&Expr>| match e.map(strip_nested) {
+        Some(Expr::Value(v)) => match &v.value {
+            Value::Number(n, _) => Some(n.parse::<u64>().unwrap_or(u64::MAX)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let is_format = match dialect {
+        SqlDialect::Postgres => name == "format",
+        SqlDialect::Sqlite => matches!(name, "format" | "printf"),
+    };
+    if is_format {
+        let format = args.first().copied().flatten().map(strip_nested);
+        let text = match format {
+            Some(Expr::Value(v)) => v.value.clone().into_string(),
+            _ => None,
+        };
+        let widths = text.as_deref().and_then(format_widths).ok_or_else(|| {
+            unbounded(
+                format!("{name} is called with a computed format or a `*` width: its result can be any size"),
+                format!("write the format as a string literal with number widths of at most {MAX_PADDED_WIDTH}, e.g. {name}('%s: %10s', a, b)"),
+            )
+        })?;
+        for width in widths {
+            padding.add(&format!("{name}'s format"), width)?;
+        }
+        return Ok(());
+    }
+    if let Some((_, _, i)) = WIDTH_ARGUMENTS
+        .iter()
+        .find(|(d, n, _)| *d == dialect && *n == name)
+    {
+        let width = literal_number(args.get(*i).copied().flatten()).ok_or_else(|| {
+            unbounded(
+                format!("{name} is called with a computed size: its result can be any size"),
+                format!("give the size as a number literal of at most {MAX_PADDED_WIDTH}"),
+            )
+        })?;
+        padding.add(name, width)?;
+    }
+    Ok(())
+}
+
+fn strip_nested(expr: &Expr) -> &Expr {
+    match expr {
+        Expr::Nested(inner) => strip_nested(inner),
+        other => other,
+    }
+}
+
 /// The padding budget of one query: every padding at most [`MAX_PADDED_WIDTH`], all together
 /// at most [`MAX_PADDING_TOTAL`].
 #[derive(Debug, Default)]
@@ -425,6 +533,16 @@ mod tests {
         assert_eq!(decimal_magnitude("abc"), None);
         assert_eq!(decimal_magnitude("1e"), None);
         assert_eq!(decimal_magnitude(""), None);
+    }
+
+    #[test]
+    fn format_widths_are_read() {
+        assert_eq!(format_widths("%s and %10s, %-5s %%"), Some(vec![10, 5]));
+        assert_eq!(format_widths("%1$s %2$5000s"), Some(vec![5000]));
+        assert_eq!(format_widths("%.9999f"), Some(vec![9999]));
+        assert_eq!(format_widths("%*s"), None);
+        assert_eq!(format_widths("%1$*2$s"), None);
+        assert_eq!(format_widths("plain"), Some(vec![]));
     }
 
     #[test]

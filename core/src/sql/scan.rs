@@ -335,6 +335,7 @@ impl<'a> Scan<'a> {
                     _ => Vec::new(),
                 };
                 cost::check_call(dialect, name, &args)?;
+                cost::check_output_width(dialect, name, &args, &mut self.padding)?;
                 if dialect == SqlDialect::Postgres {
                     let arg = |i: usize| args.get(i).copied().flatten();
                     match name {
