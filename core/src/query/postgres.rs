@@ -139,14 +139,26 @@ impl PgDatabase {
     async fn terminate(&self, pid: i32) {
         let attempt = async {
             let mut admin = sqlx::PgConnection::connect_with(&self.options).await?;
-            // Waits up to 1 s for the backend to exit (PostgreSQL 14+).
-            let gone: bool = sqlx::query_scalar(
-                "SELECT pg_terminate_backend($1, 1000) \
-                 AND NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
-            )
-            .bind(pid)
-            .fetch_one(&mut admin)
-            .await?;
+            // The one-argument form exists in every supported version; then wait for the
+            // backend to be gone.
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .execute(&mut admin)
+                .await?;
+            let mut gone = false;
+            for _ in 0..20 {
+                let alive: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
+                )
+                .bind(pid)
+                .fetch_one(&mut admin)
+                .await?;
+                if !alive {
+                    gone = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             let _ = admin.close().await;
             Ok::<bool, sqlx::Error>(gone)
         };
@@ -175,11 +187,13 @@ impl PgDatabase {
 /// Checks on a new connection that [`FORCED_SETTINGS`] took effect; a connection where they did
 /// not is refused (the pool reports the error), never used.
 async fn verify_session(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-    for (name, expected) in FORCED_SETTINGS {
-        let actual: String = sqlx::query_scalar("SELECT current_setting($1)")
-            .bind(name)
-            .fetch_one(&mut *conn)
+    let names: Vec<&str> = FORCED_SETTINGS.iter().map(|(name, _)| *name).collect();
+    let actual: Vec<String> =
+        sqlx::query_scalar("SELECT current_setting(name) FROM unnest($1::text[]) AS name")
+            .bind(&names)
+            .fetch_all(&mut *conn)
             .await?;
+    for ((name, expected), actual) in FORCED_SETTINGS.iter().zip(&actual) {
         if !actual.eq_ignore_ascii_case(expected) {
             return Err(sqlx::Error::Configuration(
                 format!(
@@ -191,6 +205,11 @@ async fn verify_session(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error
                 .into(),
             ));
         }
+    }
+    if actual.len() != FORCED_SETTINGS.len() {
+        return Err(sqlx::Error::Protocol(
+            "the session settings could not be read back".into(),
+        ));
     }
     Ok(())
 }
