@@ -332,11 +332,16 @@ fn with_param(url: &str, param: &str) -> String {
     format!("{url}{sep}{param}")
 }
 
+/// The PostgreSQL tests of this file run one at a time: the backend check reads every busy
+/// backend of the executor's application name, which another test's query would be.
+static POSTGRES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 // 2. The session settings the guard assumes.
 
 #[tokio::test]
 async fn postgres_sessions_read_text_as_the_guard_does_whatever_the_url_says() {
     let Some(url) = postgres_url() else { return };
+    let _one_at_a_time = POSTGRES.lock().await;
     // A URL (like a role or database default) that turns the settings off: the executor's
     // startup options come later and win.
     let hostile = with_param(
@@ -397,6 +402,7 @@ async fn busy_backends(watcher: &mut sqlx::PgConnection) -> Vec<(i32, String, St
 #[tokio::test]
 async fn no_postgres_backend_outlives_its_timeout_after_hostile_queries() {
     let Some(url) = postgres_url() else { return };
+    let _one_at_a_time = POSTGRES.lock().await;
     let dbs = postgres(&url, 2);
     let timeout = Duration::from_secs(2);
     let policy = rules(json!({"big": {"columns": "*"}, "ledger": {"columns": "*"}}));
