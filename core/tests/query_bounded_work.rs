@@ -346,7 +346,7 @@ async fn postgres_sessions_read_text_as_the_guard_does_whatever_the_url_says() {
     // startup options come later and win.
     let hostile = with_param(
         &url,
-        "options=-c%20standard_conforming_strings%3Doff%20-c%20search_path%3Dpg_temp",
+        "options=-c%20standard_conforming_strings%3Doff%20-c%20search_path%3Dpg_temp%20-c%20client_encoding%3DSJIS",
     );
     let dbs = postgres(&hostile, 1);
     let r = dbs

@@ -52,7 +52,7 @@ use crate::sql::{GuardedQuery, SqlDialect};
 
 /// The PostgreSQL session settings every connection is forced to (startup options, verified
 /// after connecting) because the SQL guard reads queries under them: `standard_conforming_strings
-/// = on` and `search_path = public`. Tests that plan queries outside the executor use them too.
+/// = on`, `search_path = public` and `client_encoding = UTF8`. Tests that plan queries outside the executor use them too.
 pub use postgres::FORCED_SETTINGS as POSTGRES_SESSION_SETTINGS;
 
 /// How one database is named in configuration. Exactly one of `url`, `url_env` and `url_file`

@@ -39,12 +39,17 @@ const TERMINATE_WITHIN: Duration = Duration::from_secs(3);
 /// * `search_path = public`: an unqualified table name is the `public` table the guard judged,
 ///   not a same-named table of a schema a role or database default puts first.
 ///
+/// * `client_encoding = UTF8` (sqlx asks for it too): in client encodings whose multi-byte
+///   characters can contain the bytes of `\` or `'` (SJIS, BIG5, GBK) the server would split
+///   the text into tokens differently from the guard.
+///
 /// Settings that only change how values are printed (`DateStyle`, `IntervalStyle`) or warn
 /// (`escape_string_warning`) do not change what a query reads, and `backslash_quote` matters only
 /// when `standard_conforming_strings` is off.
 pub const FORCED_SETTINGS: &[(&str, &str)] = &[
     ("standard_conforming_strings", "on"),
     ("search_path", "public"),
+    ("client_encoding", "UTF8"),
 ];
 
 pub(crate) struct PgDatabase {
