@@ -454,19 +454,23 @@ fn abbreviate(text: &str) -> String {
 fn is_float(expr: &Expr) -> bool {
     match expr {
         Expr::Nested(inner) => is_float(inner),
-        Expr::Cast { data_type, .. } => {
-            matches!(
-                data_type,
-                DataType::Float(_)
-                    | DataType::Float4
-                    | DataType::Float8
-                    | DataType::Float32
-                    | DataType::Float64
-                    | DataType::Real
-                    | DataType::Double(_)
-                    | DataType::DoublePrecision
-            ) || matches!(data_type, DataType::Custom(name, _) if name.to_string().to_lowercase().ends_with("float8") || name.to_string().to_lowercase().ends_with("float4"))
-        }
+        Expr::Cast { data_type, .. } => match data_type {
+            DataType::Float(_)
+            | DataType::Float4
+            | DataType::Float8
+            | DataType::Float32
+            | DataType::Float64
+            | DataType::Real
+            | DataType::Double(_)
+            | DataType::DoublePrecision => true,
+            // `pg_catalog.float8`, `"float4"`: the cast allowlist admits no other schema.
+            DataType::Custom(name, _) => matches!(
+                name.0.last(),
+                Some(ObjectNamePart::Identifier(i))
+                    if matches!(i.value.to_lowercase().as_str(), "float4" | "float8")
+            ),
+            _ => false,
+        },
         _ => false,
     }
 }
