@@ -5,7 +5,7 @@
 //! `ltrim(x, set)` run to the end once called, ignoring the statement timeout, a cancel and even
 //! `pg_terminate_backend` (SQLite's progress handler is never reached: the call is one VM
 //! instruction). The statement timeout bounds a query only if every single call is cheap, so the
-//! guard bounds the work of one call before the query runs, with two rules:
+//! guard bounds the work of one call before the query runs, with three rules:
 //!
 //! 1. **Superlinear functions take their second operand from the query text.** A function whose
 //!    cost grows with the product of its operands (the trim family with a character set,
@@ -19,7 +19,8 @@
 //!    make large values out of one-byte literals (`''::char(n)` is n bytes). Each is at most
 //!    [`MAX_PADDED_WIDTH`], and all of them together at most [`MAX_PADDING_TOTAL`], so values built
 //!    from literals stay as small as the query text allows (the value-growth check assumes so).
-//!
+//!    Functions a rule may add that are told how wide to be (`format`/`printf` widths,
+//!    `repeat`, `zeroblob`) take literal widths that count the same way.
 //! 3. **No numeric value is made huge from a small literal.** PostgreSQL's `numeric` holds up
 //!    to 131,072 digits, and one operation on such values takes a tenth of a second without an
 //!    interrupt check: `power(7::numeric, 100000)`, `7::numeric ^ 100000`, `exp(200000::numeric)`
