@@ -13,6 +13,13 @@
 //! planner's physical-tlist optimisation, not a read, and is skipped; the nodes above it show
 //! what is used.
 //!
+//! The session is the executor's: `standard_conforming_strings` is turned off as a server,
+//! database or role default could, and then the executor's forced settings
+//! (`POSTGRES_SESSION_SETTINGS`) are applied on top, so the corpus's backslash literals (which
+//! would end a string for PostgreSQL but not for the guard with the setting off) show whether the
+//! guard and the database read the text alike. A control run without the forced settings shows
+//! that the plan walk catches that disagreement.
+//!
 //! Reads `SANDBOXRUN_TEST_POSTGRES_URL` (the reader role's URL from `e2e/postgres/start.sh`) and
 //! is skipped without it unless `SANDBOXRUN_REQUIRE_POSTGRES=1`.
 
@@ -25,9 +32,12 @@ use postgres_common::postgres_url;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use sandboxrun_core::sql::{SqlDialect, SqlRules, default_functions, guard};
+use sandboxrun_core::query::POSTGRES_SESSION_SETTINGS;
+use sandboxrun_core::sql::{MAX_PADDED_WIDTH, SqlDialect, SqlRules, default_functions, guard};
 use serde_json::{Value, json};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{AssertSqlSafe, Connection, Row};
+use std::str::FromStr;
 
 /// Queries generated (deterministic: the same corpus on every run).
 const CORPUS: usize = 6000;
@@ -163,7 +173,9 @@ impl Gen {
             Ty::Num => format!("{}.{}", self.rng.below(1000), self.rng.below(100)),
             Ty::Text => self
                 .rng
-                .pick(&["'acme'", "'globex'", "'a%'", "'x'", "'login'", "''"])
+                .pick(&[
+                    "'acme'", "'globex'", "'a%'", "'x'", "'login'", "''", "'\\'", "'a\\'",
+                ])
                 .to_string(),
             Ty::Ts => self
                 .rng
@@ -286,6 +298,7 @@ impl Gen {
                     self.expr(scope, Ty::Text, d),
                     self.expr(scope, Ty::Int, d)
                 ),
+                _ if self.rng.chance(70) => self.costly(scope, d),
                 _ => format!("nullif({}, '')", self.expr(scope, Ty::Text, d)),
             },
             Ty::Ts => match self.rng.below(4) {
@@ -297,6 +310,30 @@ impl Gen {
                 ),
                 _ => "now()".to_owned(),
             },
+        }
+    }
+
+    /// A call whose work could be superlinear (its second operand a literal or computed) or a
+    /// padded value (small or large widths); the guard must accept only the bounded ones.
+    fn costly(&mut self, scope: &[Rel], d: usize) -> String {
+        let subject = self.expr(scope, Ty::Text, d);
+        let operand = if self.rng.chance(50) {
+            self.literal(Ty::Text)
+        } else {
+            self.expr(scope, Ty::Text, d)
+        };
+        match self.rng.below(8) {
+            0 => format!("ltrim({subject}, {operand})"),
+            1 => format!("btrim({subject}, {operand})"),
+            2 => format!("translate({subject}, {operand}, 'xy')"),
+            3 => format!("TRIM(BOTH {operand} FROM {subject})"),
+            4 => format!("split_part({subject}, {operand}, 2)"),
+            5 => format!("strpos({subject}, {operand})::text"),
+            6 => format!("({subject} ~ {operand})::text"),
+            _ => {
+                let width = *self.rng.pick(&[1, 10, 1000, 1001, 100000]);
+                format!("concat(({subject})::char({width}))")
+            }
         }
     }
 
@@ -539,8 +576,37 @@ impl Gen {
         (sql, cols)
     }
 
+    /// A query whose second string literal holds SQL: one string for the guard, but a `UNION`
+    /// over a hidden column when the first literal's trailing backslash escapes its quote.
+    fn smuggle(&mut self) -> String {
+        let (hidden, table) = *self.rng.pick(&[
+            ("booked_at::text", "ledger"),
+            ("detail", "audit_log"),
+            ("at::text", "audit_log"),
+            ("secret::text", "profiles"),
+            ("tags::text", "profiles"),
+            ("payload", "big"),
+        ]);
+        let opener = *self.rng.pick(&["'\\'", "'x\\'", "'\\\\\\'"]);
+        let a = self.alias("l");
+        match self.rng.below(3) {
+            0 => format!(
+                "SELECT {a}.account FROM ledger AS {a} WHERE {a}.account = {opener} AND {a}.account = ' UNION SELECT {hidden} FROM {table} -- '"
+            ),
+            1 => format!(
+                "SELECT {a}.account FROM ledger AS {a} WHERE {a}.account IN ({opener}, ') UNION SELECT {hidden} FROM {table} --')"
+            ),
+            _ => format!(
+                "SELECT concat({opener}, ' UNION SELECT {hidden} FROM {table} -- ') AS t FROM ledger AS {a}"
+            ),
+        }
+    }
+
     fn query(&mut self) -> String {
         self.aliases = 0;
+        if self.rng.chance(3) {
+            return self.smuggle();
+        }
         match self.rng.below(10) {
             0..=5 => self.select(2, &[], &[]).0,
             6 | 7 => {
@@ -832,6 +898,127 @@ fn violations(plan: &Value, allowed_functions: &BTreeSet<String>) -> Vec<String>
     problems
 }
 
+/// The superlinear calls of a plan whose cost-multiplying operand is not a constant, and
+/// paddings wider than the guard allows (`::character(n)`, `::numeric(p, s)`), in the plan's
+/// own rendering: `ltrim(x, 'set'::text)`, `TRIM(BOTH 'x'::text FROM x)`, `(x ~ 'p'::text)`.
+fn work_violations(plan: &Value) -> Vec<String> {
+    fn all_strings<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+        match v {
+            Value::String(s) => out.push(s),
+            Value::Array(items) => items.iter().for_each(|i| all_strings(i, out)),
+            Value::Object(map) => map.values().for_each(|i| all_strings(i, out)),
+            _ => {}
+        }
+    }
+    let mut strings = Vec::new();
+    all_strings(plan, &mut strings);
+    let mut out = Vec::new();
+    for text in strings {
+        // Call name → which top-level arguments must be constants.
+        for (name, constant_args) in [
+            ("ltrim(", &[1usize][..]),
+            ("rtrim(", &[1]),
+            ("btrim(", &[1]),
+            ("translate(", &[1, 2]),
+            ("split_part(", &[1]),
+            ("strpos(", &[1]),
+            ("regexp_match(", &[1]),
+            ("regexp_count(", &[1]),
+        ] {
+            let mut from = 0;
+            while let Some(at) = text[from..].find(name) {
+                let start = from + at + name.len();
+                let preceded = text[..from + at]
+                    .chars()
+                    .last()
+                    .is_some_and(|c| c.is_alphanumeric() || c == '_');
+                from = start;
+                if preceded {
+                    continue;
+                }
+                let args = top_level_args(&text[start..]);
+                for &i in constant_args {
+                    if args
+                        .get(i)
+                        .is_some_and(|a| !a.trim_start().starts_with('\''))
+                    {
+                        out.push(format!("{name}…) with a computed operand {i}: {text}"));
+                    }
+                }
+            }
+        }
+        for marker in [
+            "TRIM(BOTH ",
+            "TRIM(LEADING ",
+            "TRIM(TRAILING ",
+            "POSITION((",
+        ] {
+            let mut from = 0;
+            while let Some(at) = text[from..].find(marker) {
+                from += at + marker.len();
+                let rest = text[from..].trim_start_matches('(');
+                if !rest.starts_with('\'') && !rest.starts_with("FROM ") {
+                    out.push(format!("{marker}…) with a computed operand: {text}"));
+                }
+            }
+        }
+        for op in [" ~ ", " ~* ", " !~ ", " !~* "] {
+            let mut from = 0;
+            while let Some(at) = text[from..].find(op) {
+                from += at + op.len();
+                if !text[from..].starts_with('\'') {
+                    out.push(format!("`{}` with a computed pattern: {text}", op.trim()));
+                }
+            }
+        }
+        for (marker, which) in [
+            ("::character(", 0usize),
+            ("::bpchar(", 0),
+            ("::numeric(", 1),
+        ] {
+            let mut from = 0;
+            while let Some(at) = text[from..].find(marker) {
+                from += at + marker.len();
+                let modifiers: Vec<u64> = text[from..]
+                    .split(')')
+                    .next()
+                    .unwrap_or("")
+                    .split(',')
+                    .filter_map(|m| m.trim().parse().ok())
+                    .collect();
+                if modifiers.get(which).is_some_and(|w| *w > MAX_PADDED_WIDTH) {
+                    out.push(format!("a padding wider than {MAX_PADDED_WIDTH}: {text}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The top-level arguments of a call, `text` starting right after its `(`.
+fn top_level_args(text: &str) -> Vec<String> {
+    let mut args = vec![String::new()];
+    let mut depth = 0usize;
+    let mut quoted = false;
+    for c in text.chars() {
+        match c {
+            '\'' => quoted = !quoted,
+            '(' if !quoted => depth += 1,
+            ')' if !quoted && depth == 0 => break,
+            ')' if !quoted => depth -= 1,
+            ',' if !quoted && depth == 0 => {
+                args.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        if let Some(last) = args.last_mut() {
+            last.push(c);
+        }
+    }
+    args
+}
+
 fn collect_strings<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
     match v {
         Value::String(s) => out.push(s),
@@ -869,6 +1056,23 @@ fn the_plan_walk_sees_what_a_plan_reads() {
     assert_eq!(problems.len(), 2, "{problems:?}");
 }
 
+#[test]
+fn the_plan_walk_sees_unbounded_work() {
+    let plan = json!({"Plan": {"Node Type": "Seq Scan", "Output": [
+        "ltrim(account, 'x'::text)",
+        "btrim(account, account)",
+        "translate(account, 'a'::text, lower(account))",
+        "TRIM(BOTH account FROM account)",
+        "POSITION((account) IN (account))",
+        "(account ~ account)",
+        "concat('  '::character(5000))",
+        "POSITION(('a'::text) IN (account))",
+        "(account ~ 'a'::text)",
+    ]}});
+    let problems = work_violations(&plan);
+    assert_eq!(problems.len(), 6, "{problems:#?}");
+}
+
 #[tokio::test]
 async fn every_accepted_query_plans_only_allowed_relations_columns_and_functions() {
     let Some(url) = postgres_url() else { return };
@@ -880,7 +1084,15 @@ async fn every_accepted_query_plans_only_allowed_relations_columns_and_functions
         .collect();
     // Syntax PostgreSQL shows as a call: ROW(…), EXTRACT(… FROM …), TRIM(…), POSITION(…).
     allowed_functions.extend(["row"].map(String::from));
-    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    // standard_conforming_strings off as a server or role default would have it, then the
+    // executor's forced settings on top (startup options: the later one wins).
+    let options = PgConnectOptions::from_str(&url)
+        .expect("URL")
+        .options([("standard_conforming_strings", "off")])
+        .options(POSTGRES_SESSION_SETTINGS.iter().copied());
+    let mut conn = sqlx::PgConnection::connect_with(&options)
+        .await
+        .expect("connect");
     sqlx::raw_sql("SET max_parallel_workers_per_gather = 0; SET statement_timeout = '5s'")
         .execute(&mut conn)
         .await
@@ -911,6 +1123,7 @@ async fn every_accepted_query_plans_only_allowed_relations_columns_and_functions
     let (mut accepted, mut explained, mut pg_refused) = (0usize, 0usize, 0usize);
     let mut failures = Vec::new();
     let mut attack_accepted = 0usize;
+    let mut smuggles_planned = 0usize;
     for _ in 0..corpus {
         let query = generator.query();
         if !seen.insert(query.clone()) {
@@ -920,6 +1133,9 @@ async fn every_accepted_query_plans_only_allowed_relations_columns_and_functions
             continue;
         };
         accepted += 1;
+        if query.contains(" UNION SELECT ") && query.contains("\\'") {
+            smuggles_planned += 1;
+        }
         if [
             "booked_at",
             "detail",
@@ -945,7 +1161,8 @@ async fn every_accepted_query_plans_only_allowed_relations_columns_and_functions
                     .expect("the plan as text");
                 let plan: Value = serde_json::from_str(&text).expect("the plan is JSON");
                 explained += 1;
-                let problems = violations(&plan, &allowed_functions);
+                let mut problems = violations(&plan, &allowed_functions);
+                problems.extend(work_violations(&plan));
                 if !problems.is_empty() {
                     failures.push(format!(
                         "{query}\n    guard: {}\n    plan: {}",
@@ -971,7 +1188,7 @@ async fn every_accepted_query_plans_only_allowed_relations_columns_and_functions
         }
     }
     eprintln!(
-        "differential: {} distinct queries, {accepted} accepted by the guard ({attack_accepted} mention a hidden name), \
+        "differential: {} distinct queries, {accepted} accepted by the guard ({attack_accepted} mention a hidden name, {smuggles_planned} backslash smuggles), \
          {explained} planned, {pg_refused} refused by PostgreSQL, {:?}",
         seen.len(),
         started.elapsed()
@@ -988,10 +1205,48 @@ async fn every_accepted_query_plans_only_allowed_relations_columns_and_functions
             .join("\n")
     );
     assert!(
+        smuggles_planned > 0,
+        "the corpus must contain backslash smuggles the guard accepts"
+    );
+    assert!(
         explained >= 500,
         "the corpus must exercise the guard: only {explained} queries were accepted and planned"
     );
     if corpus == CORPUS {
         assert!(started.elapsed() < Duration::from_secs(60));
     }
+}
+
+/// The control for the session settings: with `standard_conforming_strings` off and not forced
+/// back on, PostgreSQL reads a smuggle the guard accepted as a `UNION` over the hidden column,
+/// and the plan walk says so. (The corpus above runs with the forced settings and must be clean.)
+#[tokio::test]
+async fn without_the_forced_settings_the_plan_walk_catches_a_backslash_smuggle() {
+    let Some(url) = postgres_url() else { return };
+    let options = PgConnectOptions::from_str(&url)
+        .expect("URL")
+        .options([("standard_conforming_strings", "off")]);
+    let mut conn = sqlx::PgConnection::connect_with(&options)
+        .await
+        .expect("connect");
+    let query = "SELECT l.account FROM ledger AS l WHERE l.account = '\\' AND l.account = ' UNION SELECT booked_at::text FROM ledger -- '";
+    let guarded = guard(query, SqlDialect::Postgres, &rules()).expect("the guard sees two strings");
+    let row = sqlx::query(AssertSqlSafe(format!(
+        "EXPLAIN (VERBOSE, FORMAT JSON) {}",
+        guarded.sql
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("PostgreSQL plans the smuggled UNION");
+    let text: String = row.try_get_unchecked::<String, _>(0).expect("plan");
+    let plan: Value = serde_json::from_str(&text).expect("JSON");
+    let functions: BTreeSet<String> = default_functions(SqlDialect::Postgres)
+        .iter()
+        .map(|f| (*f).to_owned())
+        .collect();
+    let problems = violations(&plan, &functions);
+    assert!(
+        problems.iter().any(|p| p.contains("booked_at")),
+        "the plan walk must see the hidden column: {problems:?}"
+    );
 }

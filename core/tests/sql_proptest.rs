@@ -312,3 +312,87 @@ fn some_structured_queries_are_accepted() {
         assert!(guard(sql, SqlDialect::Postgres, &rules()).is_ok(), "{sql}");
     }
 }
+
+/// One operand of a generated call, and whether the guard may accept it as the operand that
+/// multiplies the call's cost (a literal of at most `limit` characters).
+fn operand() -> impl Strategy<Value = (String, Option<usize>)> {
+    prop_oneof![
+        (0usize..300).prop_map(|k| (format!("'{}'", "x".repeat(k)), Some(k))),
+        (0usize..300).prop_map(|k| (format!("('{}'::text)", "y".repeat(k)), Some(k))),
+        Just(("account".to_owned(), None)),
+        Just(("l.account".to_owned(), None)),
+        Just(("lower(account)".to_owned(), None)),
+        Just(("('a' || 'b')".to_owned(), None)),
+        (1u64..3000).prop_map(|n| (format!("concat(''::char({n}))"), None)),
+        Just(("(SELECT max(account) FROM ledger)".to_owned(), None)),
+    ]
+}
+
+/// The subject of a call: any value, padded or not (`None`: too wide a padding).
+fn subject() -> impl Strategy<Value = (String, bool)> {
+    prop_oneof![
+        Just(("account".to_owned(), true)),
+        Just(("upper(l.account)".to_owned(), true)),
+        Just(("'abc'".to_owned(), true)),
+        (1u64..3000).prop_map(|n| (format!("concat(''::char({n}))"), n <= 1000)),
+    ]
+}
+
+/// A superlinear call in one of its spellings, the limit of its cost operand, and the dialect.
+fn superlinear_call() -> impl Strategy<Value = (String, bool, SqlDialect)> {
+    (0usize..17, subject(), operand()).prop_map(|(form, (s, subject_ok), (o, literal))| {
+        use SqlDialect::{Postgres as P, Sqlite as L};
+        let (text, limit, dialect) = match form {
+            0 => (format!("ltrim({s}, {o})"), 64, P),
+            1 => (format!("rtrim({s}, {o})"), 64, P),
+            2 => (format!("btrim({s}, {o})"), 64, P),
+            3 => (format!("translate({s}, {o}, 'z')"), 64, P),
+            4 => (format!("translate({s}, 'z', {o})"), 64, P),
+            5 => (format!("TRIM(BOTH {o} FROM {s})"), 64, P),
+            6 => (format!("TRIM(LEADING {o} FROM {s})"), 64, P),
+            7 => (format!("strpos({s}, {o})"), 64, P),
+            8 => (format!("POSITION({o} IN {s})"), 64, P),
+            9 => (format!("split_part({s}, {o}, 1)"), 64, P),
+            10 => (format!("({s} ~ {o})"), 256, P),
+            11 => (format!("regexp_count({s}, {o})"), 256, P),
+            12 => (format!("ltrim({s}, {o})"), 64, L),
+            13 => (format!("rtrim({s}, {o})"), 64, L),
+            14 => (format!("instr({s}, {o})"), 64, L),
+            15 => (format!("({s} LIKE {o})"), 256, L),
+            _ => (format!("pg_catalog.btrim({s}, {o})"), 64, P),
+        };
+        let bounded = literal.is_some_and(|k| k <= limit);
+        // SQLite ignores the length of char(n): nothing is padded there.
+        (
+            format!("SELECT {text} AS v FROM ledger AS l"),
+            bounded && (subject_ok || dialect == L),
+            dialect,
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(config(3_000))]
+
+    /// The guard accepts a superlinear call exactly when its cost operands are short literals
+    /// and its subject is padded no wider than allowed.
+    #[test]
+    fn superlinear_calls_are_accepted_exactly_when_bounded(
+        (sql, bounded, dialect) in superlinear_call()
+    ) {
+        let verdict = guard(&sql, dialect, &rules());
+        match (&verdict, bounded) {
+            (Ok(_), true) => {}
+            (Err(v), false) => prop_assert!(
+                matches!(
+                    v.kind,
+                    sandboxrun_core::sql::ViolationKind::UnboundedWork
+                        | sandboxrun_core::sql::ViolationKind::Parse
+                ),
+                "{dialect:?} {sql}: {v}"
+            ),
+            (Ok(_), false) => prop_assert!(false, "{dialect:?} accepted the unbounded {sql}"),
+            (Err(v), true) => prop_assert!(false, "{dialect:?} refused the bounded {sql}: {v}"),
+        }
+    }
+}

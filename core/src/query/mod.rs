@@ -17,7 +17,12 @@
 //!   setting: a non-superuser role may set it only after `GRANT SET ON PARAMETER temp_file_limit
 //!   TO <role>` (PostgreSQL 15+); without the grant the attempt is undone and the role's own
 //!   setting applies (`ALTER ROLE <role> SET temp_file_limit = '256MB'`, by an administrator).
-//!   A query over a limit fails with [`QueryError::ResourceLimit`]. PostgreSQL has no per-query
+//!   A query over a limit fails with [`QueryError::ResourceLimit`].
+//!   Sessions: every connection is opened with the settings the guard reads queries under
+//!   ([`POSTGRES_SESSION_SETTINGS`]: `standard_conforming_strings=on`, `search_path=public`) as
+//!   startup options and checked after connecting. A call still running half a second after its
+//!   statement timeout has its backend terminated (`pg_terminate_backend` from a separate
+//!   connection, allowed for the same role) and its connection discarded, never pooled. PostgreSQL has no per-query
 //!   memory cap for single values (`repeat('x', 10^9)`), which is why the guard allows only
 //!   functions whose results are bounded by their arguments.
 //! * SQLite: the file is opened read-only (`mode=ro`) with `PRAGMA query_only = ON`; the timeout is
@@ -44,6 +49,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::sql::{GuardedQuery, SqlDialect};
+
+/// The PostgreSQL session settings every connection is forced to (startup options, verified
+/// after connecting) because the SQL guard reads queries under them: `standard_conforming_strings
+/// = on`, `search_path = public` and `client_encoding = UTF8`. Tests that plan queries outside the executor use them too.
+pub use postgres::FORCED_SETTINGS as POSTGRES_SESSION_SETTINGS;
 
 /// How one database is named in configuration. Exactly one of `url`, `url_env` and `url_file`
 /// gives the connection URL (`postgres://user:password@host:port/db` or `sqlite:///path/file.db`);

@@ -1,25 +1,62 @@
 //! PostgreSQL: read-only transaction, `SET LOCAL` timeouts, a server-side cursor fetched in
 //! batches under the caps, `ROLLBACK`.
+//!
+//! Two things hold on every connection, whatever the server, database or role defaults say:
+//!
+//! * The session reads SQL text the way the guard does ([`FORCED_SETTINGS`]): sent as startup
+//!   options and checked right after connecting, so a connection where they did not take
+//!   (a pooler that drops startup options, say) is refused instead of used.
+//! * A call that is still running [`GRACE`] after its statement timeout has its backend
+//!   terminated from a separate connection and its own connection discarded: a backend that
+//!   ignores the cancel never keeps running unnoticed, and is never returned to the pool.
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{AssertSqlSafe, Column, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef};
+use sqlx::{
+    AssertSqlSafe, Column, Connection, Executor, Row, SqlSafeStr, Statement, TypeInfo, ValueRef,
+};
 
 use super::value::{oid, pg_binary_to_json};
 use super::{Collector, QueryError, QueryLimits, QueryResult, ResourceLimits};
 
 /// Rows per `FETCH`.
 const BATCH: u64 = 500;
-/// Extra wall-clock time allowed on top of the statement timeout (connecting, round trips)
-/// before the whole call is abandoned and its connection closed.
-const GRACE: Duration = Duration::from_secs(5);
+/// Extra wall-clock time allowed on top of the statement timeout (round trips) before the call
+/// is abandoned, its backend terminated and its connection closed.
+const GRACE: Duration = Duration::from_millis(500);
+/// How long terminating a stuck backend may take (connecting, the call, waiting for it to go).
+const TERMINATE_WITHIN: Duration = Duration::from_secs(3);
+
+/// Session settings the SQL guard's reading of a query depends on, forced on every connection
+/// (startup options outrank server, database and role defaults) and verified after connecting.
+///
+/// * `standard_conforming_strings = on`: a backslash in `'…'` is an ordinary character, as the
+///   guard's tokenizer reads it. Off, `'\'` does not end the literal for PostgreSQL, so text the
+///   guard saw as a string would run as SQL (a `UNION` over a forbidden column).
+/// * `search_path = public`: an unqualified table name is the `public` table the guard judged,
+///   not a same-named table of a schema a role or database default puts first.
+///
+/// * `client_encoding = UTF8` (sqlx asks for it too): in client encodings whose multi-byte
+///   characters can contain the bytes of `\` or `'` (SJIS, BIG5, GBK) the server would split
+///   the text into tokens differently from the guard.
+///
+/// Settings that only change how values are printed (`DateStyle`, `IntervalStyle`) or warn
+/// (`escape_string_warning`) do not change what a query reads, and `backslash_quote` matters only
+/// when `standard_conforming_strings` is off.
+pub const FORCED_SETTINGS: &[(&str, &str)] = &[
+    ("standard_conforming_strings", "on"),
+    ("search_path", "public"),
+    ("client_encoding", "UTF8"),
+];
 
 pub(crate) struct PgDatabase {
     name: String,
     pool: PgPool,
+    /// For the separate connection that terminates a stuck backend.
+    options: Box<PgConnectOptions>,
     resources: ResourceLimits,
 }
 
@@ -38,15 +75,18 @@ impl PgDatabase {
             .application_name("sandboxrun")
             // A second layer under BEGIN READ ONLY: every transaction on these connections
             // starts read-only.
-            .options([("default_transaction_read_only", "on")]);
+            .options([("default_transaction_read_only", "on")])
+            .options(FORCED_SETTINGS.iter().copied());
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(10))
             .idle_timeout(Duration::from_secs(300))
-            .connect_lazy_with(options);
+            .after_connect(|conn, _| Box::pin(verify_session(conn)))
+            .connect_lazy_with(options.clone());
         Ok(Self {
             name: name.to_owned(),
             pool,
+            options: Box::new(options),
             resources,
         })
     }
@@ -62,7 +102,10 @@ impl PgDatabase {
         })?;
         let wall = limits.statement_timeout + GRACE;
         let resources = self.resources;
-        match tokio::time::timeout(wall, run(&mut conn, sql, limits, resources)).await {
+        let mut backend = None;
+        let outcome =
+            tokio::time::timeout(wall, run(&mut conn, sql, limits, resources, &mut backend)).await;
+        match outcome {
             Ok(Ok(result)) => {
                 if sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await.is_err() {
                     conn.close_on_drop();
@@ -76,9 +119,15 @@ impl PgDatabase {
                 Err(classify(e, limits.statement_timeout, resources))
             }
             Err(_elapsed) => {
-                // Mid-protocol: the connection cannot be reused. Closing it also ends the
-                // transaction on the server.
+                // Mid-protocol: the connection cannot be reused, and its backend may still be
+                // working (a function that does not check for interrupts ignores the
+                // statement timeout). Terminate the backend, then drop the connection without
+                // returning it to the pool.
+                if let Some(pid) = backend {
+                    self.terminate(pid).await;
+                }
                 conn.close_on_drop();
+                drop(conn);
                 Err(QueryError::Timeout {
                     timeout: limits.statement_timeout,
                 })
@@ -87,11 +136,95 @@ impl PgDatabase {
     }
 }
 
+impl PgDatabase {
+    /// Ends the backend `pid` (one of ours, running past its deadline) from a separate
+    /// connection and waits until it is gone. `pg_terminate_backend` needs no grant for a
+    /// backend of the same role. Best effort within [`TERMINATE_WITHIN`]: a failure is logged,
+    /// the stuck connection is discarded anyway.
+    async fn terminate(&self, pid: i32) {
+        let attempt = async {
+            let mut admin = sqlx::PgConnection::connect_with(&self.options).await?;
+            // The one-argument form exists in every supported version; then wait for the
+            // backend to be gone.
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .execute(&mut admin)
+                .await?;
+            let mut gone = false;
+            for _ in 0..20 {
+                let alive: bool = sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)",
+                )
+                .bind(pid)
+                .fetch_one(&mut admin)
+                .await?;
+                if !alive {
+                    gone = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let _ = admin.close().await;
+            Ok::<bool, sqlx::Error>(gone)
+        };
+        match tokio::time::timeout(TERMINATE_WITHIN, attempt).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => tracing::warn!(
+                database = %self.name,
+                pid,
+                "a PostgreSQL backend past its statement timeout did not exit when terminated"
+            ),
+            Ok(Err(e)) => tracing::warn!(
+                database = %self.name,
+                pid,
+                error = %e,
+                "could not terminate a PostgreSQL backend past its statement timeout"
+            ),
+            Err(_) => tracing::warn!(
+                database = %self.name,
+                pid,
+                "terminating a PostgreSQL backend past its statement timeout timed out"
+            ),
+        }
+    }
+}
+
+/// Checks on a new connection that [`FORCED_SETTINGS`] took effect; a connection where they did
+/// not is refused (the pool reports the error), never used.
+async fn verify_session(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    let names: Vec<&str> = FORCED_SETTINGS.iter().map(|(name, _)| *name).collect();
+    let actual: Vec<String> =
+        sqlx::query_scalar("SELECT current_setting(name) FROM unnest($1::text[]) AS name")
+            .bind(&names)
+            .fetch_all(&mut *conn)
+            .await?;
+    for ((name, expected), actual) in FORCED_SETTINGS.iter().zip(&actual) {
+        if !actual.eq_ignore_ascii_case(expected) {
+            return Err(sqlx::Error::Configuration(
+                format!(
+                    "the session setting {name} is {actual:?}, not {expected:?}, although \
+                     sandboxrun sent it as a startup option: the SQL guard reads queries with \
+                     {name} = {expected}. Connect directly, or through a pooler that passes \
+                     startup options on"
+                )
+                .into(),
+            ));
+        }
+    }
+    if actual.len() != FORCED_SETTINGS.len() {
+        return Err(sqlx::Error::Protocol(
+            "the session settings could not be read back".into(),
+        ));
+    }
+    Ok(())
+}
+
 async fn run(
     conn: &mut sqlx::PgConnection,
     sql: &str,
     limits: QueryLimits,
     resources: ResourceLimits,
+    backend: &mut Option<i32>,
 ) -> Result<QueryResult, sqlx::Error> {
     sqlx::raw_sql("BEGIN TRANSACTION READ ONLY")
         .execute(&mut *conn)
@@ -100,8 +233,10 @@ async fn run(
     // set_config(..., true) is SET LOCAL with a bound parameter. Memory: one sort or hash gets
     // work_mem (hashes no more: hash_mem_multiplier 1) before spilling to temporary files, and
     // no parallel workers, each of which would get as much again.
-    sqlx::query(
-        "SELECT set_config('statement_timeout', $1, true), \
+    // The backend's pid comes along: it is what gets terminated if the call overruns.
+    let settings = sqlx::query(
+        "SELECT pg_backend_pid(), \
+                set_config('statement_timeout', $1, true), \
                 set_config('idle_in_transaction_session_timeout', $1, true), \
                 set_config('work_mem', $2, true), \
                 set_config('hash_mem_multiplier', '1', true), \
@@ -109,8 +244,10 @@ async fn run(
     )
     .bind(&timeout_ms)
     .bind(format!("{}kB", resources.work_mem_kb))
-    .execute(&mut *conn)
+    .fetch_one(&mut *conn)
     .await?;
+    let pid: i32 = settings.try_get(0)?;
+    *backend = Some(pid);
     limit_temp_files(conn, resources.temp_file_limit_kb).await?;
 
     // Parse and describe (not execute) the query: its column names and types, also when it

@@ -76,9 +76,18 @@ impl SqliteDatabase {
         let result = match tokio::time::timeout(wall, run(&mut conn, sql, limits)).await {
             Ok(Ok(result)) => Ok(result),
             Ok(Err(e)) => Err(classify(e, limits.statement_timeout, deadline)),
-            Err(_) => Err(QueryError::Timeout {
-                timeout: limits.statement_timeout,
-            }),
+            Err(_) => {
+                // The statement is stuck inside one VM instruction, where the progress handler
+                // is not called (the guard refuses the calls known to do that). Closing waits
+                // for the connection's worker thread, so it happens off the caller's path: the
+                // call returns at its deadline whatever SQLite does.
+                tokio::spawn(async move {
+                    let _ = conn.close().await;
+                });
+                return Err(QueryError::Timeout {
+                    timeout: limits.statement_timeout,
+                });
+            }
         };
         let _ = conn.close().await;
         result

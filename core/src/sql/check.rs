@@ -17,7 +17,7 @@ use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
 use super::allow::default_functions;
-use super::deny::{denied_function, is_system_catalog};
+use super::deny::{denied_function, is_sqlite_virtual_table, is_system_catalog};
 use super::scan::{FunctionPolicy, Scan, check_denied_name, denied, value_function};
 use super::{
     Columns, GuardViolation, GuardedQuery, MAX_QUERY_BYTES, MAX_QUERY_TOKENS, MAX_VALUE_GROWTH,
@@ -384,7 +384,9 @@ impl Compiled {
         if let Some(cols) = self.tables.get(canonical) {
             return Ok(cols.clone());
         }
-        if is_system_catalog(canonical) {
+        if is_system_catalog(canonical)
+            || (self.dialect == SqlDialect::Sqlite && is_sqlite_virtual_table(canonical))
+        {
             return Err(violation(
                 K::SystemCatalog,
                 format!("the system catalog {canonical} is not allowed"),

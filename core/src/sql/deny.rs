@@ -143,6 +143,58 @@ pub(crate) fn is_system_catalog(canonical: &str) -> bool {
         || table.starts_with("pragma_")
 }
 
+/// SQLite's eponymous virtual tables and table-valued functions: names that can be read as
+/// tables without being created, and are not data of the database. `dbstat` lists every table
+/// and index with its size, `sqlite_dbpage` returns raw pages (every table's content),
+/// `sqlite_stmt` the statements of the connection, `bytecode`/`tables_used` compile SQL text,
+/// `fsdir`/`zipfile`/`sqlar` read files, `json_each`/`json_tree`/`generate_series`/`carray`
+/// produce rows from their arguments (governed by `tableFunctions` when called with them).
+/// Whether one is compiled in depends on the build; all are treated as catalogs in SQLite: a
+/// `"*"` tables rule never covers them, only a rule that lists one by name.
+const SQLITE_VIRTUAL_TABLES: &[&str] = &[
+    "dbstat",
+    "json_each",
+    "json_tree",
+    "jsonb_each",
+    "jsonb_tree",
+    "generate_series",
+    "carray",
+    "completion",
+    "bytecode",
+    "tables_used",
+    "fsdir",
+    "zipfile",
+    "sqlar",
+    "fts3tokenize",
+    "fts4aux",
+    "fts5vocab",
+    "btreeinfo",
+    "memstat",
+    "stmt",
+    "explain",
+    "unionvtab",
+    "swarmvtab",
+    "csv",
+    "series",
+    "spellfix1",
+    "closure",
+    "vfsstat",
+    "rtree",
+    "rtree_i32",
+    "geopoly",
+];
+
+/// Whether a (canonical) table name is one of SQLite's virtual tables that exist without being
+/// created ([`SQLITE_VIRTUAL_TABLES`], and every `sqlite_*` and `pragma_*` name), in any schema
+/// (`main.dbstat`, `temp.dbstat`).
+pub(crate) fn is_sqlite_virtual_table(canonical: &str) -> bool {
+    let lower = canonical.to_lowercase();
+    let table = lower.rsplit_once('.').map_or(lower.as_str(), |(_, t)| t);
+    SQLITE_VIRTUAL_TABLES.contains(&table)
+        || table.starts_with("sqlite_")
+        || table.starts_with("pragma_")
+}
+
 /// The names the denied-function list covers, for documentation and tests.
 pub fn denied_function_patterns() -> impl Iterator<Item = &'static str> {
     DENIED_FUNCTIONS.iter().map(|entry| entry.pattern)
@@ -197,6 +249,16 @@ mod tests {
             assert!(is_system_catalog(name), "{name}");
         }
         assert!(!is_system_catalog("ledger"));
+        for name in [
+            "dbstat",
+            "DBSTAT",
+            "main.dbstat",
+            "temp.json_each",
+            "sqlite_dbpage",
+        ] {
+            assert!(is_sqlite_virtual_table(name), "{name}");
+        }
+        assert!(!is_sqlite_virtual_table("ledger"));
         assert!(!is_system_catalog("reporting.ledger"));
     }
 }

@@ -13,7 +13,8 @@
 //!   built-in ones, and syntax the guard does not know is refused;
 //! - casts only to allowed types (numbers, text, dates and times, booleans, UUIDs, JSON, and
 //!   arrays of those), comparing the unquoted, unqualified, lowercase type name;
-//! - reads only tables the rules allow (system catalogs only when listed by name), and only their
+//! - reads only tables the rules allow (system catalogs, and SQLite's eponymous virtual tables
+//!   such as `dbstat`, only when listed by name), and only their
 //!   allowed columns, after resolving table aliases, CTE names and subqueries with PostgreSQL's
 //!   rules: every column reference (`c`, `t.c`, `s.t.c`, `t.c[1]`, `(t).c`, `(t.*).c`, a
 //!   whole-row `t`) is resolved against the relation it really names; an unqualified column that
@@ -26,6 +27,11 @@
 //!   combined, and stays below 50,000 terms once PostgreSQL substitutes its CTEs and subqueries
 //!   (a CTE chain that refers to the previous level twice doubles with every level, and
 //!   PostgreSQL does not interrupt planning for the statement timeout);
+//! - does bounded work in every single call (`cost.rs`): superlinear functions and operators
+//!   (`btrim(x, set)`, `translate`, `strpos`, regular expressions, SQLite's `ltrim(x, set)`,
+//!   `instr`, `LIKE`) take their cost-multiplying operands as short literals, and paddings
+//!   (`char(n)`, `lpad`, numeric scales) stay within [`MAX_PADDED_WIDTH`] each and
+//!   [`MAX_PADDING_TOTAL`] in all, because databases do not interrupt one call for the timeout;
 //! - uses `*` / `t.*` only when `allowWildcard` is set and every table it expands over allows all
 //!   columns.
 //!
@@ -35,6 +41,7 @@
 
 mod allow;
 mod check;
+mod cost;
 mod deny;
 mod scan;
 
@@ -45,6 +52,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub use allow::{POSTGRES_FUNCTIONS, SQLITE_FUNCTIONS};
+pub use cost::{MAX_OPERAND_CHARS, MAX_PADDED_WIDTH, MAX_PADDING_TOTAL, MAX_PATTERN_CHARS};
 pub use deny::denied_function_patterns;
 
 /// The functions every rule allows for `dialect` (lowercase names), before its `functions`.
@@ -381,6 +389,11 @@ pub enum ViolationKind {
     /// Values combined again and again across subqueries or CTEs (`WITH a AS (SELECT x || x …),
     /// b AS (SELECT a.x || a.x …)`): their size could grow exponentially.
     ValueGrowth,
+    /// Work one function call could do without bound, which the database cannot interrupt: a
+    /// superlinear function (`btrim(x, set)`, `translate`, a regular expression) with a
+    /// cost-multiplying operand that is not a short literal, or a value padded (`char(n)`,
+    /// `lpad`) wider than allowed.
+    UnboundedWork,
     /// A table-valued function in `FROM` the rules do not list.
     TableFunction,
     /// A system catalog not listed by the rules.

@@ -13,6 +13,9 @@ use sqlparser::ast::{
 };
 
 use super::allow::{cast_types_for_message, check_cast_type, default_functions};
+use super::cost::{
+    self, MAX_OPERAND_CHARS, MAX_PADDED_WIDTH, MAX_PATTERN_CHARS, Padding, padded_width,
+};
 use super::deny::denied_function;
 use super::{GuardViolation, SqlDialect, ViolationKind as K};
 
@@ -179,7 +182,7 @@ pub(super) fn check_cast(data_type: &DataType, dialect: SqlDialect) -> R<()> {
 }
 
 /// The widest `lpad`/`rpad` result a query may ask for without the rule listing them.
-pub(super) const MAX_PAD_WIDTH: u64 = 1_000;
+pub(super) const MAX_PAD_WIDTH: u64 = MAX_PADDED_WIDTH;
 
 /// The width (second argument) of an `lpad`/`rpad` call when it is a whole-number literal.
 fn padding_width(args: &FunctionArguments) -> Option<u64> {
@@ -243,6 +246,15 @@ fn binary_operator_allowed(op: &BinaryOperator) -> bool {
     )
 }
 
+/// The regular-expression match operators (`~`, `~*`, `!~`, `!~*`).
+fn is_regex_operator(op: &BinaryOperator) -> bool {
+    use BinaryOperator as B;
+    matches!(
+        op,
+        B::PGRegexMatch | B::PGRegexIMatch | B::PGRegexNotMatch | B::PGRegexNotIMatch
+    )
+}
+
 fn unary_operator_allowed(op: &UnaryOperator) -> bool {
     use UnaryOperator as U;
     matches!(
@@ -264,6 +276,8 @@ fn operator_not_allowed(op: &dyn std::fmt::Display) -> GuardViolation {
 pub(super) struct Scan<'a> {
     pub(super) functions: &'a FunctionPolicy,
     statement_depth: usize,
+    /// What the query's paddings add up to (see [`super::cost`]).
+    padding: Padding,
 }
 
 impl<'a> Scan<'a> {
@@ -271,6 +285,152 @@ impl<'a> Scan<'a> {
         Self {
             functions,
             statement_depth: 0,
+            padding: Padding::default(),
+        }
+    }
+
+    /// Bounds the work of one call (see [`super::cost`]): superlinear functions and operators
+    /// take their cost-multiplying operands as short literals, and paddings stay within the
+    /// query's budget.
+    fn bound_work(&mut self, expr: &Expr) -> R<()> {
+        let dialect = self.dialect();
+        match expr {
+            Expr::Cast { data_type, .. } if dialect == SqlDialect::Postgres => {
+                self.pad_cast(data_type)
+            }
+            Expr::TypedString(t) if dialect == SqlDialect::Postgres => {
+                cost::check_literal(&t.value.value)?;
+                self.pad_cast(&t.data_type)
+            }
+            Expr::Value(v) if dialect == SqlDialect::Postgres => cost::check_literal(&v.value),
+            Expr::BinaryOp {
+                left,
+                op: BinaryOperator::PGExp,
+                right,
+            } => cost::check_exponentiation("the operator ^", Some(left), Some(right)),
+            Expr::Function(f) => {
+                let mut parts = Vec::new();
+                for part in &f.name.0 {
+                    if let ObjectNamePart::Identifier(i) = part {
+                        parts.push(self.functions.fold(i));
+                    }
+                }
+                let name = match parts.as_slice() {
+                    [name] => name.as_str(),
+                    [schema, name] if schema == "pg_catalog" && dialect == SqlDialect::Postgres => {
+                        name.as_str()
+                    }
+                    // A function of another schema is not the built-in one.
+                    _ => return Ok(()),
+                };
+                let args: Vec<Option<&Expr>> = match &f.args {
+                    FunctionArguments::List(list) => list
+                        .args
+                        .iter()
+                        .map(|a| match a {
+                            FunctionArg::Unnamed(FunctionArgExpr::Expr(e)) => Some(e),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                cost::check_call(dialect, name, &args)?;
+                cost::check_output_width(dialect, name, &args, &mut self.padding)?;
+                if dialect == SqlDialect::Postgres {
+                    let arg = |i: usize| args.get(i).copied().flatten();
+                    match name {
+                        "power" | "pow" => cost::check_exponentiation(name, arg(0), arg(1))?,
+                        "exp" => cost::check_exponentiation(name, None, arg(0))?,
+                        _ => {}
+                    }
+                }
+                if dialect == SqlDialect::Postgres && matches!(name, "lpad" | "rpad") {
+                    // The scan refuses other widths unless the rule lists the function.
+                    if let Some(width) = padding_width(&f.args) {
+                        self.padding.add(name, width)?;
+                    }
+                }
+                Ok(())
+            }
+            Expr::Trim {
+                trim_what,
+                trim_characters,
+                ..
+            } => {
+                for set in trim_what
+                    .iter()
+                    .map(|w| w.as_ref())
+                    .chain(trim_characters.iter().flatten())
+                {
+                    cost::check_syntax_operand(
+                        "TRIM",
+                        "the set of characters to trim",
+                        MAX_OPERAND_CHARS,
+                        set,
+                    )?;
+                }
+                Ok(())
+            }
+            Expr::Position { expr: needle, .. } => cost::check_syntax_operand(
+                "POSITION",
+                "the substring to look for",
+                MAX_OPERAND_CHARS,
+                needle,
+            ),
+            Expr::BinaryOp { op, right, .. } if is_regex_operator(op) => {
+                cost::check_syntax_operand(
+                    &format!("the operator {op}"),
+                    "the regular expression",
+                    MAX_PATTERN_CHARS,
+                    right,
+                )
+            }
+            Expr::AnyOp {
+                compare_op, right, ..
+            }
+            | Expr::AllOp {
+                compare_op, right, ..
+            } if is_regex_operator(compare_op) => match right.as_ref() {
+                Expr::Array(array) => {
+                    for pattern in &array.elem {
+                        cost::check_syntax_operand(
+                            &format!("the operator {compare_op}"),
+                            "the regular expression",
+                            MAX_PATTERN_CHARS,
+                            pattern,
+                        )?;
+                    }
+                    Ok(())
+                }
+                other => cost::check_syntax_operand(
+                    &format!("the operator {compare_op}"),
+                    "the regular expression",
+                    MAX_PATTERN_CHARS,
+                    other,
+                ),
+            },
+            // SIMILAR TO is a regular expression in PostgreSQL.
+            Expr::SimilarTo {
+                pattern,
+                escape_char: _,
+                ..
+            } => {
+                cost::check_syntax_operand("SIMILAR TO", "the pattern", MAX_PATTERN_CHARS, pattern)
+            }
+            // SQLite matches LIKE patterns inside one VM instruction.
+            Expr::Like { pattern, .. } | Expr::ILike { pattern, .. }
+                if dialect == SqlDialect::Sqlite =>
+            {
+                cost::check_syntax_operand("LIKE", "the pattern", MAX_PATTERN_CHARS, pattern)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn pad_cast(&mut self, data_type: &DataType) -> R<()> {
+        match padded_width(data_type) {
+            Some(width) => self.padding.add(&format!("the cast to {data_type}"), width),
+            None => Ok(()),
         }
     }
 
@@ -512,7 +672,7 @@ impl Visitor for Scan<'_> {
     }
 
     fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<GuardViolation> {
-        match self.expr(expr) {
+        match self.expr(expr).and_then(|()| self.bound_work(expr)) {
             Ok(()) => ControlFlow::Continue(()),
             Err(v) => ControlFlow::Break(v),
         }
