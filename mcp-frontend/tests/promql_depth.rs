@@ -42,7 +42,14 @@ impl Drop for Server {
 impl Server {
     fn start() -> Self {
         let mut child = Command::new(BIN)
-            .args(["stdio", "--backend", "local", "--enable-metrics"])
+            .args([
+                "stdio",
+                "--backend",
+                "local",
+                "--enable-metrics",
+                "--armed-sandboxes",
+                "0",
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

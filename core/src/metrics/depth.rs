@@ -2,8 +2,8 @@
 //!
 //! promql-parser builds its tree bottom-up with an explicit stack, but everything done with the
 //! tree afterwards recurses over it: its own type checks (`value_type` on every node built, so
-//! quadratic in the depth), `Display`, `Drop`, the evaluator ([`super::eval`]) and the scope
-//! rewrite ([`super::scope`]). A tree tens of thousands of levels deep overflows any thread's
+//! quadratic in the depth), `Display`, `Drop`, the evaluator (`eval.rs`) and the scope
+//! rewrite (`scope.rs`). A tree tens of thousands of levels deep overflows any thread's
 //! stack, and nesting does not need brackets: `- - - x` nests one level per sign, `a + b + c`
 //! one per operator, `x[5m:1m][5m:1m]` one per subquery. So the depth is bounded on the token
 //! stream, without recursion, before the parser runs: [`check`] refuses a query whose tree
@@ -52,7 +52,7 @@ use super::syntax::{Location, location};
 ///
 /// Everything that walks a tree recurses once per level, and each level costs at most a few
 /// kilobytes of stack in a debug build (the evaluator's frames are the largest): 64 levels stay
-/// far below the [`super::stack::QUERY_STACK_BYTES`] every PromQL thread gets, and below an
+/// far below the 8 MiB every PromQL thread gets (`stack.rs`), and below an
 /// async worker's 2 MiB as well. Real queries nest 10 levels at most; a long chain of binary
 /// operators is the one shape that gets near, and splitting it is the fix the message gives.
 pub const MAX_EXPR_DEPTH: usize = 64;
