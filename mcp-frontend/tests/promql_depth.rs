@@ -5,7 +5,10 @@
 //! one such call (a run of signs, which has no brackets) aborted the process: the parser built a
 //! tree tens of thousands of nodes deep and dropping it overflowed the async worker's stack.
 //!
-//! No sandbox is needed: only fetch_metrics is called.
+//! Only fetch_metrics is called, but the server checks its local sandbox at start-up: the
+//! sandbox-python root file system must be built (images/build.sh; `SANDBOXRUN_ROOTFS` names
+//! another place). The same through the pipeline in-process, without a sandbox, is
+//! `server::tests::deep_promql_is_refused_and_the_server_keeps_answering`.
 
 // Tests state what they expect with unwrap and expect: a failure is the message.
 #![allow(clippy::unwrap_used)]

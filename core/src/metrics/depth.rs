@@ -13,8 +13,8 @@
 //!
 //! Tokens are read with promql-parser's own lexer (the same tokens its parser reads). Brackets
 //! split them into groups: `( )` (a parenthesis, a call's or an aggregation's arguments), label
-//! lists after `by`, `without`, `on`, `ignoring`, `group_left`, `group_right`, `fill*`, and
-//! `[ ]` (a range or a subquery); label matchers `{ }` hold no expression. Commas split a group
+//! lists after `by`, `without`, `on`, `ignoring`, `group_left`, `group_right` (and the `( )` of
+//! `fill*(v)`, `start()`, `end()`), and `[ ]` (a range or a subquery); label matchers `{ }` hold no expression. Commas split a group
 //! into segments (the arguments of a call). For a segment, every tree the parser can build from
 //! its tokens is at most
 //!
@@ -52,8 +52,8 @@ use super::syntax::{Location, location};
 ///
 /// Everything that walks a tree recurses once per level, and each level costs at most a few
 /// kilobytes of stack in a debug build (the evaluator's frames are the largest): 64 levels stay
-/// far below the 8 MiB every PromQL thread gets (`stack.rs`), and below an
-/// async worker's 2 MiB as well. Real queries nest 10 levels at most; a long chain of binary
+/// far below the 8 MiB every PromQL thread gets (`stack.rs`), and below an async worker's
+/// 2 MiB as well. Real queries rarely nest more than 10 levels; a long chain of binary
 /// operators is the one shape that gets near, and splitting it is the fix the message gives.
 pub const MAX_EXPR_DEPTH: usize = 64;
 
