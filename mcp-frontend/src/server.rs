@@ -521,4 +521,70 @@ mod tests {
             assert_eq!(schema["type"], "object");
         }
     }
+
+    /// Hostile PromQL through the whole pipeline of the embedded server, on a multi-threaded
+    /// runtime as in production (its workers have 2 MiB stacks): every way of nesting is
+    /// refused while the arguments are parsed, with what to change, and the same server then
+    /// evaluates a valid query. Before the depth bound, a run of signs built a tree tens of
+    /// thousands of levels deep whose drop overflowed the worker's stack and aborted the process.
+    /// (`tests/promql_depth.rs` does the same through the binary over stdio.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deep_promql_is_refused_and_the_server_keeps_answering() {
+        use crate::scope::{CallScope, Reporter};
+        let server = server(false, true);
+        let call = |query: String| {
+            let server = server.clone();
+            async move {
+                let scope = CallScope {
+                    agent: "analyst".to_owned(),
+                    grant: None,
+                    reporter: Reporter::Task(tokio::sync::watch::channel(String::new()).0),
+                    cancel: tokio_util::sync::CancellationToken::new(),
+                    approval_wait: None,
+                };
+                let args = json!({ "query": query });
+                let args = args.as_object().expect("an object").clone();
+                let (_, result) = server.call_in::<FetchMetrics>(args, scope).await;
+                let text = result
+                    .content
+                    .first()
+                    .and_then(|c| c.as_text())
+                    .map(|t| t.text.clone())
+                    .unwrap_or_default();
+                (
+                    result.is_error == Some(true),
+                    text,
+                    result.structured_content,
+                )
+            }
+        };
+        let m = sandboxrun_core::metrics::CALLS_METRIC;
+        let nest =
+            |open: &str, close: &str, n: usize| format!("{}{m}{}", open.repeat(n), close.repeat(n));
+        for q in [
+            format!("{}{m}", "- ".repeat(100_000)),
+            format!("{}{m}", "-".repeat(60_000)),
+            format!("{}{m}", "-#\n+\n".repeat(12_000)),
+            format!("1{}", "+1".repeat(30_000)),
+            format!("1{}", " + -1 * -1".repeat(6_000)),
+            nest("-(", ")", 20_000),
+            nest("abs(", ")", 12_000),
+            nest("sum by (tool) (", ")", 3_000),
+            format!("{m}{}", "[5m:1m]".repeat(9_000)),
+        ] {
+            let started = std::time::Instant::now();
+            let (failed, text, _) = call(q.clone()).await;
+            println!("{} bytes refused in {:?}", q.len(), started.elapsed());
+            assert!(failed, "{text}");
+            assert!(
+                text.contains("passes 64 levels, the most accepted")
+                    || text.contains("at most 65536 are accepted"),
+                "{text}"
+            );
+        }
+        let (failed, text, out) = call(format!("sum({m}{{tool=\"fetch_metrics\"}})")).await;
+        assert!(!failed, "{text}");
+        let out = out.expect("a structured result");
+        assert_eq!(out["result"][0]["value"][1], "9", "{out}");
+    }
 }

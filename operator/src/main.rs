@@ -14,6 +14,8 @@ mod policy;
 mod pool;
 mod python;
 mod query;
+#[cfg(test)]
+mod query_depth_tests;
 mod run_quota;
 mod ttl;
 

@@ -15,10 +15,12 @@
 //! `resultType` (`vector`, `matrix` or `scalar`) and a list of series with their `metric` labels
 //! and `[timestamp, "value"]` samples (a scalar comes as one series without labels).
 
+pub mod depth;
 pub mod eval;
 pub mod prometheus;
 pub mod scope;
 pub mod series;
+pub mod stack;
 pub mod store;
 pub mod syntax;
 
@@ -374,18 +376,16 @@ impl MetricsError {
     }
 }
 
-/// Deepest bracket nesting a query may have (read before it is parsed).
-pub const MAX_NESTING: usize = 32;
-/// Most lexical tokens a query may have (read before it is parsed): bounds chains of binary
-/// operators, which nest without brackets.
-pub const MAX_TOKENS: usize = 1_000;
-/// Deepest expression tree a query may have once parsed.
-pub const MAX_EXPR_DEPTH: usize = 64;
+pub use depth::{MAX_EXPR_DEPTH, MAX_TOKENS};
 
-/// Checks that `query` is one PromQL expression of acceptable size and depth; a syntax error
-/// comes back with where it is (see [`syntax`]). The size and depth are bounded before the text
-/// is parsed, so a hostile query (aggregations nested thousands deep, a chain of thousands of
-/// operators) is refused without any recursion over it.
+/// Checks that `query` is one PromQL expression of acceptable size and depth, and returns its
+/// tree; a syntax error comes back with where it is (see [`syntax`]).
+///
+/// Size, token count and depth are bounded before the text is parsed ([`depth::check`], on the
+/// token stream, without recursion), so a hostile query (a run of a thousand signs, a chain of
+/// thousands of operators, calls or subqueries nested thousands deep) is refused before any tree
+/// exists; the parse itself runs on a PromQL thread ([`stack`]). The tree is at most
+/// [`MAX_EXPR_DEPTH`] levels deep, so callers may walk and drop it on any thread.
 pub fn check_syntax(query: &str) -> Result<promql_parser::parser::Expr, MetricsError> {
     if query.trim().is_empty() {
         return Err(MetricsError::BadRequest(format!(
@@ -395,61 +395,30 @@ pub fn check_syntax(query: &str) -> Result<promql_parser::parser::Expr, MetricsE
     }
     if query.len() > MAX_QUERY_BYTES {
         return Err(MetricsError::BadRequest(format!(
-            "the query is {} bytes; at most {MAX_QUERY_BYTES} are accepted",
+            "the query is {} bytes; at most {MAX_QUERY_BYTES} are accepted: write a shorter query",
             query.len()
         )));
     }
-    let depth = syntax::bracket_depth(query);
-    if depth > MAX_NESTING {
-        return Err(MetricsError::BadRequest(format!(
-            "the query nests brackets {depth} deep; at most {MAX_NESTING} levels are accepted: \
-             write a flatter query"
-        )));
-    }
-    let count = syntax::token_count(query);
-    if count > MAX_TOKENS {
-        return Err(MetricsError::BadRequest(format!(
-            "the query has about {count} tokens; at most {MAX_TOKENS} are accepted: write a \
-             shorter query"
-        )));
-    }
-    let expr = promql_parser::parser::parse(query)
-        .map_err(|message| MetricsError::Parse(syntax::describe(query, &message)))?;
-    let depth = expr_depth(&expr);
-    if depth > MAX_EXPR_DEPTH {
-        return Err(MetricsError::BadRequest(format!(
-            "the query's expression is {depth} levels deep; at most {MAX_EXPR_DEPTH} are \
-             accepted: split long chains of operators into fewer terms"
-        )));
-    }
+    depth::check(query).map_err(|refusal| match refusal {
+        // The lexer's message, located the same way as the parser's would be.
+        depth::Refusal::Lex(message) => MetricsError::Parse(syntax::describe(query, &message)),
+        refusal => refusal.into_error(),
+    })?;
+    let expr = stack::run(|| {
+        promql_parser::parser::parse(query)
+            .map_err(|message| MetricsError::Parse(syntax::describe(query, &message)))
+    })??;
+    debug_assert!(
+        depth::expr_depth(&expr) <= MAX_EXPR_DEPTH,
+        "the depth bound holds for {query:?}"
+    );
     Ok(expr)
 }
 
-/// The depth of an expression tree, measured without recursion.
-pub fn expr_depth(expr: &promql_parser::parser::Expr) -> usize {
-    use promql_parser::parser::Expr;
-    let mut deepest = 0;
-    let mut stack: Vec<(&Expr, usize)> = vec![(expr, 1)];
-    while let Some((e, d)) = stack.pop() {
-        deepest = deepest.max(d);
-        let children: Vec<&Expr> = match e {
-            Expr::Aggregate(a) => std::iter::once(a.expr.as_ref())
-                .chain(a.param.as_deref())
-                .collect(),
-            Expr::Unary(u) => vec![u.expr.as_ref()],
-            Expr::Binary(b) => vec![b.lhs.as_ref(), b.rhs.as_ref()],
-            Expr::Paren(p) => vec![p.expr.as_ref()],
-            Expr::Subquery(s) => vec![s.expr.as_ref()],
-            Expr::Call(c) => c.args.args.iter().map(AsRef::as_ref).collect(),
-            Expr::NumberLiteral(_)
-            | Expr::StringLiteral(_)
-            | Expr::VectorSelector(_)
-            | Expr::MatrixSelector(_)
-            | Expr::Extension(_) => Vec::new(),
-        };
-        stack.extend(children.into_iter().map(|c| (c, d + 1)));
-    }
-    deepest
+/// Checks `query` as [`check_syntax`] does, without keeping its tree (dropped on the PromQL
+/// thread that built it).
+pub fn check_query(query: &str) -> Result<(), MetricsError> {
+    stack::run(|| check_syntax(query).map(drop))?
 }
 
 /// A time given as RFC 3339 (`2026-11-29T10:00:00Z`) or unix seconds (`1764410400`, `1764410400.5`).

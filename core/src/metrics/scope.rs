@@ -12,7 +12,7 @@ use promql_parser::parser::{Expr, VectorSelector};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{MetricsError, check_syntax};
+use super::{MetricsError, check_syntax, stack};
 
 /// The `metrics` section of a policy rule.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -91,17 +91,21 @@ impl Scope {
     }
 
     /// The query rewritten to this scope, or why it reaches outside it.
+    /// The parse, the walk, the rendering and the trees' drops run on a PromQL thread
+    /// ([`super::stack`]), whatever thread asks.
     pub fn apply(&self, query: &str) -> Result<String, MetricsError> {
         if self.is_open() {
             return Ok(query.to_owned());
         }
-        let mut expr = check_syntax(query)?;
-        self.walk(&mut expr)?;
-        let rewritten = expr.to_string();
-        // What runs is what was judged: the rendering must parse again (to the same scope).
-        let mut again = check_syntax(&rewritten)?;
-        self.walk(&mut again)?;
-        Ok(rewritten)
+        stack::run(|| {
+            let mut expr = check_syntax(query)?;
+            self.walk(&mut expr)?;
+            let rewritten = expr.to_string();
+            // What runs is what was judged: the rendering must parse again (to the same scope).
+            let mut again = check_syntax(&rewritten)?;
+            self.walk(&mut again)?;
+            Ok(rewritten)
+        })?
     }
 
     /// Applies the scope to every selector of `expr` (its depth is bounded by `check_syntax`).

@@ -184,26 +184,23 @@ impl CallStore {
         q: &MetricsQuery,
         budget: Duration,
     ) -> Result<MetricsResult, MetricsError> {
-        let expr = super::check_syntax(&q.query)?;
-        let inner = self.inner.lock().expect("not poisoned");
-        Evaluator::new(&inner.series, budget).run(&expr, q.time)
+        super::stack::run(|| {
+            let expr = super::check_syntax(&q.query)?;
+            let inner = self.inner.lock().expect("not poisoned");
+            Evaluator::new(&inner.series, budget).run(&expr, q.time)
+        })?
     }
 
-    /// Evaluates a query off the async workers (a blocking thread), within `budget`: a costly
-    /// query never stalls the server's other calls, and stops at its deadline.
+    /// Evaluates a query off the async workers (on a PromQL thread, see [`super::stack`]),
+    /// within `budget`: a costly query never stalls the server's other calls, and stops at its
+    /// deadline.
     pub async fn evaluate(
         &self,
         q: &MetricsQuery,
         budget: Duration,
     ) -> Result<MetricsResult, MetricsError> {
         let (store, q) = (self.clone(), q.clone());
-        tokio::task::spawn_blocking(move || store.query_within(&q, budget))
-            .await
-            .unwrap_or_else(|e| {
-                Err(MetricsError::Unavailable(format!(
-                    "the metrics evaluation failed: {e}"
-                )))
-            })
+        super::stack::run_async(move || store.query_within(&q, budget)).await?
     }
 }
 

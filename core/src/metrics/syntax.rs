@@ -254,39 +254,13 @@ struct Scan {
     quote: Option<(char, usize)>,
     /// Whether the text ends inside a `#` comment.
     comment: bool,
-    /// The deepest bracket nesting anywhere in the text.
-    max_depth: usize,
-    /// Tokens, roughly: runs of word characters, runs of operator characters, brackets, commas
-    /// and string literals.
-    tokens: usize,
 }
 
 impl Scan {
     fn of(text: &str) -> Self {
         let mut s = Self::default();
         let mut escaped = false;
-        // The class of the previous character outside strings: 1 word, 2 operator, 0 other.
-        let mut last = 0u8;
         for (i, c) in text.char_indices() {
-            let class = if c.is_alphanumeric() || matches!(c, '_' | '.' | ':') {
-                1
-            } else if "+-*/%^=!<>~".contains(c) {
-                2
-            } else {
-                0
-            };
-            if s.quote.is_none() && !s.comment {
-                if class != 0 && class != last {
-                    s.tokens += 1;
-                }
-                if matches!(
-                    c,
-                    '(' | ')' | '[' | ']' | '{' | '}' | ',' | '"' | '\'' | '`'
-                ) {
-                    s.tokens += 1;
-                }
-                last = class;
-            }
             if s.comment {
                 s.comment = c != '\n';
                 continue;
@@ -304,10 +278,7 @@ impl Scan {
             match c {
                 '#' => s.comment = true,
                 '"' | '\'' | '`' => s.quote = Some((c, i)),
-                '(' | '[' | '{' => {
-                    s.open.push((c, i));
-                    s.max_depth = s.max_depth.max(s.open.len());
-                }
+                '(' | '[' | '{' => s.open.push((c, i)),
                 ')' | ']' | '}' if s.open.last().is_some_and(|&(o, _)| closer(o) == c) => {
                     s.open.pop();
                 }
@@ -316,17 +287,6 @@ impl Scan {
         }
         s
     }
-}
-
-/// The deepest bracket nesting of `query`, outside strings and comments (read before parsing, so
-/// that no parser, evaluator or destructor ever recurses deeper than the bound allows).
-pub fn bracket_depth(query: &str) -> usize {
-    Scan::of(query).max_depth
-}
-
-/// About how many lexical tokens `query` has (see [`Scan`]), counted before parsing.
-pub fn token_count(query: &str) -> usize {
-    Scan::of(query).tokens
 }
 
 fn closer(open: char) -> char {
@@ -338,7 +298,7 @@ fn closer(open: char) -> char {
 }
 
 /// Line, column and the text of `len` bytes at byte offset `at`.
-fn location(query: &str, at: usize, len: usize) -> Location {
+pub(super) fn location(query: &str, at: usize, len: usize) -> Location {
     let before = &query[..at];
     let line = before.matches('\n').count() + 1;
     let column = before

@@ -27,7 +27,7 @@ use super::{CallSummary, Embedded, JsonObject, ParseContext, ToolSpec};
 use crate::metrics::scope::Scope;
 use crate::metrics::{
     CallStore, MetricsError, MetricsQuery, MetricsResult, PrometheusClient, QueryTime, ResultType,
-    Series, TimeArgs, check_syntax,
+    Series, TimeArgs, check_query,
 };
 use crate::model::{Environment, Phase, Reason, Tool, Verdict};
 use crate::policy::{CallContext, Decision};
@@ -315,7 +315,7 @@ pub fn parse_args(
         environment,
     };
     let time = parsed.time_args().resolve(now).map_err(|e| e.to_string())?;
-    check_syntax(&parsed.query).map_err(|e| match e {
+    check_query(&parsed.query).map_err(|e| match e {
         MetricsError::Parse(_) => format!("{e}; a valid query is for example {EXAMPLE_QUERY}"),
         e => e.to_string(),
     })?;
@@ -344,7 +344,7 @@ pub async fn execute(
     query: &MetricsQuery,
     timeout: Duration,
 ) -> Result<MetricsResult, MetricsError> {
-    check_syntax(&query.query)?;
+    check_query(&query.query)?;
     let result = match source {
         Source::Embedded(calls) => calls.evaluate(query, timeout).await,
         Source::Prometheus(client) => client.with_timeout(timeout).query(query).await,
