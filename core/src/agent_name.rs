@@ -36,7 +36,9 @@ fn allowed(c: char, first: bool) -> bool {
 /// its unprintable characters escaped, and the rule.
 pub fn validate_agent_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
-        return Err(format!("the agent name is empty; an agent name is {AGENT_NAME_RULE}"));
+        return Err(format!(
+            "the agent name is empty; an agent name is {AGENT_NAME_RULE}"
+        ));
     }
     let count = name.chars().count();
     if count > MAX_AGENT_NAME_LEN {
@@ -45,11 +47,7 @@ pub fn validate_agent_name(name: &str) -> Result<(), String> {
             shown(name)
         ));
     }
-    if let Some((i, c)) = name
-        .chars()
-        .enumerate()
-        .find(|&(i, c)| !allowed(c, i == 0))
-    {
+    if let Some((i, c)) = name.chars().enumerate().find(|&(i, c)| !allowed(c, i == 0)) {
         let what = if c == ' ' {
             "a space".to_owned()
         } else {

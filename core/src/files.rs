@@ -429,12 +429,27 @@ pub fn mime_type(name: &str, data: &[u8]) -> &'static str {
     }
 }
 
+/// The type to tell a client for text declared as `mime`: `mime` when it is one of the text
+/// types [`mime_type`] gives (none of which a client renders as active content), else
+/// `text/plain`. For content built elsewhere than from a file's name and bytes.
+pub fn inert_text_type(mime: &str) -> &str {
+    if kind_of(mime) == FileKind::Text {
+        mime
+    } else {
+        "text/plain"
+    }
+}
+
 /// The kind a MIME type from [`mime_type`] gives; a raster image needs its bytes as well (see
 /// [`OutputFile::kind`]).
 fn kind_of(mime: &str) -> FileKind {
     match mime {
-        "text/plain" | "text/csv" | "text/tab-separated-values" | "text/markdown"
-        | "text/x-python" | "application/json" => FileKind::Text,
+        "text/plain"
+        | "text/csv"
+        | "text/tab-separated-values"
+        | "text/markdown"
+        | "text/x-python"
+        | "application/json" => FileKind::Text,
         _ => FileKind::Binary,
     }
 }

@@ -67,7 +67,10 @@ fn mime_types_follow_the_name_only_when_the_content_agrees() {
     assert_eq!(mime_type("chart.PNG", png), "image/png");
     // An extension that lies about the content is not believed.
     assert_eq!(mime_type("fake.png", b"<script>"), "text/plain");
-    assert_eq!(mime_type("fake.png", b"\x00\x01"), "application/octet-stream");
+    assert_eq!(
+        mime_type("fake.png", b"\x00\x01"),
+        "application/octet-stream"
+    );
     assert_eq!(mime_type("photo.jpg", b"\xff\xd8\xff\xe0"), "image/jpeg");
     assert_eq!(mime_type("anim.gif", b"GIF89a...."), "image/gif");
     assert_eq!(
@@ -112,9 +115,23 @@ fn active_content_is_never_declared_renderable() {
         b"<a href='javascript:alert(1)'>x</a>",
     ];
     let names = [
-        "plot.svg", "plot.SVG", "plot.png", "plot.jpg", "plot.gif", "plot.webp", "page.html",
-        "page.htm", "page.xhtml", "doc.xml", "out.txt", "data.csv", "data.json", "notes.md",
-        "script.py", "noext", "x.bin",
+        "plot.svg",
+        "plot.SVG",
+        "plot.png",
+        "plot.jpg",
+        "plot.gif",
+        "plot.webp",
+        "page.html",
+        "page.htm",
+        "page.xhtml",
+        "doc.xml",
+        "out.txt",
+        "data.csv",
+        "data.json",
+        "notes.md",
+        "script.py",
+        "noext",
+        "x.bin",
     ];
     for data in contents {
         for name in names {
@@ -129,7 +146,9 @@ fn active_content_is_never_declared_renderable() {
         }
     }
     // Named as an active format, whatever the text: not that format.
-    for name in ["a.svg", "a.html", "a.htm", "a.xhtml", "a.xml", "a.xsl", "a.js", "a.mjs"] {
+    for name in [
+        "a.svg", "a.html", "a.htm", "a.xhtml", "a.xml", "a.xsl", "a.js", "a.mjs",
+    ] {
         assert_eq!(mime_type(name, b"alert(1)"), "text/plain", "{name}");
     }
     // Binary active formats are opaque bytes.
@@ -160,7 +179,10 @@ fn active_content_is_never_declared_renderable() {
 #[test]
 fn a_files_kind_comes_from_its_bytes_not_from_a_type_set_by_hand() {
     let png = b"\x89PNG\r\n\x1a\n....".to_vec();
-    assert_eq!(OutputFile::new("a.png".into(), png.clone()).kind(), FileKind::Image);
+    assert_eq!(
+        OutputFile::new("a.png".into(), png.clone()).kind(),
+        FileKind::Image
+    );
     let mut forged = OutputFile::new("a.svg".into(), b"<svg onload=alert(1)/>".to_vec());
     forged.mime_type = "image/svg+xml".into();
     assert_eq!(forged.kind(), FileKind::Text);

@@ -253,7 +253,10 @@ mod tests {
             .unwrap()
             .render_long_help()
             .to_string();
-        assert!(help.contains("--raw") && help.contains("escape sequences"), "{help}");
+        assert!(
+            help.contains("--raw") && help.contains("escape sequences"),
+            "{help}"
+        );
     }
 
     #[test]

@@ -245,13 +245,20 @@ mod tests {
         let (out, err) = (shown(&out), shown(&err));
         for text in [&out, &err] {
             assert!(
-                text.chars().all(|c| !term::is_unsafe(c) || c == '\n' || c == '\t'),
+                text.chars()
+                    .all(|c| !term::is_unsafe(c) || c == '\n' || c == '\t'),
                 "{text:?}"
             );
         }
-        assert!(out.contains("title\\x1b]0;pwned\\x07\nclip\\x1b]52;"), "{out}");
+        assert!(
+            out.contains("title\\x1b]0;pwned\\x07\nclip\\x1b]52;"),
+            "{out}"
+        );
         assert!(out.contains("col\tumn\n"), "tabs and newlines stay: {out}");
-        assert!(out.contains("\\u{202e}fdp.exe") && out.contains("\\u{9b}2J"), "{out}");
+        assert!(
+            out.contains("\\u{202e}fdp.exe") && out.contains("\\u{9b}2J"),
+            "{out}"
+        );
         assert!(err.contains("failed\\r\\x1b[1A"), "{err}");
         // The status line is one line: its newlines and returns are shown, not obeyed.
         let line = term::escape(&phase_line(&r).unwrap(), false);

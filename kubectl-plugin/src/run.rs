@@ -127,12 +127,7 @@ pub async fn run(client: &Client, namespace: &str, args: &cli::Run) -> Result<u8
 }
 
 /// Cancels the run after Ctrl-C and follows it to its end (a second Ctrl-C stops waiting).
-async fn cancel(
-    api: &kube::Api<SandboxRun>,
-    namespace: &str,
-    name: &str,
-    raw: bool,
-) -> Result<u8> {
+async fn cancel(api: &kube::Api<SandboxRun>, namespace: &str, name: &str, raw: bool) -> Result<u8> {
     note!("{name}: cancelling (spec.cancelled)");
     let patch = serde_json::json!({ "spec": { "cancelled": true } });
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))

@@ -128,10 +128,15 @@ mod tests {
             for multiline in [false, true] {
                 let shown = escape(attack, multiline);
                 assert!(
-                    shown.chars().all(|c| !is_unsafe(c) || (multiline && c == '\n')),
+                    shown
+                        .chars()
+                        .all(|c| !is_unsafe(c) || (multiline && c == '\n')),
                     "{attack:?} -> {shown:?}"
                 );
-                assert!(!shown.contains('\u{1b}') && !shown.contains('\r'), "{shown:?}");
+                assert!(
+                    !shown.contains('\u{1b}') && !shown.contains('\r'),
+                    "{shown:?}"
+                );
             }
         }
         assert_eq!(escape("FAILED\rOK", true), "FAILED\\rOK");
@@ -164,7 +169,10 @@ mod tests {
             "ok\n\\x1b]52;c;eA==\\x07\\rdone\n"
         );
         let mut one = Vec::new();
-        line(&mut one, "run-1: Failed (Error): \u{1b}[2K\rSucceeded\nrun-1: Succeeded");
+        line(
+            &mut one,
+            "run-1: Failed (Error): \u{1b}[2K\rSucceeded\nrun-1: Succeeded",
+        );
         assert_eq!(
             String::from_utf8(one).unwrap(),
             "run-1: Failed (Error): \\x1b[2K\\rSucceeded\\nrun-1: Succeeded\n"

@@ -311,7 +311,10 @@ mod tests {
         if std::env::var_os("SANDBOXRUN_AGENT").is_none() {
             assert_eq!(agent(&[]).unwrap(), "local");
         }
-        assert_eq!(agent(&["--agent", "alice@example.com"]).unwrap(), "alice@example.com");
+        assert_eq!(
+            agent(&["--agent", "alice@example.com"]).unwrap(),
+            "alice@example.com"
+        );
         for bad in [" local", "local ", "lo\u{202e}cal", "lo\x1b[2Jcal", "", "*"] {
             let err = agent(&["--agent", bad]).unwrap_err().to_string();
             assert!(err.contains("an agent name is 1 to 253"), "{bad:?}: {err}");

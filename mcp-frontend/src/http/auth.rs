@@ -332,12 +332,18 @@ mod tests {
             ("'*'", "U+002A"),
             (&"a".repeat(254), "254 characters"),
         ] {
-            let e = KeyStore::parse(&format!("- agent: {agent}\n  sha256: {}\n", hash_key("k")), "f")
-                .unwrap_err();
+            let e = KeyStore::parse(
+                &format!("- agent: {agent}\n  sha256: {}\n", hash_key("k")),
+                "f",
+            )
+            .unwrap_err();
             assert!(e.to_string().contains(why), "{agent}: {e}");
         }
         let ok = KeyStore::parse(
-            &format!("- agent: alice+ci@example.com\n  sha256: {}\n", hash_key("k")),
+            &format!(
+                "- agent: alice+ci@example.com\n  sha256: {}\n",
+                hash_key("k")
+            ),
             "f",
         )
         .unwrap();

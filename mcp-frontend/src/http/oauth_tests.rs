@@ -302,17 +302,40 @@ async fn only_access_tokens_are_accepted_by_their_type() {
     let issuer = issuer().await;
     let rs = server(&issuer);
     let good = claims(&issuer);
-    let with_typ = |typ: Value| sign_raw(&serde_json::json!({"alg": "ES256", "kid": "a", "typ": typ}), &good);
+    let with_typ = |typ: Value| {
+        sign_raw(
+            &serde_json::json!({"alg": "ES256", "kid": "a", "typ": typ}),
+            &good,
+        )
+    };
     // RFC 9068 section 2.1: at+jwt or application/at+jwt; media types compare case-insensitively.
-    for typ in ["at+jwt", "AT+JWT", "At+Jwt", "application/at+jwt", "Application/AT+JWT"] {
+    for typ in [
+        "at+jwt",
+        "AT+JWT",
+        "At+Jwt",
+        "application/at+jwt",
+        "Application/AT+JWT",
+    ] {
         let caller = rs.verify(&with_typ(typ.into())).await.unwrap();
         assert_eq!(caller.agent, "oauth:alice", "{typ}");
     }
     // Other JWTs of the same issuer with the same audience: an ID token (typ JWT), one without
     // a type, logout and other profiles' tokens, near misses.
     for typ in [
-        "JWT", "jwt", "", "at+jwt ", " at+jwt", "at+jwt\u{0}", "at+jwt\u{202e}", "at", "jwt+at",
-        "application/jwt", "logout+jwt", "secevent+jwt", "dpop+jwt", "application/at+jwt;q=1",
+        "JWT",
+        "jwt",
+        "",
+        "at+jwt ",
+        " at+jwt",
+        "at+jwt\u{0}",
+        "at+jwt\u{202e}",
+        "at",
+        "jwt+at",
+        "application/jwt",
+        "logout+jwt",
+        "secevent+jwt",
+        "dpop+jwt",
+        "application/at+jwt;q=1",
         "text/at+jwt",
     ] {
         let m = invalid(rs.verify(&with_typ(typ.into())).await);
@@ -327,7 +350,12 @@ async fn only_access_tokens_are_accepted_by_their_type() {
     // jsonwebtoken's own default header says JWT.
     let mut h = Header::new(Algorithm::ES256);
     h.kid = Some("a".to_owned());
-    let default = jsonwebtoken::encode(&h, &good, &EncodingKey::from_ec_pem(KEY_A.as_bytes()).unwrap()).unwrap();
+    let default = jsonwebtoken::encode(
+        &h,
+        &good,
+        &EncodingKey::from_ec_pem(KEY_A.as_bytes()).unwrap(),
+    )
+    .unwrap();
     assert!(invalid(rs.verify(&default).await).contains("not at+jwt"));
 }
 
@@ -416,7 +444,10 @@ async fn subjects_are_agents_exactly_as_given_and_only_safe_ones() {
     let mut cfg = config(issuer.url.clone(), RESOURCE.to_owned(), "");
     cfg.jwks_uri = None;
     let bare = ResourceServer::new(cfg).unwrap();
-    assert_eq!(bare.verify(&with_sub("alice")).await.unwrap().agent, "alice");
+    assert_eq!(
+        bare.verify(&with_sub("alice")).await.unwrap().agent,
+        "alice"
+    );
     assert!(invalid(bare.verify(&with_sub("-alice")).await).contains("U+002D at position 1"));
 }
 
@@ -428,7 +459,11 @@ async fn an_oversized_token_is_refused_before_it_is_decoded() {
     c["padding"] = "x".repeat(20_000).into();
     let m = invalid(rs.verify(&sign(&c, Some("a"), KEY_A)).await);
     assert!(m.contains("not accepted") && m.contains("16384"), "{m}");
-    assert_eq!(issuer.fetches.load(Ordering::SeqCst), 0, "nothing was fetched for it");
+    assert_eq!(
+        issuer.fetches.load(Ordering::SeqCst),
+        0,
+        "nothing was fetched for it"
+    );
 }
 
 #[tokio::test]
