@@ -102,6 +102,13 @@ pub fn build_run(
 pub async fn run(client: &Client, namespace: &str, args: &cli::Run) -> Result<u8> {
     let code = read_code(&args.file)?;
     let me = cluster::whoami(client).await?;
+    // The API server would refuse it as spec.agent (the CRD's pattern); say why first.
+    if let Err(e) = sandboxrun_core::validate_agent_name(&me) {
+        bail!(
+            "your user name cannot be a run's agent (spec.agent is your user name): {e}; run it \
+             as another user, or through the MCP frontend"
+        );
+    }
     let run = build_run(&me, code, args.environment, args.timeout);
     let name = run.metadata.name.clone().unwrap_or_default();
     let api = cluster::runs(client, namespace);
