@@ -66,12 +66,26 @@ impl FileSaver {
     }
 
     /// Saves `image` under its name (a generic `image-N.EXT` when the name is not a plain file
-    /// name, `N` being `index` + 1), a new file never overwriting another.
+    /// name, `N` being `index` + 1; the type's extension added when the name has another), a
+    /// new file never overwriting another. Only a raster image whose bytes are the type it
+    /// claims is saved, and always with that type's extension: a file opened from here must
+    /// not be taken for HTML or SVG (a `report.html` holding a PNG would be opened as a page).
     pub fn save(&self, image: &ReturnedImage, index: usize) -> Result<SavedFile, String> {
-        let name = if sandboxrun_core::files::check_name(&image.name).is_ok() {
+        let Some(kind) = sandboxrun_core::files::raster_image_type(&image.data)
+            .filter(|kind| *kind == image.mime_type)
+        else {
+            return Err(format!(
+                "its bytes are not a {} image (only PNG, JPEG, GIF and WebP images are saved)",
+                sandboxrun_core::files::printable_name(&image.mime_type)
+            ));
+        };
+        let ext = extension(kind);
+        let name = if sandboxrun_core::files::check_name(&image.name).is_err() {
+            format!("image-{}.{ext}", index + 1)
+        } else if has_extension(&image.name, kind) {
             image.name.clone()
         } else {
-            format!("image-{}.{}", index + 1, extension(&image.mime_type))
+            format!("{}.{ext}", image.name)
         };
         std::fs::create_dir_all(&self.dir)
             .map_err(|e| format!("cannot create {}: {e}", self.dir.display()))?;
@@ -150,15 +164,26 @@ fn plain_name(name: &str) -> String {
     out
 }
 
-/// A file extension for an image type.
+/// The file extension for a raster image type.
 fn extension(mime_type: &str) -> &'static str {
     match mime_type {
         "image/png" => "png",
         "image/jpeg" => "jpg",
         "image/gif" => "gif",
-        "image/svg+xml" => "svg",
         "image/webp" => "webp",
         _ => "bin",
+    }
+}
+
+/// Whether `name` ends with an extension of the raster image type `mime_type`.
+fn has_extension(name: &str, mime_type: &str) -> bool {
+    let ext = name
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    match mime_type {
+        "image/jpeg" => ext == "jpg" || ext == "jpeg",
+        other => ext == extension(other),
     }
 }
 
@@ -224,6 +249,49 @@ mod tests {
         let saved = saver.save(&image("plot.png"), 0).unwrap();
         assert_eq!(saved.path, dir.join("plot-2.png"));
         assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn only_raster_images_are_saved_and_always_with_their_extension() {
+        let dir = temp_dir("types");
+        let saver = FileSaver::new(dir.clone());
+        // Named for something a browser or viewer would run: the image's extension is added.
+        for (name, saved_as) in [
+            ("report.html", "report.html.png"),
+            ("plot.svg", "plot.svg.png"),
+            ("noext", "noext.png"),
+            ("chart.PNG", "chart.PNG"),
+        ] {
+            let saved = saver.save(&image(name), 0).unwrap();
+            assert_eq!(saved.path, dir.join(saved_as), "{name}");
+        }
+        let jpeg = ReturnedImage {
+            name: "photo.jpeg".into(),
+            mime_type: "image/jpeg".into(),
+            data: b"\xff\xd8\xff\xe0rest".to_vec(),
+        };
+        assert_eq!(saver.save(&jpeg, 0).unwrap().path, dir.join("photo.jpeg"));
+        // Bytes that are not the raster image they claim to be: not saved at all.
+        for (mime, data) in [
+            ("image/svg+xml", b"<svg onload='alert(1)'/>".to_vec()),
+            ("image/png", b"<svg onload='alert(1)'/>".to_vec()),
+            ("image/png", b"<!DOCTYPE html><script>".to_vec()),
+            ("image/png", b"\xff\xd8\xff\xe0".to_vec()),
+            ("text/html", b"\x89PNG\r\n\x1a\n".to_vec()),
+        ] {
+            let bad = ReturnedImage {
+                name: "x.png".into(),
+                mime_type: mime.into(),
+                data,
+            };
+            let err = saver.save(&bad, 0).unwrap_err();
+            assert!(
+                err.contains("only PNG, JPEG, GIF and WebP"),
+                "{mime}: {err}"
+            );
+        }
+        assert!(!dir.join("x.png").exists());
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -327,22 +327,30 @@ pub fn outcome(result: &CallToolResult) -> ToolOutcome {
                 sandboxrun_core::files::printable_name(&name)
             )
         };
+        // The server's word for the type is not taken: only a raster image, by its bytes, is
+        // saved (an SVG or HTML file saved as an image would run its scripts when opened).
+        let declared = sandboxrun_core::files::printable_name(&image.mime_type);
         match decode_base64(&image.data) {
-            Ok(data) => {
-                parts.push(format!(
-                    "[{shown} ({}, {} bytes), not shown]",
-                    image.mime_type,
+            Ok(data) => match sandboxrun_core::files::raster_image_type(&data) {
+                Some(kind) => {
+                    parts.push(format!(
+                        "[{shown} ({kind}, {} bytes), not shown]",
+                        data.len()
+                    ));
+                    images.push(ReturnedImage {
+                        name,
+                        mime_type: kind.to_owned(),
+                        data,
+                    });
+                }
+                None => parts.push(format!(
+                    "[{shown} (declared {declared}, {} bytes) is not a PNG, JPEG, GIF or WebP \
+                     image by its bytes: not shown and not saved]",
                     data.len()
-                ));
-                images.push(ReturnedImage {
-                    name,
-                    mime_type: image.mime_type.clone(),
-                    data,
-                });
-            }
+                )),
+            },
             Err(_) => parts.push(format!(
-                "[{shown} ({}) that is not valid base64, not shown]",
-                image.mime_type
+                "[{shown} ({declared}) that is not valid base64, not shown]"
             )),
         }
     }
@@ -521,7 +529,7 @@ mod tests {
             "stdout": "total 42\n",
             "files": [
                 {"name": "totals.csv", "mimeType": "text/csv", "size": 12},
-                {"name": "chart.png", "mimeType": "image/png", "size": 4},
+                {"name": "chart.png", "mimeType": "image/png", "size": 8},
                 {"name": "model.bin", "mimeType": "application/octet-stream", "size": 3},
                 {"name": "logo.svg", "mimeType": "image/svg+xml", "size": 11},
             ],
@@ -532,12 +540,13 @@ mod tests {
                 ResourceContents::text("region,n\nx,1\n", "file:///tmp/outputs/totals.csv")
                     .with_mime_type("text/csv"),
             ),
-            ContentBlock::image("iVBORw==", "image/png"),
+            ContentBlock::image("iVBORw0KGgo=", "image/png"),
             ContentBlock::resource(
                 ResourceContents::blob("AQID", "file:///tmp/outputs/model.bin")
                     .with_mime_type("application/octet-stream"),
             ),
-            ContentBlock::image("PHN2Zz48L3N2Zz4=", "image/svg+xml"),
+            // A server that sends an SVG as an image (sandboxrun-mcp does not).
+            ContentBlock::image("PHN2ZyBvbmxvYWQ9YWxlcnQoMSk+PC9zdmc+", "image/svg+xml"),
             ContentBlock::text(
                 "1 file(s) in /tmp/outputs were not returned: link (notARegularFile)",
             ),
@@ -551,18 +560,11 @@ mod tests {
         assert!(!o.is_error);
         assert_eq!(
             o.images,
-            [
-                ReturnedImage {
-                    name: "chart.png".into(),
-                    mime_type: "image/png".into(),
-                    data: vec![0x89, b'P', b'N', b'G'],
-                },
-                ReturnedImage {
-                    name: "logo.svg".into(),
-                    mime_type: "image/svg+xml".into(),
-                    data: b"<svg></svg>".to_vec(),
-                },
-            ]
+            [ReturnedImage {
+                name: "chart.png".into(),
+                mime_type: "image/png".into(),
+                data: b"\x89PNG\r\n\x1a\n".to_vec(),
+            }]
         );
         let lines: Vec<&str> = o.text.lines().collect();
         assert!(lines[0].starts_with("{\"files\""), "{}", o.text);
@@ -573,10 +575,11 @@ mod tests {
                 "region,n",
                 "x,1",
                 "",
-                "[the image chart.png (image/png, 4 bytes), not shown]",
+                "[the image chart.png (image/png, 8 bytes), not shown]",
                 "[binary file model.bin (application/octet-stream, 3 bytes, \
                  file:///tmp/outputs/model.bin), not shown]",
-                "[the image logo.svg (image/svg+xml, 11 bytes), not shown]",
+                "[the image logo.svg (declared image/svg+xml, 27 bytes) is not a PNG, JPEG, GIF or \
+                 WebP image by its bytes: not shown and not saved]",
                 "1 file(s) in /tmp/outputs were not returned: link (notARegularFile)",
             ]
         );
@@ -585,16 +588,24 @@ mod tests {
     #[test]
     fn images_without_a_listed_name_or_valid_data() {
         let r = CallToolResult::success(vec![
-            ContentBlock::image("iVBORw==", "image/png"),
+            ContentBlock::image("iVBORw0KGgo=", "image/png"),
             ContentBlock::image("not base64!", "image/png"),
+            // Declared PNG, but GIF bytes: the bytes say what it is.
+            ContentBlock::image("R0lGODlh", "image/png"),
+            // Declared PNG, HTML bytes; a declared type with a terminal escape in it.
+            ContentBlock::image("PGh0bWw+", "image/png\u{1b}]0;x\u{7}"),
         ]);
         let o = outcome(&r);
-        assert_eq!(o.images.len(), 1);
+        assert_eq!(o.images.len(), 2);
         assert_eq!(o.images[0].name, "");
+        assert_eq!(o.images[1].mime_type, "image/gif");
         assert_eq!(
             o.text,
-            "[an image (image/png, 4 bytes), not shown]\n\
-             [an image (image/png) that is not valid base64, not shown]"
+            "[an image (image/png, 8 bytes), not shown]\n\
+             [an image (image/png) that is not valid base64, not shown]\n\
+             [an image (image/gif, 6 bytes), not shown]\n\
+             [an image (declared image/png\\u{1b}]0;x\\u{7}, 6 bytes) is not a PNG, JPEG, GIF \
+             or WebP image by its bytes: not shown and not saved]"
         );
     }
 

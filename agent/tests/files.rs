@@ -14,7 +14,8 @@ use common::{Reply, ScriptedModel, agent, run, sandbox_available, temp_dir};
 use serde_json::json;
 
 /// Writes a valid 3x2 PNG with the standard library only (the minimal profile has no
-/// matplotlib), a CSV and a binary file into /tmp/outputs.
+/// matplotlib), a CSV, a binary file, an SVG with a script and an HTML page named as a PNG into
+/// /tmp/outputs.
 const CODE: &str = r#"
 import struct, zlib
 def chunk(kind, data):
@@ -25,6 +26,8 @@ png = (b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 3, 2, 8, 2,
 open('/tmp/outputs/chart.png', 'wb').write(png)
 open('/tmp/outputs/totals.csv', 'w').write('region,total\nnorth,220\n')
 open('/tmp/outputs/model.bin', 'wb').write(bytes([0, 1, 2, 255]))
+open('/tmp/outputs/plot.svg', 'w').write("<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>")
+open('/tmp/outputs/fake.png', 'w').write('<!DOCTYPE html><script>alert(1)</script>')
 print('png', len(png))
 "#;
 
@@ -95,6 +98,18 @@ async fn returned_files_reach_the_model_and_images_the_disk() {
         ),
         "{first}"
     );
+    // Active content comes back as plain text, whatever its name, and is never saved.
+    assert!(
+        first.contains("[file plot.svg (text/plain, file:///tmp/outputs/plot.svg):]\n<svg "),
+        "{first}"
+    );
+    assert!(
+        first.contains(
+            "[file fake.png (text/plain, file:///tmp/outputs/fake.png):]\n<!DOCTYPE html>"
+        ),
+        "{first}"
+    );
+    assert!(!files_dir.join("plot.svg").exists() && !files_dir.join("fake.png").exists());
     // The same image again: a new file, the first one kept.
     let second = requests[2]["messages"].as_array().unwrap().last().unwrap()["content"]
         .as_str()

@@ -318,16 +318,29 @@ impl OutputFile {
         BASE64.encode(&self.data)
     }
 
-    /// What kind of MCP content this file becomes.
+    /// What kind of MCP content this file becomes, decided again from its name and bytes (not
+    /// from [`OutputFile::mime_type`], which a status or a test may have set): an image only
+    /// when the bytes are the raster image the type says.
     pub fn kind(&self) -> FileKind {
-        kind_of(&self.mime_type)
+        let mime = self.content_type();
+        match raster_image_type(&self.data) {
+            Some(image) if image == mime => FileKind::Image,
+            _ => kind_of(mime),
+        }
+    }
+
+    /// The MIME type to declare to a client: [`mime_type`] of the name and bytes.
+    pub fn content_type(&self) -> &'static str {
+        mime_type(&self.name, &self.data)
     }
 }
 
 /// How a returned file is shown to a client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileKind {
-    /// An image a client can render (PNG, JPEG, GIF, SVG).
+    /// A raster image a client can show (PNG, JPEG, GIF, WebP): its bytes carry the format's
+    /// signature. Nothing else is ever an image: a client renders an image, and formats with
+    /// active content (SVG, HTML) must never be rendered.
     Image,
     /// Text (UTF-8), returned as an embedded text resource.
     Text,
@@ -335,44 +348,109 @@ pub enum FileKind {
     Binary,
 }
 
-/// The MIME type of a returned file. The name's extension proposes, the content disposes: an
-/// image type needs the format's signature, a text type valid UTF-8 (SVG both), else it is
-/// `application/octet-stream`. A client is never told a file is something it is not.
+/// The raster image format the bytes are, by their signature; `None` for anything else. These
+/// are the only formats that go out as image content: they carry no scripts, links or
+/// references a client could act on when it renders them.
+pub fn raster_image_type(data: &[u8]) -> Option<&'static str> {
+    if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if data.starts_with(b"\xff\xd8\xff") {
+        Some("image/jpeg")
+    } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if data.len() >= 12 && data.starts_with(b"RIFF") && &data[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
+}
+
+/// Extensions of formats a client may render as active content (scripts, forms, links that
+/// load things): whatever their content, such a file is never declared as its format. PDF is
+/// among them (it can carry JavaScript and forms); it is binary, so it goes out as
+/// `application/octet-stream`.
+const ACTIVE_EXTENSIONS: [&str; 18] = [
+    "svg", "svgz", "html", "htm", "xhtml", "xht", "shtml", "xml", "xsl", "xslt", "js", "mjs",
+    "cjs", "hta", "mht", "mhtml", "pdf", "swf",
+];
+
+/// Whether text is markup a client could render: its first character, past a byte order mark
+/// and white space, opens a tag, a declaration, a processing instruction or a comment (`<svg`,
+/// `<?xml`, `<!DOCTYPE html`, `<html`, `<script`, `<!--`). Browsers sniff the same way.
+pub fn looks_like_markup(data: &[u8]) -> bool {
+    let data = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
+    data.iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == b'<')
+}
+
+/// Whether text holds an HTML tag anywhere (`<` then a letter, `/`, `!` or `?`): Markdown with
+/// one is rendered with it by some clients.
+fn holds_tags(text: &[u8]) -> bool {
+    text.windows(2)
+        .any(|w| w[0] == b'<' && (w[1].is_ascii_alphabetic() || b"/!?".contains(&w[1])))
+}
+
+/// The MIME type of a returned file, decided so that a client never renders active content.
+/// The name's extension proposes, the content disposes:
+/// - an image type only for a raster image (PNG, JPEG, GIF, WebP) named as one, whose bytes
+///   carry that format's signature ([`raster_image_type`]);
+/// - anything that is not UTF-8 (nor such an image) is `application/octet-stream`;
+/// - text that is markup ([`looks_like_markup`]: an SVG, HTML or XML document, whatever its
+///   name), or named as an active format ([`ACTIVE_EXTENSIONS`]), is `text/plain`: the model
+///   reads the source, no client renders it;
+/// - other text by its extension (CSV, TSV, plain text, JSON, Python; Markdown only without
+///   HTML tags in it), else `application/octet-stream`.
 pub fn mime_type(name: &str, data: &[u8]) -> &'static str {
     let ext = name
         .rsplit_once('.')
         .map(|(_, e)| e.to_ascii_lowercase())
         .unwrap_or_default();
-    let text = std::str::from_utf8(data).is_ok();
+    if matches!(ext.as_str(), "png" | "jpg" | "jpeg" | "gif" | "webp")
+        && let Some(image) = raster_image_type(data)
+    {
+        return image;
+    }
+    if std::str::from_utf8(data).is_err() {
+        return "application/octet-stream";
+    }
+    if looks_like_markup(data) || ACTIVE_EXTENSIONS.contains(&ext.as_str()) {
+        return "text/plain";
+    }
     match ext.as_str() {
-        "png" if data.starts_with(b"\x89PNG\r\n\x1a\n") => "image/png",
-        "jpg" | "jpeg" if data.starts_with(b"\xff\xd8\xff") => "image/jpeg",
-        "gif" if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") => "image/gif",
-        "svg" if text && looks_like_svg(data) => "image/svg+xml",
-        "csv" if text => "text/csv",
-        "tsv" if text => "text/tab-separated-values",
-        "txt" | "log" | "" if text => "text/plain",
-        "md" if text => "text/markdown",
-        "json" if text => "application/json",
-        "html" | "htm" if text => "text/html",
-        "xml" if text => "application/xml",
-        "py" if text => "text/x-python",
+        "csv" => "text/csv",
+        "tsv" => "text/tab-separated-values",
+        "txt" | "log" | "" => "text/plain",
+        "md" if holds_tags(data) => "text/plain",
+        "md" => "text/markdown",
+        "json" => "application/json",
+        "py" => "text/x-python",
         _ => "application/octet-stream",
     }
 }
 
-fn looks_like_svg(data: &[u8]) -> bool {
-    let head = &data[..data.len().min(1024)];
-    String::from_utf8_lossy(head).contains("<svg")
+/// The type to tell a client for text declared as `mime`: `mime` when it is one of the text
+/// types [`mime_type`] gives (none of which a client renders as active content), else
+/// `text/plain`. For content built elsewhere than from a file's name and bytes.
+pub fn inert_text_type(mime: &str) -> &str {
+    if kind_of(mime) == FileKind::Text {
+        mime
+    } else {
+        "text/plain"
+    }
 }
 
+/// The kind a MIME type from [`mime_type`] gives; a raster image needs its bytes as well (see
+/// [`OutputFile::kind`]).
 fn kind_of(mime: &str) -> FileKind {
-    if mime.starts_with("image/") {
-        FileKind::Image
-    } else if mime.starts_with("text/") || mime == "application/json" || mime == "application/xml" {
-        FileKind::Text
-    } else {
-        FileKind::Binary
+    match mime {
+        "text/plain"
+        | "text/csv"
+        | "text/tab-separated-values"
+        | "text/markdown"
+        | "text/x-python"
+        | "application/json" => FileKind::Text,
+        _ => FileKind::Binary,
     }
 }
 

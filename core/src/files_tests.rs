@@ -66,30 +66,136 @@ fn mime_types_follow_the_name_only_when_the_content_agrees() {
     assert_eq!(mime_type("chart.png", png), "image/png");
     assert_eq!(mime_type("chart.PNG", png), "image/png");
     // An extension that lies about the content is not believed.
+    assert_eq!(mime_type("fake.png", b"<script>"), "text/plain");
     assert_eq!(
-        mime_type("fake.png", b"<script>"),
+        mime_type("fake.png", b"\x00\x01"),
         "application/octet-stream"
     );
     assert_eq!(mime_type("photo.jpg", b"\xff\xd8\xff\xe0"), "image/jpeg");
+    assert_eq!(mime_type("anim.gif", b"GIF89a...."), "image/gif");
     assert_eq!(
-        mime_type("plot.svg", b"<?xml version='1.0'?><svg></svg>"),
-        "image/svg+xml"
+        mime_type("photo.webp", b"RIFF\x10\0\0\0WEBPVP8 "),
+        "image/webp"
     );
-    assert_eq!(
-        mime_type("plot.svg", b"not an svg"),
-        "application/octet-stream"
-    );
+    // The signature decides the format among images.
+    assert_eq!(mime_type("photo.png", b"\xff\xd8\xff\xe0"), "image/jpeg");
     assert_eq!(mime_type("data.csv", b"a,b\n1,2\n"), "text/csv");
     assert_eq!(
         mime_type("data.csv", b"\xff\xfe"),
         "application/octet-stream"
     );
     assert_eq!(mime_type("notes.txt", b"hi"), "text/plain");
+    assert_eq!(mime_type("notes.md", b"# Title\n*hi*"), "text/markdown");
     assert_eq!(mime_type("blob.bin", b"hi"), "application/octet-stream");
     assert_eq!(
         mime_type("model.pkl", b"\x80\x04"),
         "application/octet-stream"
     );
+}
+
+/// Every file a client could render as active content (scripts, forms, external loads) comes
+/// back as plain text or opaque bytes, never as an image or its own type: by its name, and by
+/// its content whatever its name.
+#[test]
+fn active_content_is_never_declared_renderable() {
+    let svg = b"<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>";
+    let html = b"<!DOCTYPE html><html><body onload='alert(1)'></body></html>";
+    let contents: [&[u8]; 12] = [
+        svg,
+        b"<?xml version='1.0'?><svg><script>alert(1)</script></svg>",
+        b"\xef\xbb\xbf<svg onload='alert(1)'/>",
+        b" \n\t <svg/>",
+        html,
+        b"<html><script>alert(1)</script>",
+        b"<HTML><BODY>",
+        b"<script>alert(1)</script>",
+        b"<!-- comment --><svg/>",
+        b"<?xml-stylesheet href='x.xsl'?><x/>",
+        b"<iframe src='https://example.com'>",
+        b"<a href='javascript:alert(1)'>x</a>",
+    ];
+    let names = [
+        "plot.svg",
+        "plot.SVG",
+        "plot.png",
+        "plot.jpg",
+        "plot.gif",
+        "plot.webp",
+        "page.html",
+        "page.htm",
+        "page.xhtml",
+        "doc.xml",
+        "out.txt",
+        "data.csv",
+        "data.json",
+        "notes.md",
+        "script.py",
+        "noext",
+        "x.bin",
+    ];
+    for data in contents {
+        for name in names {
+            let mime = mime_type(name, data);
+            assert!(
+                mime == "text/plain" || mime == "application/octet-stream",
+                "{name} {:?}: {mime}",
+                String::from_utf8_lossy(data)
+            );
+            let file = OutputFile::new(name.to_owned(), data.to_vec());
+            assert_ne!(file.kind(), FileKind::Image, "{name}");
+        }
+    }
+    // Named as an active format, whatever the text: not that format.
+    for name in [
+        "a.svg", "a.html", "a.htm", "a.xhtml", "a.xml", "a.xsl", "a.js", "a.mjs",
+    ] {
+        assert_eq!(mime_type(name, b"alert(1)"), "text/plain", "{name}");
+    }
+    // Binary active formats are opaque bytes.
+    assert_eq!(
+        mime_type("report.pdf", b"%PDF-1.7\n\xe2\xe3\xcf\xd3"),
+        "application/octet-stream"
+    );
+    assert_eq!(
+        mime_type("plot.svgz", b"\x1f\x8b\x08\x00"),
+        "application/octet-stream"
+    );
+    // UTF-16 markup is not UTF-8: opaque bytes.
+    assert_eq!(
+        mime_type("plot.svg", b"\xff\xfe<\0s\0v\0g\0"),
+        "application/octet-stream"
+    );
+    // Markdown that carries HTML is plain text.
+    assert_eq!(
+        mime_type("notes.md", b"# Title\n<img src=x onerror=alert(1)>"),
+        "text/plain"
+    );
+    // A polyglot is the raster image its signature says, and only shown as one.
+    let polyglot = b"GIF89a/*<svg onload=alert(1)>*/";
+    assert_eq!(mime_type("x.gif", polyglot), "image/gif");
+    assert_eq!(mime_type("x.svg", polyglot), "text/plain");
+}
+
+#[test]
+fn a_files_kind_comes_from_its_bytes_not_from_a_type_set_by_hand() {
+    let png = b"\x89PNG\r\n\x1a\n....".to_vec();
+    assert_eq!(
+        OutputFile::new("a.png".into(), png.clone()).kind(),
+        FileKind::Image
+    );
+    let mut forged = OutputFile::new("a.svg".into(), b"<svg onload=alert(1)/>".to_vec());
+    forged.mime_type = "image/svg+xml".into();
+    assert_eq!(forged.kind(), FileKind::Text);
+    assert_eq!(forged.content_type(), "text/plain");
+    let mut forged = OutputFile::new("a.png".into(), b"<html>".to_vec());
+    forged.mime_type = "image/png".into();
+    assert_eq!(forged.kind(), FileKind::Text);
+    let mut forged = OutputFile::new("a.html".into(), b"<html>".to_vec());
+    forged.mime_type = "text/html".into();
+    assert_eq!(forged.content_type(), "text/plain");
+    assert_eq!(raster_image_type(&png), Some("image/png"));
+    assert_eq!(raster_image_type(b"RIFF\0\0\0\0WAVE"), None);
+    assert_eq!(raster_image_type(b""), None);
 }
 
 fn runner_file(name: &str, data: &[u8]) -> RunnerFile {

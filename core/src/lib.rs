@@ -2,6 +2,7 @@
 //! of Kubernetes and MCP. The API crate, the operator and the frontend build on these types, so
 //! defaults, maxima and the sandbox runner protocol have exactly one definition.
 
+pub mod agent_name;
 pub mod files;
 pub mod limits;
 // The local sandbox driver is the one place that needs unsafe code: system calls between fork
@@ -19,6 +20,7 @@ pub mod schema;
 pub mod sql;
 pub mod tools;
 
+pub use agent_name::{AGENT_NAME_PATTERN, MAX_AGENT_NAME_LEN, validate_agent_name};
 pub use files::{FileCaps, InputFile, OutputFile, Profile};
 pub use limits::Limits;
 pub use local::{

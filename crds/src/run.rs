@@ -96,8 +96,13 @@ pub const APPROVAL_WHILE_AWAITING_RULE: &str = "(has(self.spec.approval) == has(
 #[x_kube(validation = kube::core::Rule::new(SAME_TOOL_RULE).message("the tool of a SandboxRun cannot be changed; create a new one"))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxRunSpec {
-    /// Identity of the calling agent, set by the frontend from the caller's credentials.
-    #[schemars(length(min = 1, max = 253))]
+    /// Identity of the calling agent, set by the frontend from the caller's credentials: 1 to 253
+    /// ASCII letters, digits and . _ : @ + | / # = -, starting with a letter or digit (no spaces,
+    /// control, invisible or non-ASCII characters; see sandboxrun_core::agent_name).
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(sandboxrun_core::AGENT_NAME_PATTERN)
+    )]
     #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("agent is immutable"))]
     pub agent: String,
 

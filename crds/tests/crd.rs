@@ -420,6 +420,45 @@ fn an_approval_may_say_why_in_at_most_1024_characters() {
     );
 }
 
+/// A run created directly (not through the frontend) carries an agent name of the same safe set
+/// as every other way in: the API server checks the pattern, which says what
+/// `validate_agent_name` says.
+#[test]
+fn the_agent_is_a_safe_name() {
+    let agent = &schema()["properties"]["spec"]["properties"]["agent"];
+    assert_eq!(agent["pattern"], json!(sandboxrun_core::AGENT_NAME_PATTERN));
+    assert_eq!(
+        (agent["minLength"].clone(), agent["maxLength"].clone()),
+        (json!(1), json!(253))
+    );
+    let pattern = regex::Regex::new(sandboxrun_core::AGENT_NAME_PATTERN).unwrap();
+    let names = [
+        "analyst-01".to_owned(),
+        "system:serviceaccount:team:bot".to_owned(),
+        "alice+ci@example.com".to_owned(),
+        "oauth:auth0|5f7c8ec7".to_owned(),
+        "https://dex.example.com#CgVh=".to_owned(),
+        " alice".to_owned(),
+        "alice ".to_owned(),
+        "al\u{202e}ice".to_owned(),
+        "al\u{1b}]0;x\u{7}ice".to_owned(),
+        "alice\n".to_owned(),
+        "alic\u{0435}".to_owned(),
+        "-alice".to_owned(),
+        "*".to_owned(),
+        String::new(),
+        "a".repeat(253),
+        "a".repeat(254),
+    ];
+    for name in names {
+        assert_eq!(
+            pattern.is_match(&name),
+            sandboxrun_core::validate_agent_name(&name).is_ok(),
+            "{name:?}"
+        );
+    }
+}
+
 #[test]
 fn python_files_and_profile_are_bounded_and_immutable() {
     let s = schema();

@@ -97,6 +97,13 @@ pub struct Logs {
     /// Wait for the run to finish, printing its phase changes on stderr.
     #[arg(short = 'f', long)]
     pub follow: bool,
+    /// Write the run's stdout and stderr exactly as it printed them. By default control
+    /// characters (escape sequences, carriage returns, bidirectional controls) are shown escaped
+    /// (`\x1b`, `\r`, `\u{202e}`), so that a run cannot retitle the terminal, write the
+    /// clipboard, move the cursor or overwrite lines; use --raw only for output you trust, or to
+    /// pipe it into a file.
+    #[arg(long)]
+    pub raw: bool,
 }
 
 /// `run FILE [--timeout S] [--environment E]`.
@@ -111,6 +118,10 @@ pub struct Run {
     /// where; runs created directly may target only the chart's identity.directEnvironments).
     #[arg(long, value_parser = parse_environment, default_value = "sandbox")]
     pub environment: Environment,
+    /// Write the run's stdout and stderr exactly as it printed them (see `logs --raw`); by
+    /// default control characters are shown escaped.
+    #[arg(long)]
+    pub raw: bool,
 }
 
 /// `top ...`.
@@ -213,7 +224,8 @@ mod tests {
             cli.command,
             Command::Logs(Logs {
                 run: "r".into(),
-                follow: true
+                follow: true,
+                raw: false
             })
         );
         let cli = parse(&["logs", "r"]).unwrap();
@@ -221,8 +233,29 @@ mod tests {
             cli.command,
             Command::Logs(Logs {
                 run: "r".into(),
-                follow: false
+                follow: false,
+                raw: false
             })
+        );
+        let cli = parse(&["logs", "r", "--raw"]).unwrap();
+        assert_eq!(
+            cli.command,
+            Command::Logs(Logs {
+                run: "r".into(),
+                follow: false,
+                raw: true
+            })
+        );
+        // The help says what --raw gives up.
+        use clap::CommandFactory;
+        let help = Cli::command()
+            .find_subcommand_mut("logs")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(
+            help.contains("--raw") && help.contains("escape sequences"),
+            "{help}"
         );
     }
 
@@ -242,7 +275,8 @@ mod tests {
             Command::Run(Run {
                 file: "job.py".into(),
                 timeout: Some(600),
-                environment: Environment::Staging
+                environment: Environment::Staging,
+                raw: false
             })
         );
         let cli = parse(&["run", "job.py"]).unwrap();
@@ -251,7 +285,8 @@ mod tests {
             Command::Run(Run {
                 file: "job.py".into(),
                 timeout: None,
-                environment: Environment::Sandbox
+                environment: Environment::Sandbox,
+                raw: false
             })
         );
         for bad in ["0", "601", "-1", "ten"] {

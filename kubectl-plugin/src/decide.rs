@@ -12,6 +12,7 @@ use sandboxrun_core::Phase;
 use serde_json::{Value, json};
 
 use crate::cluster::{self, Doing, explain};
+use crate::term::{note, say};
 
 /// Attempts when the run changes between the check and the write.
 const ATTEMPTS: u32 = 3;
@@ -49,10 +50,10 @@ pub async fn decide(
         }
     }
     if approved {
-        println!("SandboxRun {name} approved by {me}");
-        eprintln!("follow it: kubectl sandboxrun logs {name} -n {namespace} -f");
+        say!("SandboxRun {name} approved by {me}");
+        note!("follow it: kubectl sandboxrun logs {name} -n {namespace} -f");
     } else {
-        println!(
+        say!(
             "SandboxRun {name} denied by {me}: {}",
             reason.unwrap_or_default()
         );

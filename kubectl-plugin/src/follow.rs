@@ -1,7 +1,6 @@
 //! `logs`: a run's output from its status (the operator writes stdout, stderr and the exit code
 //! there when the run ends), and following a run until it ends, its phase changes on stderr.
 
-use std::io::Write;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
@@ -12,6 +11,7 @@ use sandboxrun_api::{SandboxRun, SandboxRunStatus};
 use sandboxrun_core::Phase;
 
 use crate::cluster::{self, Doing, explain};
+use crate::term::{self, note};
 
 /// Exit status of a run that has no exit code of its own (rejected, cancelled, no result).
 pub const NO_EXIT_CODE: u8 = 1;
@@ -20,7 +20,15 @@ pub const NO_EXIT_CODE: u8 = 1;
 const NO_PHASE_HINT_AFTER: Duration = Duration::from_secs(30);
 
 /// `logs RUN [-f]`: prints the output of the run and returns its exit status.
-pub async fn logs(client: &Client, namespace: &str, name: &str, follow: bool) -> Result<u8> {
+/// `raw`: the run's output byte for byte, else with its control characters escaped
+/// ([`crate::term`]).
+pub async fn logs(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    follow: bool,
+    raw: bool,
+) -> Result<u8> {
     let api = cluster::runs(client, namespace);
     let run = if follow {
         wait(&api, namespace, name).await?
@@ -41,11 +49,11 @@ pub async fn logs(client: &Client, namespace: &str, name: &str, follow: bool) ->
         if status.phase != Some(Phase::Succeeded)
             && let Some(line) = phase_line(&run)
         {
-            eprintln!("{line}");
+            note!("{line}");
         }
         run
     };
-    print_output(&run)?;
+    print_output(&run, raw)?;
     Ok(exit_status(run.status.as_ref()))
 }
 
@@ -63,7 +71,7 @@ pub async fn wait(api: &Api<SandboxRun>, namespace: &str, name: &str) -> Result<
             () = &mut hint, if !hinted => {
                 hinted = true;
                 if shown.as_ref().is_none_or(Option::is_none) {
-                    eprintln!(
+                    note!(
                         "{name}: no phase after {}s: is the sandboxrun operator running and \
                          watching namespace {namespace}?",
                         NO_PHASE_HINT_AFTER.as_secs()
@@ -98,7 +106,7 @@ pub async fn wait(api: &Api<SandboxRun>, namespace: &str, name: &str) -> Result<
         let status = run.status.clone().unwrap_or_default();
         if shown != Some(status.phase) {
             if let Some(line) = phase_line(&run) {
-                eprintln!("{line}");
+                note!("{line}");
             }
             shown = Some(status.phase);
         }
@@ -137,30 +145,34 @@ pub fn phase_line(run: &SandboxRun) -> Option<String> {
 }
 
 /// Writes the run's stdout to stdout and its stderr to stderr (a query's result as JSON on
-/// stdout), and says on stderr when output was cut.
-pub fn print_output(run: &SandboxRun) -> Result<()> {
-    let status = run.status.clone().unwrap_or_default();
-    let mut out = std::io::stdout().lock();
-    if let Some(stdout) = &status.stdout {
-        out.write_all(stdout.as_bytes())?;
-    }
-    if let Some(result) = &status.result {
-        writeln!(out, "{}", serde_json::to_string_pretty(result)?)?;
-    }
-    out.flush()?;
-    let mut err = std::io::stderr().lock();
-    if let Some(stderr) = &status.stderr {
-        err.write_all(stderr.as_bytes())?;
-    }
-    if status.truncated == Some(true) {
-        writeln!(
-            err,
+/// stdout), control characters escaped unless `raw` ([`crate::term`]), and says on stderr when
+/// output was cut.
+pub fn print_output(run: &SandboxRun, raw: bool) -> Result<()> {
+    let (stdout, stderr) = output_bodies(run)?;
+    term::stdout_body(&stdout, raw)?;
+    term::stderr_body(&stderr, raw)?;
+    let status = run.status.as_ref();
+    if status.and_then(|s| s.truncated) == Some(true) {
+        note!(
             "{}: output was cut at limits.outputBytes ({} bytes per stream)",
             run.name_any(),
             run.spec.limits.output_bytes
-        )?;
+        );
     }
     Ok(())
+}
+
+/// What goes to stdout (the code's stdout, then a query's result as indented JSON) and to
+/// stderr, as the run recorded them.
+fn output_bodies(run: &SandboxRun) -> Result<(String, String)> {
+    let status = run.status.clone().unwrap_or_default();
+    let mut stdout = status.stdout.unwrap_or_default();
+    if let Some(result) = &status.result {
+        // JSON escapes control characters in strings, not bidirectional ones: still escaped.
+        stdout.push_str(&serde_json::to_string_pretty(result)?);
+        stdout.push('\n');
+    }
+    Ok((stdout, status.stderr.unwrap_or_default()))
 }
 
 /// The exit status for a finished run: the code's own exit code (0 to 255), else 0 for a
@@ -213,6 +225,52 @@ mod tests {
         );
         assert_eq!(exit(json!({"phase": "Cancelled"})), 1);
         assert_eq!(exit_status(None), 1);
+    }
+
+    #[test]
+    fn a_runs_output_and_messages_cannot_drive_the_terminal() {
+        let r = run(json!({
+            "phase": "Failed", "reason": "Error\u{1b}[2K",
+            "message": "boom\r\u{1b}]0;all good\u{7}run-1: Succeeded",
+            "stdout": "title\u{1b}]0;pwned\u{7}\nclip\u{1b}]52;c;cm0gLXJmIH4=\u{7}\ncol\tumn\n",
+            "stderr": "Traceback: failed\r\u{1b}[1A\u{1b}[2KAll tests passed\n",
+            "result": {"rows": [["\u{202e}fdp.exe", "\u{9b}2J"]]},
+        }));
+        let (out, err) = output_bodies(&r).unwrap();
+        let shown = |text: &str| {
+            let mut buf = Vec::new();
+            term::write_output(&mut buf, text, false).unwrap();
+            String::from_utf8(buf).unwrap()
+        };
+        let (out, err) = (shown(&out), shown(&err));
+        for text in [&out, &err] {
+            assert!(
+                text.chars()
+                    .all(|c| !term::is_unsafe(c) || c == '\n' || c == '\t'),
+                "{text:?}"
+            );
+        }
+        assert!(
+            out.contains("title\\x1b]0;pwned\\x07\nclip\\x1b]52;"),
+            "{out}"
+        );
+        assert!(out.contains("col\tumn\n"), "tabs and newlines stay: {out}");
+        assert!(
+            out.contains("\\u{202e}fdp.exe") && out.contains("\\u{9b}2J"),
+            "{out}"
+        );
+        assert!(err.contains("failed\\r\\x1b[1A"), "{err}");
+        // The status line is one line: its newlines and returns are shown, not obeyed.
+        let line = term::escape(&phase_line(&r).unwrap(), false);
+        assert_eq!(
+            line,
+            "run-1: Failed (Error\\x1b[2K): boom\\r\\x1b]0;all good\\x07run-1: Succeeded"
+        );
+        // --raw: exactly what the run wrote.
+        let (raw_out, _) = output_bodies(&r).unwrap();
+        let mut buf = Vec::new();
+        term::write_output(&mut buf, &raw_out, true).unwrap();
+        assert!(String::from_utf8(buf).unwrap().contains("\u{1b}]52;c;"));
     }
 
     #[test]

@@ -6,12 +6,16 @@
 //! - `logs RUN [-f]`: a run's stdout and stderr, and its exit code as the plugin's;
 //! - `run FILE.py`: the file as a run of your own, followed to its end (Ctrl-C cancels it);
 //! - `top agents`: each agent's runs by phase and their execution time.
+//!
+//! Whatever came from a run or an agent is printed with its control characters escaped
+//! ([`term`]); `logs --raw` and `run --raw` write a run's output as it is.
 
 mod cli;
 mod cluster;
 mod decide;
 mod follow;
 mod run;
+mod term;
 mod top;
 
 use std::process::ExitCode;
@@ -29,14 +33,15 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("error: starting the async runtime: {e}");
+            term::note!("error: starting the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(execute(cli)) {
         Ok(status) => ExitCode::from(status),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Errors quote names, reasons and API server messages: escaped as the rest.
+            term::note!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -55,7 +60,7 @@ async fn execute(cli: Cli) -> anyhow::Result<u8> {
             decide::decide(&client, ns, &args.run, false, Some(&args.reason)).await?;
             Ok(0)
         }
-        Command::Logs(args) => follow::logs(&client, ns, &args.run, args.follow).await,
+        Command::Logs(args) => follow::logs(&client, ns, &args.run, args.follow, args.raw).await,
         Command::Run(args) => run::run(&client, ns, args).await,
         Command::Top {
             what: Top::Agents { all_namespaces },

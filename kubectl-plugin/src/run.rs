@@ -18,6 +18,7 @@ use sandboxrun_core::{Environment, Limits};
 use crate::cli;
 use crate::cluster::{self, Doing, explain};
 use crate::follow;
+use crate::term::note;
 
 /// Label on the runs this plugin creates (the frontend's say `sandboxrun-mcp`).
 pub const CREATED_BY: (&str, &str) = ("app.kubernetes.io/created-by", "kubectl-sandboxrun");
@@ -101,6 +102,13 @@ pub fn build_run(
 pub async fn run(client: &Client, namespace: &str, args: &cli::Run) -> Result<u8> {
     let code = read_code(&args.file)?;
     let me = cluster::whoami(client).await?;
+    // The API server would refuse it as spec.agent (the CRD's pattern); say why first.
+    if let Err(e) = sandboxrun_core::validate_agent_name(&me) {
+        bail!(
+            "your user name cannot be a run's agent (spec.agent is your user name): {e}; run it \
+             as another user, or through the MCP frontend"
+        );
+    }
     let run = build_run(&me, code, args.environment, args.timeout);
     let name = run.metadata.name.clone().unwrap_or_default();
     let api = cluster::runs(client, namespace);
@@ -110,7 +118,7 @@ pub async fn run(client: &Client, namespace: &str, args: &cli::Run) -> Result<u8
         Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => {}
         Err(e) => return Err(explain(e, &Doing::runs("create", namespace, None))),
     }
-    eprintln!("{name}: created in namespace {namespace} for agent {me}");
+    note!("{name}: created in namespace {namespace} for agent {me}");
     let finished = tokio::select! {
         run = follow::wait(&api, namespace, &name) => Some(run?),
         interrupted = tokio::signal::ctrl_c() => {
@@ -119,15 +127,15 @@ pub async fn run(client: &Client, namespace: &str, args: &cli::Run) -> Result<u8
         }
     };
     let Some(done) = finished else {
-        return cancel(&api, namespace, &name).await;
+        return cancel(&api, namespace, &name, args.raw).await;
     };
-    follow::print_output(&done)?;
+    follow::print_output(&done, args.raw)?;
     Ok(follow::exit_status(done.status.as_ref()))
 }
 
 /// Cancels the run after Ctrl-C and follows it to its end (a second Ctrl-C stops waiting).
-async fn cancel(api: &kube::Api<SandboxRun>, namespace: &str, name: &str) -> Result<u8> {
-    eprintln!("{name}: cancelling (spec.cancelled)");
+async fn cancel(api: &kube::Api<SandboxRun>, namespace: &str, name: &str, raw: bool) -> Result<u8> {
+    note!("{name}: cancelling (spec.cancelled)");
     let patch = serde_json::json!({ "spec": { "cancelled": true } });
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -135,8 +143,8 @@ async fn cancel(api: &kube::Api<SandboxRun>, namespace: &str, name: &str) -> Res
     tokio::select! {
         ended = tokio::time::timeout(CANCEL_WAIT, follow::wait(api, namespace, name)) => {
             match ended {
-                Ok(run) => follow::print_output(&run?)?,
-                Err(_) => eprintln!(
+                Ok(run) => follow::print_output(&run?, raw)?,
+                Err(_) => note!(
                     "{name}: still not ended {}s after the cancellation: is the sandboxrun \
                      operator running?",
                     CANCEL_WAIT.as_secs()

@@ -11,6 +11,7 @@ use sandboxrun_api::SandboxRun;
 use sandboxrun_core::Phase;
 
 use crate::cluster::{Doing, RUNS, explain};
+use crate::term::{self, note};
 
 /// Runs asked for per page of the list (the API server's pages keep memory flat at any count).
 const PAGE: u32 = 500;
@@ -103,7 +104,9 @@ pub fn table(agents: &[AgentRuns]) -> String {
     header.extend(["TOTAL".to_owned(), "AVG".to_owned()]);
     rows.push(header);
     for a in agents {
-        let mut row = vec![a.agent.clone(), a.runs.to_string()];
+        // Escaped before the widths are measured: a name cannot break the columns, or the
+        // terminal.
+        let mut row = vec![term::escape(&a.agent, false), a.runs.to_string()];
         row.extend(PHASE_COLUMNS.iter().map(|(_, p)| a.count(p).to_string()));
         let (total, avg) = match a.avg_millis() {
             Some(avg) => (human_millis(a.total_millis), human_millis(avg)),
@@ -159,12 +162,12 @@ pub async fn agents(client: &Client, namespace: Option<&str>) -> Result<()> {
     let runs = list_runs(client, namespace).await?;
     if runs.is_empty() {
         match namespace {
-            Some(ns) => eprintln!("No SandboxRuns found in namespace {ns}."),
-            None => eprintln!("No SandboxRuns found."),
+            Some(ns) => note!("No SandboxRuns found in namespace {ns}."),
+            None => note!("No SandboxRuns found."),
         }
         return Ok(());
     }
-    print!("{}", table(&by_agent(&runs)));
+    term::stdout_body(&table(&by_agent(&runs)), false)?;
     Ok(())
 }
 
@@ -236,6 +239,26 @@ zed          1      1           0        0          0          0           0    
         assert_eq!(text, expected, "\n{text}");
         // An empty table is its header.
         assert_eq!(table(&[]).lines().count(), 1);
+    }
+
+    #[test]
+    fn agent_names_are_escaped_and_still_line_up() {
+        let agents = by_agent(&[
+            run("\u{1b}]0;pwned\u{7}", None, None),
+            run("ev\u{202e}il", None, None),
+            run("a\rb", None, None),
+        ]);
+        let text = table(&agents);
+        assert!(
+            text.chars().all(|c| !term::is_unsafe(c) || c == '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains("\\x1b]0;pwned\\x07") && text.contains("ev\\u{202e}il"));
+        // Every row has its RUNS column where the header has it.
+        let at = text.lines().next().unwrap().find("RUNS").unwrap();
+        for row in text.lines().skip(1) {
+            assert_eq!(&row[at..at + 1], "1", "{row}");
+        }
     }
 
     #[test]

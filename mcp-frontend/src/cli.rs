@@ -26,8 +26,9 @@ pub enum Command {
         /// Where and how code runs.
         #[command(flatten)]
         backend: BackendArgs,
-        /// Agent identity recorded for calls made over stdio.
-        #[arg(long, env = "SANDBOXRUN_AGENT", default_value = "local")]
+        /// Agent identity recorded for calls made over stdio: 1 to 253 ASCII letters, digits
+        /// and . _ : @ + | / # = -, starting with a letter or digit.
+        #[arg(long, env = "SANDBOXRUN_AGENT", default_value = "local", value_parser = parse_agent)]
         agent: String,
     },
     /// Serve MCP over HTTP: Streamable HTTP at /mcp, legacy SSE at /sse and /messages, plus
@@ -232,6 +233,12 @@ pub struct OAuthArgs {
 
 /// A duration of zero or more: bare seconds (`30`) or a friendly/ISO 8601 duration (`90s`, `5m`,
 /// `PT1M`), at most an hour (an MCP request held open longer than that is a mistake).
+/// An agent name exactly as given, if it is one ([`sandboxrun_core::validate_agent_name`]).
+fn parse_agent(s: &str) -> Result<String, String> {
+    sandboxrun_core::validate_agent_name(s)?;
+    Ok(s.to_owned())
+}
+
 fn parse_wait(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d > Duration::from_secs(3600) {
@@ -289,6 +296,29 @@ mod tests {
         assert_eq!(backend.policy_file, None);
         assert_eq!(backend.approval_wait, Duration::ZERO);
         assert_eq!(backend.data_rootfs, None);
+    }
+
+    #[test]
+    fn the_stdio_agent_is_a_valid_agent_name() {
+        let agent = |args: &[&str]| {
+            Cli::try_parse_from(["sandboxrun-mcp", "stdio"].iter().chain(args)).map(|cli| {
+                let Command::Stdio { agent, .. } = cli.command else {
+                    panic!("stdio expected")
+                };
+                agent
+            })
+        };
+        if std::env::var_os("SANDBOXRUN_AGENT").is_none() {
+            assert_eq!(agent(&[]).unwrap(), "local");
+        }
+        assert_eq!(
+            agent(&["--agent", "alice@example.com"]).unwrap(),
+            "alice@example.com"
+        );
+        for bad in [" local", "local ", "lo\u{202e}cal", "lo\x1b[2Jcal", "", "*"] {
+            let err = agent(&["--agent", bad]).unwrap_err().to_string();
+            assert!(err.contains("an agent name is 1 to 253"), "{bad:?}: {err}");
+        }
     }
 
     #[test]

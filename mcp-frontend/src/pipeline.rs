@@ -15,6 +15,7 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use sandboxrun_api::ClusterTool;
+use sandboxrun_core::files;
 use sandboxrun_core::metrics::CallRecord;
 use sandboxrun_core::tools::{Attachment, CallSummary};
 use sandboxrun_core::{Environment, OutputChunk, OutputFn, Phase, Verdict};
@@ -261,27 +262,34 @@ pub fn tool_result(
 
 /// The content block of one attachment: an image as image content, a text file as an embedded
 /// text resource, any other file as an embedded blob resource (both named
-/// `file:///tmp/outputs/NAME`), a note as text.
+/// `file:///tmp/outputs/NAME`), a note as text. The last check before a client: image content
+/// only for the raster image the bytes are (never SVG or anything a client would run), text
+/// only with an inert text type, other bytes as `application/octet-stream`.
 pub fn attachment_block(attachment: Attachment) -> ContentBlock {
+    let blob = |name: &str, data: &[u8]| {
+        ContentBlock::resource(
+            ResourceContents::blob(BASE64.encode(data), Attachment::uri(name))
+                .with_mime_type("application/octet-stream"),
+        )
+    };
     match attachment {
         Attachment::Image {
-            mime_type, data, ..
-        } => ContentBlock::image(BASE64.encode(data), mime_type),
+            name,
+            mime_type,
+            data,
+        } => match files::raster_image_type(&data) {
+            Some(image) if image == mime_type => ContentBlock::image(BASE64.encode(data), image),
+            _ => blob(&name, &data),
+        },
         Attachment::Text {
             name,
             mime_type,
             text,
         } => ContentBlock::resource(
-            ResourceContents::text(text, Attachment::uri(&name)).with_mime_type(mime_type),
+            ResourceContents::text(text, Attachment::uri(&name))
+                .with_mime_type(files::inert_text_type(&mime_type)),
         ),
-        Attachment::Binary {
-            name,
-            mime_type,
-            data,
-        } => ContentBlock::resource(
-            ResourceContents::blob(BASE64.encode(data), Attachment::uri(&name))
-                .with_mime_type(mime_type),
-        ),
+        Attachment::Binary { name, data, .. } => blob(&name, &data),
         Attachment::Note(text) => ContentBlock::text(text),
     }
 }
@@ -555,6 +563,59 @@ mod tests {
         assert!(r.content[3].as_resource().is_some());
         assert!(r.content[4].as_resource().is_some());
         assert_eq!(r.content.len(), 6);
+    }
+
+    #[test]
+    fn only_raster_images_become_image_blocks_and_active_types_never_leave() {
+        let svg = b"<svg xmlns='http://www.w3.org/2000/svg' onload='alert(1)'/>".to_vec();
+        let block = |a: Attachment| serde_json::to_value(attachment_block(a)).unwrap();
+        // Declared as images but not one: opaque bytes.
+        for (mime, data) in [
+            ("image/svg+xml", svg.clone()),
+            ("image/png", svg.clone()),
+            ("image/png", b"GIF89a....".to_vec()),
+            ("text/html", PNG.to_vec()),
+        ] {
+            let b = block(Attachment::Image {
+                name: "x.png".into(),
+                mime_type: mime.into(),
+                data,
+            });
+            assert_eq!(b["type"], "resource", "{mime}: {b}");
+            assert_eq!(b["resource"]["mimeType"], "application/octet-stream");
+        }
+        // Text with an active type: plain text.
+        for mime in [
+            "text/html",
+            "image/svg+xml",
+            "application/xhtml+xml",
+            "text/javascript",
+        ] {
+            let b = block(Attachment::Text {
+                name: "x.svg".into(),
+                mime_type: mime.into(),
+                text: String::from_utf8(svg.clone()).unwrap(),
+            });
+            assert_eq!(b["resource"]["mimeType"], "text/plain", "{mime}");
+        }
+        let b = block(Attachment::Binary {
+            name: "x.html".into(),
+            mime_type: "text/html".into(),
+            data: vec![0xff, 0xfe],
+        });
+        assert_eq!(b["resource"]["mimeType"], "application/octet-stream");
+        // A real file through the whole path: an SVG (even named .png) comes back as text.
+        use sandboxrun_core::files::OutputFile;
+        for name in ["plot.svg", "plot.png", "page.html"] {
+            let file = OutputFile::new(name.into(), svg.clone());
+            let b = block(Attachment::of(&file));
+            assert_eq!(b["type"], "resource", "{name}");
+            assert_eq!(b["resource"]["mimeType"], "text/plain", "{name}");
+            assert_eq!(
+                b["resource"]["text"],
+                String::from_utf8(svg.clone()).unwrap()
+            );
+        }
     }
 
     #[test]

@@ -91,7 +91,8 @@ pub struct Embedded {
 /// turns each into a content block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Attachment {
-    /// An image a client can show (PNG, JPEG, GIF, SVG).
+    /// A raster image a client can show (PNG, JPEG, GIF, WebP, checked by its bytes); never a
+    /// format with active content such as SVG.
     Image {
         /// Its file name.
         name: String,
@@ -123,9 +124,10 @@ pub enum Attachment {
 }
 
 impl Attachment {
-    /// The attachment of a returned file, by its kind.
+    /// The attachment of a returned file, by its kind, with the type its name and bytes give
+    /// ([`crate::files::mime_type`]): SVG, HTML and other active content become text.
     pub fn of(file: &crate::files::OutputFile) -> Self {
-        let (name, mime_type) = (file.name.clone(), file.mime_type.clone());
+        let (name, mime_type) = (file.name.clone(), file.content_type().to_owned());
         match file.kind() {
             crate::files::FileKind::Image => Attachment::Image {
                 name,

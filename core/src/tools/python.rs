@@ -306,8 +306,9 @@ pub struct PythonOutput {
     #[serde(skip)]
     #[schemars(skip)]
     pub message: Option<String>,
-    /// The files the code wrote in /tmp/outputs, returned as content blocks (images as images,
-    /// text as embedded resources, anything else as base64 resources).
+    /// The files the code wrote in /tmp/outputs, returned as content blocks (raster images as
+    /// images, text, including SVG and HTML as plain text, as embedded resources, anything else
+    /// as base64 resources).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<OutputFile>,
     /// Files it wrote there that were not returned, and why (a cap, not a regular file, a name
@@ -759,8 +760,9 @@ clean sandbox: nothing persists between calls. The default profile has the Pytho
 library only; pass `profile: \"data\"` for numpy, pandas, scipy and matplotlib. Pass input files \
 in `files` ([{\"name\": \"data.csv\", \"text\": \"...\"}], or `base64` for binary data): they are \
 read-only in /tmp/inputs. Files the code writes directly in /tmp/outputs come back with the result: \
-images (PNG, JPEG, SVG) as images, text and CSV as embedded resources, anything else as base64; \
-save charts there with matplotlib's savefig.";
+raster images (PNG, JPEG, GIF, WebP) as images, text and CSV as embedded resources (SVG, HTML and \
+XML as plain text, never rendered), anything else as base64; save charts there as PNG with \
+matplotlib's savefig.";
 
 /// What a model reads about the tool before calling it (the tool's `description`).
 pub const DESCRIPTION: &str = "Run a Python 3 program in a fresh, isolated sandbox (no network, read-only \

@@ -8,13 +8,10 @@ use std::path::Path;
 use std::collections::HashMap;
 
 use axum::http::HeaderMap;
-use sandboxrun_core::Environment;
+use sandboxrun_core::{Environment, validate_agent_name};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
-
-/// Largest agent identity: it becomes `spec.agent`, which the CRD caps at 253 characters.
-const MAX_AGENT_LEN: usize = 253;
 
 /// One line of the key file.
 #[derive(Debug, Deserialize)]
@@ -106,12 +103,10 @@ impl KeyStore {
                 index: i + 1,
                 message,
             };
-            let agent = entry.agent.trim();
-            if agent.is_empty() || agent.len() > MAX_AGENT_LEN {
-                return Err(err(format!(
-                    "agent must be 1 to {MAX_AGENT_LEN} characters"
-                )));
-            }
+            // Exactly as written: a name with a space or an invisible character would be an
+            // identity of its own that looks like another.
+            let agent = entry.agent.as_str();
+            validate_agent_name(agent).map_err(err)?;
             let mut hash = [0u8; 32];
             hex::decode_to_slice(entry.sha256.trim(), &mut hash).map_err(|_| {
                 err(
@@ -320,7 +315,39 @@ mod tests {
         );
         let e = KeyStore::parse(&format!("- agent: ''\n  sha256: {}\n", hash_key("k")), "f")
             .unwrap_err();
-        assert!(e.to_string().contains("agent must be 1 to 253"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("entry 1 in f: the agent name is empty; an agent name is 1 to 253"),
+            "{e}"
+        );
+        // Names that could pass for another agent or carry terminal controls, exactly as
+        // written (YAML escapes make every character writable).
+        for (agent, why) in [
+            ("' analyst-01'", "a space at position 1"),
+            ("'analyst-01 '", "a space at position 11"),
+            ("\"analyst\\u202e10\"", "U+202E"),
+            ("\"ana\\e]52;c;ZWNobyBoaQ==\\alyst\"", "U+001B"),
+            ("\"ana\\rlyst\"", "U+000D"),
+            ("\"analyst-0\\u200b1\"", "U+200B"),
+            ("'*'", "U+002A"),
+            (&"a".repeat(254), "254 characters"),
+        ] {
+            let e = KeyStore::parse(
+                &format!("- agent: {agent}\n  sha256: {}\n", hash_key("k")),
+                "f",
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains(why), "{agent}: {e}");
+        }
+        let ok = KeyStore::parse(
+            &format!(
+                "- agent: alice+ci@example.com\n  sha256: {}\n",
+                hash_key("k")
+            ),
+            "f",
+        )
+        .unwrap();
+        assert_eq!(ok.agent_for("k"), Some("alice+ci@example.com"));
         let h = hash_key("k");
         let e = KeyStore::parse(
             &format!("- {{agent: a, sha256: {h}}}\n- {{agent: b, sha256: {h}}}\n"),

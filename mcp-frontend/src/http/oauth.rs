@@ -1,24 +1,31 @@
 //! OAuth 2.1 resource server, as the MCP authorization specification asks of a remote server:
 //! protected resource metadata (RFC 9728) naming the authorization server, a `401` whose
 //! `WWW-Authenticate` points at it, and bearer JWT access tokens (RFC 9068) validated here:
-//! signature against the issuer's published keys ([`super::jwks`]), issuer, audience bound to
-//! this server's resource URL (RFC 8707), expiry and not-before. The agent identity comes from a
-//! configured claim, behind a prefix so that a token can never take the name (and so the policy)
-//! of an API key's agent; the token's scopes become a [`Grant`].
+//! signature against the issuer's published keys ([`super::jwks`]), its type (`at+jwt`, so that
+//! no other JWT of the issuer, an ID token or a logout token, passes for an access token), no
+//! critical header extension (RFC 7515 section 4.1.11: none is understood here), issuer,
+//! audience bound to this server's resource URL (RFC 8707), expiry and not-before. The agent
+//! identity comes from a configured claim, exactly as the token says it (never trimmed or
+//! folded: two subjects are two agents), behind a prefix so that a token can never take the name
+//! (and so the policy) of an API key's agent, and must be a valid agent name
+//! ([`sandboxrun_core::validate_agent_name`]); the token's scopes become a [`Grant`].
 
 use std::sync::Arc;
 
 use axum::http::HeaderValue;
 use axum::http::Uri;
+use base64::Engine as _;
 use jsonwebtoken::errors::ErrorKind;
-use jsonwebtoken::{Algorithm, Validation};
+use jsonwebtoken::{Algorithm, Header, Validation};
+use sandboxrun_core::{AGENT_NAME_PATTERN, validate_agent_name};
 use serde_json::{Map, Value};
 
 use super::jwks::KeySource;
 use crate::grant::{Grant, ScopeMap};
 
-/// Largest agent identity (the CRD caps `spec.agent` at 253 characters).
-const MAX_AGENT_LEN: usize = 253;
+/// Largest token looked at: a JWT access token is a few hundred bytes to a few kilobytes; a
+/// larger credential is refused before anything in it is decoded.
+const MAX_TOKEN_BYTES: usize = 16 * 1024;
 /// Clock difference tolerated on `exp` and `nbf`.
 const LEEWAY_SECONDS: u64 = 30;
 /// Only asymmetric signatures: a shared-secret (HS*) token could be minted by anyone holding
@@ -122,6 +129,16 @@ impl ResourceServer {
         if config.agent_claim.trim().is_empty() {
             return Err("--oauth-agent-claim is empty".to_owned());
         }
+        // Every agent name is the prefix and a claim's value: a prefix that no name can start
+        // with would refuse every token.
+        if !config.agent_prefix.is_empty() {
+            validate_agent_name(&format!("{}a", config.agent_prefix)).map_err(|e| {
+                format!(
+                    "--oauth-agent-prefix {:?} cannot start an agent name ({AGENT_NAME_PATTERN}): {e}",
+                    config.agent_prefix
+                )
+            })?;
+        }
         // RFC 9728 section 3.1: the well-known segment goes between the host and the path.
         let path = resource.path().trim_end_matches('/');
         let metadata_path = format!("/.well-known/oauth-protected-resource{path}");
@@ -205,8 +222,14 @@ impl ResourceServer {
                 "the credential is neither a known API key nor a JWT access token",
             ));
         }
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|_| invalid("the token's header is not a valid JWT header"))?;
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(TokenRefusal::Invalid(format!(
+                "the token has {} bytes; access tokens of more than {MAX_TOKEN_BYTES} bytes are \
+                 not accepted",
+                token.len()
+            )));
+        }
+        let header = access_token_header(token).map_err(TokenRefusal::Invalid)?;
         if !ALGORITHMS.contains(&header.alg) {
             return Err(TokenRefusal::Invalid(format!(
                 "tokens signed with {:?} are not accepted; this server verifies asymmetric \
@@ -303,21 +326,24 @@ impl ResourceServer {
 
     fn caller(&self, claims: &Map<String, Value>) -> Result<TokenCaller, TokenRefusal> {
         let claim = &self.config.agent_claim;
-        let value = match claims.get(claim) {
-            Some(Value::String(s)) => s.trim(),
-            _ => {
-                return Err(TokenRefusal::Invalid(format!(
-                    "the token has no string {claim} claim, which names the agent"
-                )));
-            }
-        };
-        let agent = format!("{}{value}", self.config.agent_prefix);
-        if value.is_empty() || agent.len() > MAX_AGENT_LEN || value.chars().any(|c| c.is_control())
-        {
+        let Some(Value::String(value)) = claims.get(claim) else {
             return Err(TokenRefusal::Invalid(format!(
-                "the token's {claim} claim is not a usable agent identity (1 to {} printable \
-                 characters)",
-                MAX_AGENT_LEN - self.config.agent_prefix.len()
+                "the token has no string {claim} claim, which names the agent"
+            )));
+        };
+        // Exactly as given: trimming or folding would make distinct subjects one agent. The
+        // value is a name on its own (an empty one would make the prefix alone an agent), and
+        // with the prefix.
+        let agent = format!("{}{value}", self.config.agent_prefix);
+        if let Err(e) = validate_agent_name(value).and_then(|()| validate_agent_name(&agent)) {
+            return Err(TokenRefusal::Invalid(format!(
+                "the token's {claim} claim does not make a usable agent name ({} followed by the \
+                 claim): {e}",
+                if self.config.agent_prefix.is_empty() {
+                    "nothing".to_owned()
+                } else {
+                    format!("the prefix {:?}", self.config.agent_prefix)
+                }
             )));
         }
         let grant = self.scopes.grant(token_scopes(claims));
@@ -329,6 +355,69 @@ impl ResourceServer {
         }
         Ok(TokenCaller { agent, grant })
     }
+}
+
+/// The JOSE header of a compact JWS, checked for what makes it an access token of this server:
+/// `typ` is `at+jwt` (RFC 9068 section 2.1, also as `application/at+jwt`; media types compare
+/// case-insensitively, RFC 7515 section 4.1.9), so that other JWTs of the issuer with a matching
+/// audience (ID tokens, logout tokens, tokens of other profiles) are not taken for one; and no
+/// `crit`: RFC 7515 section 4.1.11 requires refusing a token whose critical extensions are not
+/// understood, and this server understands none (an empty or malformed `crit` is invalid too).
+fn access_token_header(token: &str) -> Result<Header, String> {
+    let segment = token.split('.').next().unwrap_or_default();
+    let fields: Map<String, Value> = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(segment)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .ok_or("the token's header is not a valid JWT header")?;
+    match fields.get("typ") {
+        Some(Value::String(t)) if is_access_token_type(t) => {}
+        Some(Value::String(t)) => {
+            return Err(format!(
+                "the token's type (typ) is {}, not at+jwt: only OAuth access tokens (RFC 9068) \
+                 are accepted, not ID tokens or other JWTs of the issuer; ask the \
+                 authorization server for an access token for this resource",
+                shown(t)
+            ));
+        }
+        Some(_) => return Err("the token's type (typ) is not a string".to_owned()),
+        None => {
+            return Err(
+                "the token has no type (typ): only OAuth access tokens, typ at+jwt (RFC 9068), \
+                 are accepted; ask the authorization server for a JWT access token"
+                    .to_owned(),
+            );
+        }
+    }
+    if let Some(crit) = fields.get("crit") {
+        let names: Vec<String> = match crit {
+            Value::Array(names) => names
+                .iter()
+                .take(5)
+                .map(|n| n.as_str().map_or_else(|| n.to_string(), shown))
+                .collect(),
+            other => vec![shown(&other.to_string())],
+        };
+        return Err(format!(
+            "the token's header marks extensions as critical (crit: [{}]), which this server \
+             does not understand, so it must refuse the token (RFC 7515 section 4.1.11)",
+            names.join(", ")
+        ));
+    }
+    serde_json::from_value(Value::Object(fields))
+        .map_err(|_| "the token's header is not a valid JWT header".to_owned())
+}
+
+/// Whether `typ` names a JWT access token: `at+jwt`, or the full media type
+/// `application/at+jwt`, in any case.
+fn is_access_token_type(typ: &str) -> bool {
+    typ.eq_ignore_ascii_case("at+jwt") || typ.eq_ignore_ascii_case("application/at+jwt")
+}
+
+/// A header value as an error shows it: quoted, escaped, at most 40 characters.
+fn shown(value: &str) -> String {
+    let cut: String = value.chars().take(40).collect();
+    format!("{:?}", cut)
 }
 
 /// A token's scopes: RFC 9068's space-separated `scope`, or the `scp` list some servers send.

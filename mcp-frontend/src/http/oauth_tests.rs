@@ -114,15 +114,26 @@ fn claims(issuer: &Issuer) -> Value {
     })
 }
 
+/// An access token (`typ: at+jwt`) with `claims`, signed with `pem` (ES256).
 fn sign(claims: &Value, kid: Option<&str>, pem: &str) -> String {
     let mut header = Header::new(Algorithm::ES256);
     header.kid = kid.map(str::to_owned);
+    header.typ = Some("at+jwt".to_owned());
     jsonwebtoken::encode(
         &header,
         claims,
         &EncodingKey::from_ec_pem(pem.as_bytes()).unwrap(),
     )
     .unwrap()
+}
+
+/// A token with exactly `header` (raw JSON, so any field can be set) and `claims`, really
+/// signed with key A (ES256).
+fn sign_raw(header: &Value, claims: &Value) -> String {
+    let message = format!("{}.{}", b64(header), b64(claims));
+    let key = EncodingKey::from_ec_pem(KEY_A.as_bytes()).unwrap();
+    let signature = jsonwebtoken::crypto::sign(message.as_bytes(), &key, Algorithm::ES256).unwrap();
+    format!("{message}.{signature}")
 }
 
 fn b64(v: &Value) -> String {
@@ -215,12 +226,12 @@ async fn every_way_a_token_can_be_wrong_is_refused_with_its_reason() {
         (
             "empty sub",
             with("sub", "".into()),
-            "not a usable agent identity",
+            "not make a usable agent name",
         ),
         (
             "control character in sub",
             with("sub", "al\nice".into()),
-            "not a usable agent identity",
+            "not make a usable agent name",
         ),
         (
             "another key under this kid",
@@ -266,12 +277,14 @@ async fn every_way_a_token_can_be_wrong_is_refused_with_its_reason() {
     for secret in [public.as_bytes(), KEY_A_XY.0.as_bytes()] {
         let mut h = Header::new(Algorithm::HS256);
         h.kid = Some("a".to_owned());
+        h.typ = Some("at+jwt".to_owned());
         let token = jsonwebtoken::encode(&h, &elevated, &EncodingKey::from_secret(secret)).unwrap();
         assert!(invalid(rs.verify(&token).await).contains("not accepted"));
     }
     // A key of the right kid but declared for another algorithm family.
     let mut h = Header::new(Algorithm::ES384);
     h.kid = Some("a".to_owned());
+    h.typ = Some("at+jwt".to_owned());
     let token = format!(
         "{}.{}.{}",
         b64(&serde_json::to_value(&h).unwrap()),
@@ -281,6 +294,175 @@ async fn every_way_a_token_can_be_wrong_is_refused_with_its_reason() {
     assert!(
         invalid(rs.verify(&token).await).contains("verifies"),
         "ES384 header on an ES256 key"
+    );
+}
+
+#[tokio::test]
+async fn only_access_tokens_are_accepted_by_their_type() {
+    let issuer = issuer().await;
+    let rs = server(&issuer);
+    let good = claims(&issuer);
+    let with_typ = |typ: Value| {
+        sign_raw(
+            &serde_json::json!({"alg": "ES256", "kid": "a", "typ": typ}),
+            &good,
+        )
+    };
+    // RFC 9068 section 2.1: at+jwt or application/at+jwt; media types compare case-insensitively.
+    for typ in [
+        "at+jwt",
+        "AT+JWT",
+        "At+Jwt",
+        "application/at+jwt",
+        "Application/AT+JWT",
+    ] {
+        let caller = rs.verify(&with_typ(typ.into())).await.unwrap();
+        assert_eq!(caller.agent, "oauth:alice", "{typ}");
+    }
+    // Other JWTs of the same issuer with the same audience: an ID token (typ JWT), one without
+    // a type, logout and other profiles' tokens, near misses.
+    for typ in [
+        "JWT",
+        "jwt",
+        "",
+        "at+jwt ",
+        " at+jwt",
+        "at+jwt\u{0}",
+        "at+jwt\u{202e}",
+        "at",
+        "jwt+at",
+        "application/jwt",
+        "logout+jwt",
+        "secevent+jwt",
+        "dpop+jwt",
+        "application/at+jwt;q=1",
+        "text/at+jwt",
+    ] {
+        let m = invalid(rs.verify(&with_typ(typ.into())).await);
+        assert!(m.contains("not at+jwt"), "{typ:?}: {m}");
+    }
+    for typ in [Value::Null, 1.into(), serde_json::json!(["at+jwt"])] {
+        let m = invalid(rs.verify(&with_typ(typ.clone())).await);
+        assert!(m.contains("typ"), "{typ}: {m}");
+    }
+    let no_typ = sign_raw(&serde_json::json!({"alg": "ES256", "kid": "a"}), &good);
+    assert!(invalid(rs.verify(&no_typ).await).contains("has no type (typ)"));
+    // jsonwebtoken's own default header says JWT.
+    let mut h = Header::new(Algorithm::ES256);
+    h.kid = Some("a".to_owned());
+    let default = jsonwebtoken::encode(
+        &h,
+        &good,
+        &EncodingKey::from_ec_pem(KEY_A.as_bytes()).unwrap(),
+    )
+    .unwrap();
+    assert!(invalid(rs.verify(&default).await).contains("not at+jwt"));
+}
+
+#[tokio::test]
+async fn a_critical_header_extension_is_refused() {
+    let issuer = issuer().await;
+    let rs = server(&issuer);
+    let good = claims(&issuer);
+    // This server understands no extension: any crit, well-formed or not, is refused (RFC 7515
+    // section 4.1.11), even naming a claim it does check or a registered header parameter.
+    for crit in [
+        serde_json::json!(["exp"]),
+        serde_json::json!(["b64"]),
+        serde_json::json!(["http://example.com/ext"]),
+        serde_json::json!(["exp", "nbf", "x", "y", "z", "more", "and more"]),
+        serde_json::json!([]),
+        serde_json::json!("exp"),
+        serde_json::json!([1]),
+        Value::Null,
+    ] {
+        let header = serde_json::json!({"alg": "ES256", "kid": "a", "typ": "at+jwt", "crit": crit, "exp": 1});
+        let m = invalid(rs.verify(&sign_raw(&header, &good)).await);
+        assert!(m.contains("critical (crit"), "{crit}: {m}");
+    }
+    // The control: the same header without crit.
+    let header = serde_json::json!({"alg": "ES256", "kid": "a", "typ": "at+jwt", "exp": 1});
+    rs.verify(&sign_raw(&header, &good)).await.unwrap();
+}
+
+#[tokio::test]
+async fn subjects_are_agents_exactly_as_given_and_only_safe_ones() {
+    let issuer = issuer().await;
+    let rs = server(&issuer);
+    let with_sub = |sub: &str| {
+        let mut c = claims(&issuer);
+        c["sub"] = sub.into();
+        sign(&c, Some("a"), KEY_A)
+    };
+    for sub in [
+        "alice@example.com",
+        "auth0|5f7c8ec7c33c6c004bbafe82",
+        "248289761001",
+        "3f2a1b9c-0d4e-4f5a-8b6c-7d8e9f0a1b2c",
+    ] {
+        let caller = rs.verify(&with_sub(sub)).await.unwrap();
+        assert_eq!(caller.agent, format!("oauth:{sub}"));
+    }
+    // The longest that fits with the prefix, and one more.
+    let longest = "a".repeat(253 - "oauth:".len());
+    assert_eq!(
+        rs.verify(&with_sub(&longest)).await.unwrap().agent.len(),
+        253
+    );
+    let m = invalid(rs.verify(&with_sub(&format!("{longest}a"))).await);
+    assert!(m.contains("254 characters"), "{m}");
+    // Never trimmed: " alice" is not alice, and not an agent at all.
+    for (sub, why) in [
+        (" alice", "a space"),
+        ("alice ", "a space"),
+        ("alice\t", "U+0009"),
+        ("\nalice", "U+000A"),
+        ("al\u{202e}ecila", "U+202E"),
+        ("al\u{2067}ice", "U+2067"),
+        ("ali\u{200b}ce", "U+200B"),
+        ("\u{feff}alice", "U+FEFF"),
+        ("al\u{1b}]0;pwned\u{7}ice", "U+001B"),
+        ("ali\u{9b}ce", "U+009B"),
+        ("alic\u{0435}", "U+0435"),
+        ("alice\u{0}", "U+0000"),
+        ("", "empty"),
+        ("-alice", "U+002D at position 1"),
+        ("*", "U+002A"),
+        ("a b", "a space"),
+        (&"x".repeat(10_000), "characters"),
+    ] {
+        let m = invalid(rs.verify(&with_sub(sub)).await);
+        assert!(
+            m.contains("sub claim does not make a usable agent name") && m.contains(why),
+            "{sub:?}: {m}"
+        );
+        // The reason reaches the client in WWW-Authenticate: ASCII, escaped.
+        let header = rs.challenge(Some(("invalid_token", &m)));
+        assert!(header.to_str().is_ok(), "{header:?}");
+    }
+    // Without a prefix the claim alone is the name.
+    let mut cfg = config(issuer.url.clone(), RESOURCE.to_owned(), "");
+    cfg.jwks_uri = None;
+    let bare = ResourceServer::new(cfg).unwrap();
+    assert_eq!(
+        bare.verify(&with_sub("alice")).await.unwrap().agent,
+        "alice"
+    );
+    assert!(invalid(bare.verify(&with_sub("-alice")).await).contains("U+002D at position 1"));
+}
+
+#[tokio::test]
+async fn an_oversized_token_is_refused_before_it_is_decoded() {
+    let issuer = issuer().await;
+    let rs = server(&issuer);
+    let mut c = claims(&issuer);
+    c["padding"] = "x".repeat(20_000).into();
+    let m = invalid(rs.verify(&sign(&c, Some("a"), KEY_A)).await);
+    assert!(m.contains("not accepted") && m.contains("16384"), "{m}");
+    assert_eq!(
+        issuer.fetches.load(Ordering::SeqCst),
+        0,
+        "nothing was fetched for it"
     );
 }
 
@@ -373,6 +555,17 @@ fn the_metadata_and_the_challenge_point_at_each_other() {
         ),
         "{c:?}"
     );
+    // A prefix no agent name can start with would refuse every token.
+    for prefix in ["oauth: ", "-oauth:", "oauth\u{202e}:", "*"] {
+        let err = ResourceServer::new(config(
+            "https://as.example.com".to_owned(),
+            RESOURCE.to_owned(),
+            prefix.to_owned(),
+        ))
+        .err()
+        .unwrap();
+        assert!(err.contains("--oauth-agent-prefix"), "{prefix:?}: {err}");
+    }
     for (issuer, resource) in [
         ("as.example.com", RESOURCE),
         ("ftp://as.example.com", RESOURCE),

@@ -208,6 +208,34 @@ def test_text_outputs_are_text_resources_and_binary_ones_blobs(files_server, bin
     anyio.run(main)
 
 
+def test_active_content_comes_back_as_plain_text_never_as_an_image(files_server, binary):
+    """SVG, HTML and XML can carry scripts a client would run if it rendered them: whatever their
+    name, they come back as text/plain resources, and only real raster images as image content."""
+    code = (
+        "svg = \"<svg xmlns='http://www.w3.org/2000/svg'><script>alert(1)</script></svg>\"\n"
+        "open('/tmp/outputs/plot.svg', 'w').write(svg)\n"
+        "open('/tmp/outputs/chart.png', 'w').write('\\ufeff  ' + svg)\n"
+        "open('/tmp/outputs/page.html', 'w').write('<!DOCTYPE html><body onload=alert(1)>')\n"
+        "open('/tmp/outputs/notes.txt', 'w').write('<?xml version=\"1.0\"?><x/>')\n"
+        "print('wrote')\n"
+    )
+
+    async def main():
+        async with connect(files_server, binary) as session:
+            r = await session.call_tool("run_python", {"code": code})
+            assert r.is_error is False, blocks(r)
+            listed = {f["name"]: f["mimeType"] for f in r.structured_content["files"]}
+            assert listed == {n: "text/plain" for n in ["chart.png", "notes.txt", "page.html", "plot.svg"]}, listed
+            assert not [b for b in blocks(r) if b["type"] == "image"], blocks(r)
+            resources = {b["resource"]["uri"]: b["resource"] for b in blocks(r) if b["type"] == "resource"}
+            assert len(resources) == 4, resources
+            for uri, res in resources.items():
+                assert res["mimeType"] == "text/plain" and "text" in res, (uri, res)
+            assert "<script>" in resources["file:///tmp/outputs/plot.svg"]["text"]
+
+    anyio.run(main)
+
+
 # --- hostile outputs -------------------------------------------------------------------------
 
 

@@ -460,6 +460,19 @@ def refused_tokens(oauth_server, auth_server, other_auth_server, as_key) -> dict
         "garbage": "garbage",
         "garbage-three-parts": "eyJhbGciOi.garbage.x",
         "real-token-of-another-issuer": other_auth_server.token(oauth_server.resource, "sandboxrun:run_python"),
+        # Other JWTs of the issuer with a matching audience: only typ at+jwt is an access token.
+        "typ-JWT": as_key.sign(good, typ="JWT"),
+        "typ-missing": as_key.sign(good, typ=None),  # PyJWT leaves out a typ of None
+        "typ-logout": as_key.sign(good, typ="logout+jwt"),
+        # Critical extensions this server does not understand (it understands none).
+        "crit-exp": as_key.sign(good, crit=["exp"], exp=good["exp"]),
+        "crit-unknown": as_key.sign(good, crit=["urn:example:ext"], **{"urn:example:ext": True}),
+        # Subjects are agents exactly as given, and only safe names.
+        "sub-leading-space": forged(sub=" forged"),
+        "sub-trailing-space": forged(sub="forged "),
+        "sub-bidi": forged(sub="forg\u202eed"),
+        "sub-control": forged(sub="forg\x1b]0;x\x07ed"),
+        "sub-overlong": forged(sub="f" * 300),
     }
 
 
@@ -483,6 +496,16 @@ REFUSED = {
     "garbage-three-parts": None,
     # Another issuer with other keys: refused for its key or for its issuer.
     "real-token-of-another-issuer": ["other-key-1", "issue"],
+    "typ-JWT": ["at+jwt"],
+    "typ-missing": ["at+jwt"],
+    "typ-logout": ["at+jwt"],
+    "crit-exp": ["crit"],
+    "crit-unknown": ["crit"],
+    "sub-leading-space": ["agent name"],
+    "sub-trailing-space": ["agent name"],
+    "sub-bidi": ["U+202E"],
+    "sub-control": ["U+001B"],
+    "sub-overlong": ["characters"],
 }
 
 
