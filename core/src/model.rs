@@ -249,6 +249,9 @@ pub enum Reason {
     PrometheusUnavailable,
     /// The run asks for a sandbox profile this installation has no image for.
     ProfileUnavailable,
+    /// The sandbox's network isolation could not be shown to hold (its NetworkPolicy was not in
+    /// force yet when its time to wait ran out): its runner never read the code.
+    IsolationNotInForce,
 }
 
 impl Reason {
@@ -285,6 +288,7 @@ impl Reason {
             Reason::InvalidQuery => "InvalidQuery",
             Reason::PrometheusUnavailable => "PrometheusUnavailable",
             Reason::ProfileUnavailable => "ProfileUnavailable",
+            Reason::IsolationNotInForce => "IsolationNotInForce",
         }
     }
 }

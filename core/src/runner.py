@@ -52,8 +52,24 @@
 # The operator parses the LAST line of the container log that is an envelope; with the doors
 # closed, the only writer of that log is the runner.
 #
-# Only the standard library is used, and besides ctypes (for prctl) only modules that Debian's
-# python3-minimal ships (codecs, os, resource, signal, site, sys, threading, time), which is also
+# The network barrier. Under a runtime with a network stack (runc, Kata: the Pod has a real
+# interface), the Pod's deny-all NetworkPolicy is the only thing between the code and the network,
+# and a policy agent enforces it only once it has learned the Pod: code that connects in the Pod's
+# first moments got through (issue 24, item 11). So before it reads its program (a warm sandbox:
+# before it waits for one) the runner proves the barrier holds: with any route out of the sandbox
+# (/proc/net/route, /proc/net/ipv6_route, a device other than `lo`), it connects to the canary
+# named in SANDBOXRUN_CANARY (`<ip>:<port>`, `[<ipv6>]:<port>`: a listener of the operator's that
+# answers anyone), and reads the program only once a connection attempt goes unanswered (timed out,
+# unreachable, refused by the local stack). A connection that is accepted, or refused by the far
+# end (a reset: some host answered), means the path is open: it tries again, up to BARRIER_WAIT
+# seconds, and then prints an envelope with `"notRun":{"reason":"isolationNotInForce",...}` and
+# exits without reading its program (so the code never runs). A sandbox with routes out but no
+# canary is refused the same way (nothing proves the barrier); one with no route (gVisor with
+# `network = "none"`, the embedded sandboxes: `lo` only) skips the probe. SANDBOXRUN_CANARY=none
+# skips it too: only the runner's own tests set it, on a host (the operator never does).
+#
+# Only the standard library is used, and besides ctypes (for prctl) and socket (for the canary,
+# imported only when the sandbox has a route out) only modules that Debian's python3-minimal ships (codecs, os, resource, signal, site, sys, threading, time), which is also
 # why the envelope is encoded by hand instead of with the json package.
 
 import codecs
@@ -365,6 +381,26 @@ MAX_OUTPUT_FILE_BYTES = 384 * 1024
 TMP = "/tmp"
 # Most names of left-out files reported (core/src/files.rs: MAX_OMITTED).
 MAX_OMITTED = 50
+# Bounds on listing outputs/ (code may leave any number of entries there, and under gVisor every
+# stat is a trip through the sandbox's kernel): at most MAX_LISTED names are read and looked at,
+# those beyond are only counted, at most MAX_COUNTED of them, and the whole listing stops after
+# LISTING_BUDGET seconds; what was not looked at is reported as one omission.
+MAX_LISTED = 1000
+MAX_COUNTED = 1000000
+LISTING_BUDGET = 2.0
+# The network barrier (see the top of this file). Exit status when it never held: the code never
+# runs, the envelope says why.
+ISOLATION_NOT_IN_FORCE = 123
+CANARY_ENV = "SANDBOXRUN_CANARY"
+# How long the runner waits for the barrier: within the Pod's start-up grace
+# (operator/src/python/pod.rs: ACTIVE_DEADLINE_GRACE_SECONDS, 10 s), so that the envelope saying
+# it never held is printed before the kubelet's deadline.
+BARRIER_WAIT = 7.0
+# One attempt's connect timeout: past the kernel's first SYN retransmission (1 s), so a single
+# lost packet, or a policy agent slow to give its verdict, is not taken for a barrier.
+CANARY_CONNECT_TIMEOUT = 1.5
+# Between attempts while the canary still answers.
+CANARY_RETRY = 0.2
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
@@ -501,6 +537,25 @@ def place_inputs(inputs):
     return None
 
 
+def list_outputs(dfd, deadline):
+    """The names in outputs/ to look at, as (names, rest, counted_all): at most MAX_LISTED names
+    in name order (of those the directory gave first, when it holds more), how many entries
+    follow them, and whether that count is complete (it stops at MAX_COUNTED, or at `deadline`).
+    Only names are read here (getdents), nothing is looked at."""
+    names, rest = [], 0
+    with os.scandir(dfd) as entries:
+        for entry in entries:
+            if len(names) < MAX_LISTED:
+                names.append(entry.name)
+            elif rest >= MAX_COUNTED:
+                return sorted(names), rest, False
+            else:
+                rest += 1
+            if (len(names) + rest) % 256 == 0 and time.monotonic() > deadline:
+                return sorted(names), rest, False
+    return sorted(names), rest, True
+
+
 def collect_outputs(max_files, max_bytes):
     """The files in outputs/ to return, as (files, omitted): files a list of Obj (name, size,
     base64 data), omitted a list of Obj (name, size, reason). Called once every process of the
@@ -508,14 +563,19 @@ def collect_outputs(max_files, max_bytes):
     plain names are read: the directory is opened without following a link (code that replaced it
     with a symlink gets nothing back), each entry is looked at without following links and opened
     with O_NOFOLLOW | O_NONBLOCK (a FIFO cannot block the runner), and checked again on the open
-    descriptor. Whole files only, by name order, while the caps allow; the rest is reported."""
+    descriptor. Whole files only, by name order, while the caps allow; the rest is reported.
+    Bounded whatever the code left there: at most MAX_LISTED entries are looked at, within
+    LISTING_BUDGET seconds (list_outputs); the entries that were not are reported as one omission
+    (`<n> more entries not examined`, fileCount)."""
     import binascii
     import stat
 
     files, omitted = [], []
+    deadline = time.monotonic() + LISTING_BUDGET
 
     def omit(name, size, reason):
-        if len(omitted) < MAX_OMITTED:
+        # The last place is kept for the entries that were not examined.
+        if len(omitted) < MAX_OMITTED - 1:
             omitted.append(Obj([("name", name[:100]), ("size", size), ("reason", reason)]))
 
     # Not O_DIRECTORY: gVisor follows a final symlink when O_DIRECTORY and O_NOFOLLOW come
@@ -534,11 +594,14 @@ def collect_outputs(max_files, max_bytes):
         return files, omitted
     try:
         try:
-            names = sorted(os.listdir(dfd))
+            names, rest, counted_all = list_outputs(dfd, deadline)
         except OSError:
             return files, omitted
         total = 0
-        for name in names:
+        for index, name in enumerate(names):
+            if time.monotonic() > deadline:
+                rest += len(names) - index
+                break
             shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             if not plain_name(name):
                 omit(shown, None, "badName")
@@ -585,9 +648,124 @@ def collect_outputs(max_files, max_bytes):
             total += len(data)
             files.append(Obj([("name", name), ("size", len(data)),
                               ("data", binascii.b2a_base64(data, newline=False).decode("ascii"))]))
+        if rest > 0 or not counted_all:
+            omitted.append(Obj([
+                ("name", "%s%d more entries not examined" % ("" if counted_all else "over ", rest)),
+                ("size", None), ("reason", "fileCount")]))
     finally:
         os.close(dfd)
     return files, omitted
+
+
+def routes_out():
+    """Whether a packet could leave the sandbox: a route through a device other than `lo`
+    (/proc/net/route, /proc/net/ipv6_route). A table that cannot be read counts as a route (the
+    canary then decides); only a missing IPv6 table (no IPv6) counts as none."""
+    for path, device in (("/proc/net/route", 0), ("/proc/net/ipv6_route", -1)):
+        try:
+            with open(path, "rb") as f:
+                data = f.read(1 << 20)
+        except FileNotFoundError:
+            if path.endswith("ipv6_route"):
+                continue
+            return True
+        except OSError:
+            return True
+        for line in data.decode("ascii", "replace").splitlines():
+            fields = line.split()
+            # /proc/net/route starts with a header (`Iface ...`) when it lists any route.
+            if fields and fields[0] != "Iface" and fields[device] != "lo":
+                return True
+    return False
+
+
+def parse_canary(socket, value):
+    """(family, address) of a canary given as `<ipv4>:<port>` or `[<ipv6>]:<port>`, or None.
+    A literal address only: a sandbox has no name service."""
+    host, sep, port = value.rpartition(":")
+    family = socket.AF_INET
+    if host.startswith("[") and host.endswith("]"):
+        host, family = host[1:-1], socket.AF_INET6
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    try:
+        socket.inet_pton(family, host)
+    except (OSError, ValueError):
+        return None
+    return family, (host, int(port))
+
+
+def probe_canary(socket, family, address):
+    """One attempt to reach the canary: ("blocked", why) when nothing answered (timed out,
+    unreachable, refused by the local stack), ("open", why) when something did (accepted, or
+    reset by the far end), ("unknown", why) otherwise (tried again)."""
+    import errno
+
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.settimeout(CANARY_CONNECT_TIMEOUT)
+        s.connect(address)
+        return "open", "it accepted a connection"
+    except socket.timeout:
+        return "blocked", "no answer within %gs" % CANARY_CONNECT_TIMEOUT
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        if exc.errno in (errno.ECONNREFUSED, errno.ECONNRESET):
+            return "open", "a host answered: " + why
+        if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EACCES, errno.EPERM):
+            return "blocked", why
+        return "unknown", why
+    finally:
+        s.close()
+
+
+def hold_the_barrier():
+    """None once the network barrier is proven to hold, or when there is no network to hold
+    off; else why the code must not run (see the top of this file)."""
+    canary = os.environ.get(CANARY_ENV, "")
+    if canary == "none" or not routes_out():
+        return None
+    if not canary:
+        return ("this sandbox has a network interface and no canary (%s) to prove its network "
+                "isolation with, so nothing was run; the operator sets one from its Pod IP "
+                "(POD_IP)" % CANARY_ENV)
+    import socket
+
+    target = parse_canary(socket, canary)
+    if target is None:
+        return "the canary address %r is not <ip>:<port>, so nothing was run" % canary[:100]
+    deadline = time.monotonic() + BARRIER_WAIT
+    while True:
+        state, detail = probe_canary(socket, *target)
+        if state == "blocked":
+            return None
+        if time.monotonic() >= deadline:
+            return ("the sandbox's network isolation did not come into force within %gs of its "
+                    "start (the operator's canary at %s was still reachable: %s), so nothing was "
+                    "run; try again, and if it persists ask the cluster's operator to check that "
+                    "NetworkPolicy is enforced for sandbox Pods" % (BARRIER_WAIT, canary, detail))
+        time.sleep(CANARY_RETRY)
+
+
+def print_not_run(reason, message):
+    """The envelope of a run whose code was never started, and why."""
+    line = json_object(
+        [
+            ("sandboxrun", ENVELOPE_VERSION),
+            ("exitCode", ISOLATION_NOT_IN_FORCE),
+            ("stdout", ""),
+            ("stderr", ""),
+            ("stdoutTruncated", False),
+            ("stderrTruncated", False),
+            ("signal", None),
+            ("oomKill", None),
+            ("timedOut", False),
+            ("durationMillis", 0),
+            ("notRun", Obj([("reason", reason), ("message", message)])),
+        ]
+    )
+    sys.stdout.buffer.write(b"\n" + line.encode("utf-8", errors="replace") + b"\n")
+    sys.stdout.buffer.flush()
 
 
 def make_unreachable():
@@ -644,6 +822,14 @@ def main(argv):
     replaced = ignore_signals()
     # The child's `site.main()` then finds the module loaded (-S: importing it runs nothing).
     import site  # noqa: F401
+    # The network barrier holds before the program is read: the code cannot run, and a warm
+    # sandbox cannot take a program, while the sandbox could still reach the network.
+    barrier = hold_the_barrier()
+    if barrier is not None:
+        sys.stderr.write("runner: not reading the program: " + barrier + "\n")
+        sys.stderr.flush()
+        print_not_run("isolationNotInForce", barrier)
+        return ISOLATION_NOT_IN_FORCE
     program = read_program()
     if program is None:
         return NO_PROGRAM

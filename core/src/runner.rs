@@ -94,6 +94,39 @@ pub fn program_frame(program: &Program<'_>, limits: &Limits) -> Vec<u8> {
 /// The runner's exit code when stdin did not carry one complete program (no envelope).
 pub const NO_PROGRAM_EXIT: i32 = 126;
 
+/// The runner's exit code when it never read its program because the sandbox's network
+/// isolation did not come into force (its envelope says so in [`RunnerResult::not_run`]).
+pub const ISOLATION_NOT_IN_FORCE_EXIT: i32 = 123;
+
+/// The environment variable that names the canary the runner probes before it reads its program
+/// (`<ip>:<port>`, `[<ipv6>]:<port>`): a listener of the operator's that answers anyone, so that
+/// only the sandbox's own egress policy can keep the sandbox from reaching it. While it answers,
+/// the Pod's deny-all NetworkPolicy is not in force yet, and the code must not run (see
+/// runner.py). Set on every sandbox Pod; a sandbox without a route out (gVisor with no network,
+/// the embedded sandboxes) never probes it.
+pub const CANARY_ENV: &str = "SANDBOXRUN_CANARY";
+
+/// Why the runner did not start the code at all, when it did not.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotRun {
+    /// The machine-readable reason.
+    pub reason: NotRunReason,
+    /// What happened, for the model and for people.
+    pub message: String,
+}
+
+/// The reasons the runner gives for not running the code ([`NotRun`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NotRunReason {
+    /// The sandbox could still reach the operator's canary when its time to wait ran out, or
+    /// it has a network interface and no canary to prove its isolation with.
+    IsolationNotInForce,
+    /// A reason this build does not know (a runner from another version).
+    #[serde(other)]
+    Other,
+}
+
 /// The start of the line the runner prints once it has the whole program
 /// (`sandboxrun-program-received <bytes>`): the sender's cue to hang up.
 pub const PROGRAM_RECEIVED: &str = "sandboxrun-program-received";
@@ -132,6 +165,10 @@ pub struct RunnerResult {
     /// The files it wrote there that were left out, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files_omitted: Vec<OmittedFile>,
+    /// Set when the runner never started the code, and why: the other fields then describe no
+    /// run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_run: Option<NotRun>,
 }
 
 impl RunnerResult {
@@ -292,6 +329,7 @@ pub mod fixtures {
             duration_millis: Some(7),
             files: Vec::new(),
             files_omitted: Vec::new(),
+            not_run: None,
         }
     }
 

@@ -9,9 +9,10 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use sandboxrun_core::files::OmitReason;
+use sandboxrun_core::runner::ISOLATION_NOT_IN_FORCE_EXIT;
 use sandboxrun_core::{
-    FileCaps, InputFile, Limits, NO_PROGRAM_EXIT, Program, RunnerResult, parse_envelope,
-    program_frame, runner_argv,
+    CANARY_ENV, FileCaps, InputFile, Limits, NO_PROGRAM_EXIT, NotRunReason, Program, RunnerResult,
+    parse_envelope, program_frame, runner_argv,
 };
 
 fn run(code: &str, output_bytes: u32) -> (RunnerResult, Output) {
@@ -24,14 +25,23 @@ fn run(code: &str, output_bytes: u32) -> (RunnerResult, Output) {
     )
 }
 
-/// The runner as the sandbox starts it, given `stdin`; its output once it exits.
+/// The runner as the sandbox starts it, given `stdin`; its output once it exits. It runs on
+/// this host, whose network no NetworkPolicy guards: the canary is `none` (the barrier's own
+/// tests below set theirs).
 fn runner(limits: &Limits, stdin: &[u8]) -> Output {
-    use std::io::Write;
     let argv = runner_argv(limits);
+    let mut command = Command::new(&argv[0]);
+    command.args(&argv[1..]).env(CANARY_ENV, "none");
+    run_command(command, stdin)
+}
+
+/// Runs `command` (the runner's argv, perhaps behind a wrapper) with a private /tmp, writes
+/// `stdin` and returns its output once it exits.
+fn run_command(mut command: Command, stdin: &[u8]) -> Output {
+    use std::io::Write;
     // A private directory in place of the sandbox's own /tmp (inputs/ and outputs/ live there).
     let tmp = scratch_dir();
-    let mut child = Command::new(&argv[0])
-        .args(&argv[1..])
+    let mut child = command
         // Must not reach the child: the runner hands it a fixed, minimal environment.
         .env("SANDBOXRUN_TEST_SECRET", "leaked")
         .env("SANDBOXRUN_RUNNER_TMP", &tmp)
@@ -661,4 +671,274 @@ fn thousands_of_files_leave_a_bounded_envelope() {
     assert_eq!(r.files.len(), 20);
     assert_eq!(r.files_omitted.len(), 50);
     assert!(serde_json::to_string(&r).unwrap().len() < 20_000);
+}
+
+#[test]
+fn an_output_directory_of_200000_files_is_listed_within_its_bounds() {
+    // Empty files: the host's /tmp holds them whatever its size. Created by the code, as an
+    // attacker would, then the runner lists what it left.
+    let started = Instant::now();
+    let r = with_outputs(
+        "import os\nfor i in range(200000): os.close(os.open(f'outputs/f{i:06}', os.O_CREAT | os.O_WRONLY, 0o644))",
+        FileCaps::default(),
+    );
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    assert_eq!(r.files.len(), 20);
+    assert!(r.files_omitted.len() <= 50);
+    // What was not looked at is reported, as one omission with its count.
+    let last = r.files_omitted.last().unwrap();
+    assert_eq!(last.reason, OmitReason::FileCount);
+    assert!(last.name.ends_with("more entries not examined"), "{last:?}");
+    let counted: u64 = last
+        .name
+        .trim_start_matches("over ")
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // At most 1000 entries are looked at; the rest is counted (all of them, unless the listing's
+    // time ran out first, which the name then says).
+    assert!(counted >= 199_000, "{last:?}");
+    assert!(
+        counted == 199_000 || last.name.starts_with("over "),
+        "{last:?}"
+    );
+    assert!(serde_json::to_string(&r).unwrap().len() < 20_000);
+    // A generous bound (creating the files is most of it): the listing does not grow with them.
+    assert!(started.elapsed() < Duration::from_secs(120));
+}
+
+/// A TCP listener in place of the operator's canary: it accepts and answers while `open`; once
+/// closed (`close`), its accept queue is left full, so that the kernel drops every new
+/// connection's SYN, as a NetworkPolicy that came into force does (a closed port would answer
+/// with a reset, which proves a path, not a barrier).
+struct Canary {
+    address: String,
+    open: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    // Held open for the test's length (the accept thread has a clone).
+    _listener: std::net::TcpListener,
+    // The connections that fill the queue, kept open.
+    fillers: Vec<std::net::TcpStream>,
+}
+
+impl Canary {
+    fn start() -> Canary {
+        use std::io::Write;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        // Backlog 0: the accept queue holds one connection, and the next SYN is dropped.
+        let listener = listen_with_backlog_zero();
+        let address = listener.local_addr().unwrap().to_string();
+        let open = std::sync::Arc::new(AtomicBool::new(true));
+        let accepted = std::sync::Arc::new(AtomicU64::new(0));
+        let (server, flag, count) = (
+            listener.try_clone().unwrap(),
+            open.clone(),
+            accepted.clone(),
+        );
+        std::thread::spawn(move || {
+            while flag.load(Ordering::SeqCst) {
+                if let Ok((mut s, _)) = server.accept() {
+                    if !flag.load(Ordering::SeqCst) {
+                        // The connection that woke the closing accept: keep it queued-looking.
+                        std::mem::forget(s);
+                        break;
+                    }
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let _ = s.write_all(b"sandboxrun-canary\n");
+                }
+            }
+        });
+        Canary {
+            address,
+            open,
+            accepted,
+            _listener: listener,
+            fillers: Vec::new(),
+        }
+    }
+
+    /// Stops answering and fills the accept queue: from now on a connection gets no answer.
+    fn close(&mut self) {
+        use std::sync::atomic::Ordering;
+        self.open.store(false, Ordering::SeqCst);
+        // Wakes the accept thread, which stops, then fills the queue until a connect times out.
+        for _ in 0..8 {
+            match std::net::TcpStream::connect_timeout(
+                &self.address.parse().unwrap(),
+                Duration::from_secs(2),
+            ) {
+                Ok(s) => self.fillers.push(s),
+                Err(_) => return,
+            }
+        }
+        panic!("the canary's accept queue never filled");
+    }
+
+    fn accepted(&self) -> u64 {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// A listener on 127.0.0.1 with a zero backlog (std's `bind` takes 128).
+fn listen_with_backlog_zero() -> std::net::TcpListener {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    socket
+        .bind(
+            &"127.0.0.1:0"
+                .parse::<std::net::SocketAddr>()
+                .unwrap()
+                .into(),
+        )
+        .unwrap();
+    socket.listen(0).unwrap();
+    socket.into()
+}
+
+/// The runner with `canary` in its environment (None: none set), started on this host (which
+/// has routes out), its program `code` written at once; and its private /tmp.
+fn runner_with_canary(
+    canary: Option<&str>,
+    code: &str,
+) -> (std::process::Child, std::path::PathBuf) {
+    let limits = Limits::default();
+    let argv = runner_argv(&limits);
+    let mut command = Command::new(&argv[0]);
+    command.args(&argv[1..]);
+    match canary {
+        Some(c) => command.env(CANARY_ENV, c),
+        None => command.env_remove(CANARY_ENV),
+    };
+    let tmp = scratch_dir();
+    let mut child = command
+        .env("SANDBOXRUN_RUNNER_TMP", &tmp)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 on PATH");
+    use std::io::Write;
+    let mut pipe = child.stdin.take().unwrap();
+    pipe.write_all(&program_frame(&Program::code(code), &limits))
+        .unwrap();
+    drop(pipe);
+    (child, tmp)
+}
+
+#[test]
+fn the_runner_reads_no_program_while_the_canary_answers_and_runs_it_once_blocked() {
+    let mut canary = Canary::start();
+    // The probe in the code: it connects the instant it starts.
+    let code = format!(
+        "import socket\ns = socket.socket()\ns.settimeout(1.5)\ntry:\n    s.connect(('127.0.0.1', {port}))\n    print('reached')\nexcept OSError as e:\n    print('blocked', e)",
+        port = canary.address.rsplit(':').next().unwrap()
+    );
+    let (child, tmp) = runner_with_canary(Some(&canary.address), &code);
+    // While the canary answers, the runner keeps probing it: wait until it has probed a few
+    // times (a condition, not a duration). It has read nothing: the program (written at once)
+    // would have made it create outputs/ in its /tmp.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while canary.accepted() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the runner never probed the canary"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!tmp.join("outputs").exists(), "the program was read");
+    canary.close();
+    let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&tmp);
+    let log = String::from_utf8_lossy(&out.stdout);
+    // It read the program once a probe went unanswered, and the code's own connection, made
+    // the instant it started, was blocked as well.
+    assert!(log.contains("sandboxrun-program-received"), "{log}");
+    let r = parse_envelope(&log).unwrap();
+    assert_eq!(r.not_run, None, "{log}");
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    assert!(r.stdout.starts_with("blocked"), "{}", r.stdout);
+}
+
+#[test]
+fn a_canary_that_keeps_answering_ends_the_run_unrun() {
+    let canary = Canary::start();
+    let (child, tmp) = runner_with_canary(Some(&canary.address), "print('ran')");
+    let out = child.wait_with_output().unwrap();
+    assert!(!tmp.join("outputs").exists(), "the program was read");
+    let _ = std::fs::remove_dir_all(&tmp);
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(!log.contains("sandboxrun-program-received"), "{log}");
+    assert!(!log.contains("ran"), "{log}");
+    let r = parse_envelope(&log).unwrap();
+    let not_run = r.not_run.expect("the envelope says why nothing ran");
+    assert_eq!(not_run.reason, NotRunReason::IsolationNotInForce);
+    assert!(
+        not_run.message.contains(&canary.address),
+        "{}",
+        not_run.message
+    );
+    assert_eq!(out.status.code(), Some(ISOLATION_NOT_IN_FORCE_EXIT));
+    assert!(canary.accepted() >= 2);
+}
+
+#[test]
+fn a_reset_from_the_canarys_host_is_a_path_not_a_barrier() {
+    // Nothing listens there: the host answers every connection with a reset.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let (child, tmp) = runner_with_canary(Some(&closed), "print('ran')");
+    let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&tmp);
+    let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert_eq!(
+        r.not_run.map(|n| n.reason),
+        Some(NotRunReason::IsolationNotInForce)
+    );
+}
+
+#[test]
+fn a_sandbox_with_a_route_out_and_no_valid_canary_runs_nothing() {
+    for canary in [
+        None,
+        Some(""),
+        Some("localhost:80"),
+        Some("10.0.0.1"),
+        Some("[::1]:0"),
+    ] {
+        let (child, tmp) = runner_with_canary(canary, "print('ran')");
+        let out = child.wait_with_output().unwrap();
+        let _ = std::fs::remove_dir_all(&tmp);
+        let log = String::from_utf8_lossy(&out.stdout);
+        assert!(!log.contains("program-received"), "{canary:?}: {log}");
+        let r = parse_envelope(&log).unwrap();
+        assert_eq!(
+            r.not_run.map(|n| n.reason),
+            Some(NotRunReason::IsolationNotInForce),
+            "{canary:?}"
+        );
+    }
+}
+
+#[test]
+fn a_sandbox_with_only_loopback_needs_no_canary() {
+    // A new network namespace (through a user namespace: no privilege needed) has `lo` only,
+    // as gVisor with `network = "none"` and the embedded sandboxes give.
+    let limits = Limits::default();
+    let mut command = Command::new("unshare");
+    command
+        .args(["--user", "--map-root-user", "--net", "--"])
+        .args(runner_argv(&limits))
+        .env_remove(CANARY_ENV);
+    let out = run_command(
+        command,
+        &program_frame(&Program::code("print('ran')"), &limits),
+    );
+    let log = String::from_utf8_lossy(&out.stdout);
+    let r = parse_envelope(&log)
+        .unwrap_or_else(|e| panic!("{e}: {log} {}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(r.not_run, None);
+    assert_eq!(r.stdout, "ran\n");
 }

@@ -734,3 +734,191 @@ impl Drop for KilledOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Hands `code` to the first sandbox of `pool` the instant its container runs: the Pod is
+/// attached to as soon as it exists, again and again until the attach holds (as the operator's
+/// early feeder does), and the framed program is written at once. Returns the runner's envelope,
+/// read from the same stream, and the sandbox's name.
+async fn feed_first_sandbox(
+    client: &Client,
+    pool: &TestPool,
+    code: &str,
+) -> Result<(sandboxrun_core::RunnerResult, String)> {
+    use kube::api::AttachParams;
+    use sandboxrun_core::{Limits, Program, parse_envelope, program_frame};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), RUNS_NAMESPACE);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let name = loop {
+        if let Some(pod) = pool.idle().await?.first() {
+            break pod.name_any();
+        }
+        ensure!(Instant::now() < deadline, "pool {} made no Pod", pool.name);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let limits = Limits {
+        timeout_seconds: 30,
+        ..Limits::default()
+    };
+    let frame = program_frame(&Program::code(code), &limits);
+    let params = AttachParams::default()
+        .container("sandbox")
+        .stdin(true)
+        .stdout(true)
+        .stderr(false);
+    let mut attached = loop {
+        match pods.attach(&name, &params).await {
+            Ok(attached) => break attached,
+            Err(e) => {
+                ensure!(Instant::now() < deadline, "cannot attach to {name}: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let mut stdin = attached.stdin().context("no stdin stream")?;
+    stdin.write_all(&frame).await?;
+    stdin.flush().await?;
+    let mut stdout = attached.stdout().context("no stdout stream")?;
+    let mut log = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(90), async {
+        let mut chunk = vec![0u8; 64 * 1024];
+        loop {
+            let n = stdout.read(&mut chunk).await?;
+            if n == 0 {
+                return anyhow::Ok(());
+            }
+            log.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&log);
+            if text.ends_with('\n') && parse_envelope(&text).is_ok() {
+                return Ok(());
+            }
+        }
+    })
+    .await;
+    drop(stdin);
+    attached.abort();
+    let text = String::from_utf8_lossy(&log).into_owned();
+    ensure!(
+        read.is_ok(),
+        "no envelope from {name} within 90 s: {text:?}"
+    );
+    let envelope = parse_envelope(&text).with_context(|| format!("{name}: {text:?}"))?;
+    Ok((envelope, name))
+}
+
+/// The code of the barrier test: it tries every governed target the instant it starts (the
+/// harness's probe, run as the program itself) and prints one JSON line per target.
+fn instant_probe_code(targets: &[Target]) -> Result<String> {
+    let mut argv = vec!["probe".to_owned()];
+    argv.extend(Target::args(targets));
+    Ok(format!(
+        "import sys\nsys.argv = {}\n{PROBE_PY}",
+        serde_json::to_string(&argv)?
+    ))
+}
+
+/// What the instant probe reached, by target name.
+fn reached_by(stdout: &str) -> Result<BTreeMap<String, (bool, String)>> {
+    let mut results = BTreeMap::new();
+    for line in stdout.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("probe output {line:?}"))?;
+        results.insert(
+            v["name"].as_str().unwrap_or_default().to_owned(),
+            (
+                v["reached"].as_bool().unwrap_or(false),
+                v["detail"].as_str().unwrap_or_default().to_owned(),
+            ),
+        );
+    }
+    Ok(results)
+}
+
+#[tokio::test]
+#[ignore = "removes the chart's deny-all policy for a few seconds: run alone (run-tests.sh does)"]
+async fn code_that_connects_the_instant_a_runc_sandbox_starts_reaches_nothing() -> Result<()> {
+    let client = client().await?;
+    let world = World::start(&client).await?;
+    let governed: Vec<Target> = world
+        .targets
+        .iter()
+        .filter(|t| t.governed)
+        .cloned()
+        .collect();
+    let code = instant_probe_code(&governed)?;
+
+    // A sandbox that stays, to see when a policy change is enforced (the control below).
+    let witness_pool = TestPool::create_in_runtime(&client, "e2e-barrier-w", 52, 1, "runc").await?;
+    let witness = witness_pool
+        .wait_ready(1)
+        .await?
+        .into_iter()
+        .next()
+        .context("the witness pool has no sandbox")?;
+
+    // Fresh runc sandboxes, each handed the program the instant it runs: the policy agent may
+    // not know the Pod yet, and the runner must not read the program before it does.
+    for round in 0..3 {
+        let pool =
+            TestPool::create_in_runtime(&client, "e2e-barrier", 53 + round, 1, "runc").await?;
+        let (envelope, sandbox) = feed_first_sandbox(&client, &pool, &code).await?;
+        ensure!(
+            envelope.not_run.is_none(),
+            "sandbox {sandbox} ran nothing: {:?}",
+            envelope.not_run
+        );
+        ensure!(
+            envelope.exit_code == 0,
+            "the probe failed in {sandbox}: {}",
+            envelope.stderr
+        );
+        let results = reached_by(&envelope.stdout)?;
+        for t in &governed {
+            let (reached, detail) = results
+                .get(&t.name)
+                .with_context(|| format!("no result for {} in {:?}", t.name, envelope.stdout))?;
+            ensure!(
+                !reached,
+                "round {round}: code in {sandbox} reached {} {}:{} the instant it started ({detail})",
+                t.name,
+                t.ip,
+                t.port
+            );
+        }
+        eprintln!("round {round}: {sandbox} reached nothing the instant its code started");
+        pool.delete().await?;
+    }
+
+    // The control: without the deny-all, a new sandbox can reach the canary and never stops
+    // reaching it, so its runner runs nothing; the barrier is the policy, not an accident.
+    let removed = RemovedPolicy::remove(&client, RUNS_NAMESPACE, SANDBOX_POLICY).await?;
+    let witness_container = "sandbox";
+    let peer_targets: Vec<Target> = governed
+        .iter()
+        .filter(|t| t.name.starts_with("pod/"))
+        .cloned()
+        .collect();
+    probe_until(
+        "witness sandbox, deny-all removed",
+        (RUNS_NAMESPACE, witness.as_str(), witness_container, true),
+        &peer_targets,
+        |_| true,
+        ENFORCEMENT_TIMEOUT,
+    )
+    .await?;
+    let pool = TestPool::create_in_runtime(&client, "e2e-barrier-c", 56, 1, "runc").await?;
+    let (envelope, sandbox) = feed_first_sandbox(&client, &pool, &code).await?;
+    let not_run = envelope
+        .not_run
+        .with_context(|| format!("{sandbox} ran its code with no policy: {}", envelope.stdout))?;
+    ensure!(
+        not_run.reason == sandboxrun_core::NotRunReason::IsolationNotInForce,
+        "{not_run:?}"
+    );
+    eprintln!("control: {sandbox} ran nothing: {}", not_run.message);
+    pool.delete().await?;
+    removed.restore(&client).await?;
+    witness_pool.delete().await?;
+    Ok(())
+}

@@ -427,6 +427,7 @@ mod tests {
             duration_millis: Some(12),
             files: Vec::new(),
             files_omitted: Vec::new(),
+            not_run: None,
         };
         let limits = sandboxrun_core::Limits::default();
         let out = |e: &RunnerResult| {

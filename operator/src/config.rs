@@ -50,6 +50,16 @@ pub struct Config {
     #[arg(long, env = "SANDBOXRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
 
+    /// Address of the canary (canary.rs): sandboxes with a network interface read their program
+    /// only once they can no longer reach it. Anyone must be able to reach this port.
+    #[arg(long, env = "SANDBOXRUN_CANARY_ADDR", default_value = "0.0.0.0:8081")]
+    pub canary_addr: SocketAddr,
+
+    /// This replica's Pod IP (the downward API's status.podIP): sandboxes reach the canary at it.
+    /// Without it, sandboxes with a network interface (runc, Kata) run nothing.
+    #[arg(long, env = "POD_IP")]
+    pub pod_ip: Option<String>,
+
     /// Run the controller only while holding the leader Lease.
     #[arg(long, env = "SANDBOXRUN_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub leader_election: bool,
@@ -288,6 +298,7 @@ mod tests {
         assert_eq!(none.sandbox_image_data, "");
         assert_eq!(c.tmp_size, "16Mi");
         assert_eq!(c.metrics_addr.to_string(), "0.0.0.0:8080");
+        assert_eq!(c.canary_addr.to_string(), "0.0.0.0:8081");
         assert!(!c.leader_election);
         assert_eq!(c.lease_name, "sandboxrun-operator");
         assert_eq!(c.policy_file, None);

@@ -47,6 +47,7 @@ fn context(api: &FakeApi, policy: Option<&str>) -> Arc<Context> {
                 image: "sandbox:test".into(),
                 data_image: "sandbox-data:test".into(),
                 tmp_size: "16Mi".into(),
+                canary: None,
             },
             Arc::new(Metrics::default()),
             Events::new(api.client.clone(), "test".into()),
@@ -1042,6 +1043,7 @@ fn ctx_sandbox() -> SandboxConfig {
         image: "sandbox:test".into(),
         data_image: "sandbox-data:test".into(),
         tmp_size: "16Mi".into(),
+        canary: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! sandboxrun-operator: reconciles SandboxRuns into single-use sandbox Pods.
 
 mod audit;
+mod canary;
 mod config;
 mod controller;
 mod events;
@@ -154,6 +155,23 @@ async fn main() -> anyhow::Result<()> {
         ));
     }
 
+    // Sandboxes reach it at this Pod's IP: before it is in their spec, the canary listens.
+    let canary_target = canary::advertised(config.pod_ip.as_deref(), config.canary_addr);
+    if canary_target.is_none() {
+        tracing::error!(
+            pod_ip = ?config.pod_ip,
+            "no usable POD_IP: sandboxes get no canary, and those with a network interface \
+             (runc, Kata) run nothing (IsolationNotInForce); set POD_IP from status.podIP"
+        );
+    }
+    let canary_addr = config.canary_addr;
+    let canary_stop = until_true(stop_rx.clone());
+    tokio::spawn(async move {
+        if let Err(e) = canary::serve(canary_addr, canary_stop).await {
+            tracing::error!(error = %e, addr = %canary_addr, "the canary cannot listen: sandboxes with a network interface will run nothing");
+        }
+    });
+
     let server = tokio::spawn(metrics::serve(
         config.metrics_addr,
         metrics.clone(),
@@ -184,6 +202,7 @@ async fn main() -> anyhow::Result<()> {
                 image: config.sandbox_image.clone(),
                 data_image: config.sandbox_image_data.clone(),
                 tmp_size: config.tmp_size.clone(),
+                canary: canary_target.map(|a| a.to_string()),
             },
             metrics,
             events::Events::new(client.clone(), identity.clone()),

@@ -161,6 +161,9 @@ pub fn sandbox_config(pool: &SandboxPool, operator: &SandboxConfig) -> SandboxCo
             .tmp_size
             .clone()
             .unwrap_or_else(|| operator.tmp_size.clone()),
+        // Proven at the sandbox's own start (not part of its profile: a sandbox that proved its
+        // barrier needs no new proof when the operator moves).
+        canary: operator.canary.clone(),
     }
 }
 

@@ -27,7 +27,7 @@ use crate::output::{cap_str, fit_json_budget};
 use crate::policy::CallContext;
 use crate::policy::PythonRequest;
 use crate::runner::Program;
-use crate::runner::{Observed, RunnerResult};
+use crate::runner::{NotRun, NotRunReason, Observed, RunnerResult};
 
 /// How much of stderr the error text quotes: enough for a traceback's last frames, short
 /// enough not to drown the message (the full stderr is in `structuredContent`).
@@ -491,7 +491,7 @@ pub fn classify(
         Some(r) => from_envelope(r, seen, limits),
         None => without_envelope(seen),
     };
-    if let Some(r) = envelope {
+    if let Some(r) = envelope.filter(|r| r.not_run.is_none()) {
         (c.files, c.files_omitted) = crate::files::collect(&r.files, &r.files_omitted, files);
     }
     if seen.oom_killed == Some(true) && c.phase == Phase::Failed {
@@ -506,6 +506,9 @@ pub fn classify(
 }
 
 fn from_envelope(r: &RunnerResult, seen: &Observed, limits: &Limits) -> Classified {
+    if let Some(not_run) = &r.not_run {
+        return never_ran(not_run);
+    }
     // The runner already capped each stream; cap again (a runner from another image version
     // must not be able to grow the status) and keep the encoded total within the status budget.
     let cap = limits.output_bytes as usize;
@@ -563,6 +566,27 @@ fn from_envelope(r: &RunnerResult, seen: &Observed, limits: &Limits) -> Classifi
         stderr: err_fit.text,
         truncated,
         duration_millis: r.duration_millis,
+        files: Vec::new(),
+        files_omitted: Vec::new(),
+    }
+}
+
+/// A run whose runner reported that it never started the code: nothing ran, nothing is
+/// returned.
+fn never_ran(not_run: &NotRun) -> Classified {
+    let reason = match not_run.reason {
+        NotRunReason::IsolationNotInForce => Reason::IsolationNotInForce,
+        NotRunReason::Other => Reason::NoResult,
+    };
+    Classified {
+        phase: Phase::Failed,
+        reason,
+        message: cap_str(&not_run.message, DETAIL_TAIL_BYTES).text,
+        exit_code: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        truncated: false,
+        duration_millis: None,
         files: Vec::new(),
         files_omitted: Vec::new(),
     }

@@ -647,3 +647,45 @@ fn returned_files_become_attachments_by_kind_and_left_out_ones_a_note() {
     assert_eq!(v["filesOmitted"][0]["reason"], "notARegularFile");
     assert!(RunPython::attachments(&output(Phase::Succeeded)).is_empty());
 }
+
+#[test]
+fn a_runner_that_never_started_the_code_ends_the_run_with_its_reason() {
+    use crate::runner::{NotRun, NotRunReason};
+    let not_run = RunnerResult {
+        not_run: Some(NotRun {
+            reason: NotRunReason::IsolationNotInForce,
+            message: "the canary at 10.0.0.1:8081 was still reachable".into(),
+        }),
+        // Whatever else the envelope holds describes no run, and returns nothing.
+        files: vec![crate::files::RunnerFile {
+            name: "a.txt".into(),
+            size: 1,
+            data: "eA==".into(),
+        }],
+        ..envelope(123)
+    };
+    for seen in [kubelet("Error", 123), local(None, false, 123)] {
+        let c = classify(Some(&not_run), &seen, &limits(), FileCaps::default());
+        assert_eq!((c.phase, c.reason), (Phase::Failed, R::IsolationNotInForce));
+        assert_eq!(c.exit_code, None);
+        assert!(c.message.contains("still reachable"), "{}", c.message);
+        assert!(c.stdout.is_empty() && c.files.is_empty());
+        let out = PythonOutput::from_classified("r".into(), c, 0);
+        assert_eq!(out.reason.as_deref(), Some("IsolationNotInForce"));
+        let text = out.error_text(30, 300).unwrap();
+        assert!(
+            text.contains("IsolationNotInForce") && text.contains("still reachable"),
+            "{text}"
+        );
+    }
+    // A reason from another runner version still ends the run, without a result.
+    let line = r#"{"sandboxrun":1,"exitCode":123,"stdout":"","stderr":"","stdoutTruncated":false,"stderrTruncated":false,"signal":null,"notRun":{"reason":"somethingNew","message":"m"}}"#;
+    let parsed = crate::runner::parse_envelope(line).unwrap();
+    let c = classify(
+        Some(&parsed),
+        &Observed::default(),
+        &limits(),
+        FileCaps::default(),
+    );
+    assert_eq!((c.phase, c.reason), (Phase::Failed, R::NoResult));
+}

@@ -58,6 +58,7 @@ impl Run {
             duration_millis: None,
             files: Vec::new(),
             files_omitted: Vec::new(),
+            not_run: None,
         });
         Self {
             outcome: c.phase,

@@ -664,3 +664,20 @@ fn returned_files_reach_the_terminal_status_within_the_caps() {
     let none = collected(&exited("Error", 1), "boom\n", &limits(), caps);
     assert!(none.files.is_empty() && none.files_omitted.is_empty());
 }
+
+#[test]
+fn a_sandbox_whose_barrier_never_held_ends_the_run_with_nothing_run() {
+    // What runner.py prints when its canary keeps answering: it never read the program.
+    let log = "runner: not reading the program: the canary was still reachable\n\n\
+        {\"sandboxrun\":1,\"exitCode\":123,\"stdout\":\"\",\"stderr\":\"\",\"stdoutTruncated\":false,\
+        \"stderrTruncated\":false,\"signal\":null,\"oomKill\":null,\"timedOut\":false,\
+        \"durationMillis\":0,\"notRun\":{\"reason\":\"isolationNotInForce\",\
+        \"message\":\"the operator's canary at 10.244.0.7:8081 was still reachable\"}}\n";
+    let o = collected(&exited("Error", 123), log, &limits(), FileCaps::default());
+    assert_eq!(
+        (o.phase, o.reason.as_str()),
+        (Phase::Failed, "IsolationNotInForce")
+    );
+    assert_eq!(o.exit_code, None);
+    assert!(o.message.contains("still reachable"), "{}", o.message);
+}

@@ -4,14 +4,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, Pod, PodDNSConfig, PodSecurityContext, PodSpec,
-    ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, Pod, PodDNSConfig, PodSecurityContext,
+    PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 use sandboxrun_api::SandboxRun;
-use sandboxrun_core::{FileCaps, Limits, Profile, Tool, runner_argv};
+use sandboxrun_core::{CANARY_ENV, FileCaps, Limits, Profile, Tool, runner_argv};
 
 /// Name of the single container of a sandbox Pod.
 pub const CONTAINER: &str = "sandbox";
@@ -48,6 +48,10 @@ pub struct SandboxConfig {
     pub data_image: String,
     /// Size limit of the memory-backed /tmp.
     pub tmp_size: String,
+    /// Where the sandbox's runner finds the operator's canary (`<ip>:<port>`, canary.rs): it
+    /// reads its program only once it cannot reach it. `None`: a sandbox with a network
+    /// interface runs nothing.
+    pub canary: Option<String>,
 }
 
 impl SandboxConfig {
@@ -312,6 +316,15 @@ pub fn sandbox_pod(
         stdin: Some(true),
         stdin_once: Some(true),
         tty: Some(false),
+        // The one variable: where the network barrier is proven before the program is read.
+        // The runner passes nothing of its environment to the code.
+        env: config.canary.as_ref().map(|canary| {
+            vec![EnvVar {
+                name: CANARY_ENV.to_owned(),
+                value: Some(canary.clone()),
+                value_from: None,
+            }]
+        }),
         working_dir: Some("/tmp".to_owned()),
         resources: Some(ResourceRequirements {
             // requests = limits (a run's own Pod is Guaranteed QoS and never overcommits the
@@ -410,6 +423,7 @@ mod tests {
             image: "localhost/sandboxrun/sandbox-python:dev".into(),
             data_image: "localhost/sandboxrun/sandbox-python-data:dev".into(),
             tmp_size: "16Mi".into(),
+            canary: Some("10.244.0.7:8081".into()),
         }
     }
 
@@ -546,7 +560,12 @@ mod tests {
         );
         assert!(!spec.contains("print('hi'); import os"), "{spec}");
         assert!(c.args.is_none());
-        assert!(c.env.is_none());
+        // The canary's address, and nothing else, from nowhere else.
+        let env = c.env.as_ref().unwrap();
+        assert_eq!(env.len(), 1);
+        assert_eq!(env[0].name, "SANDBOXRUN_CANARY");
+        assert_eq!(env[0].value.as_deref(), Some("10.244.0.7:8081"));
+        assert!(env[0].value_from.is_none());
         assert!(c.env_from.is_none());
         assert!(c.ports.is_none());
     }
@@ -583,6 +602,17 @@ mod tests {
             Err(BuildError::ProfileUnavailable(Profile::Data))
         );
         assert!(build(&run(), &none).is_ok());
+    }
+
+    #[test]
+    fn without_a_canary_the_pod_names_none() {
+        // The runner of a sandbox with a network interface then runs nothing (runner.py).
+        let config = SandboxConfig {
+            canary: None,
+            ..config()
+        };
+        let pod = build(&run(), &config).unwrap();
+        assert!(pod.spec.unwrap().containers[0].env.is_none());
     }
 
     #[test]

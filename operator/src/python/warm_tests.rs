@@ -17,6 +17,7 @@ fn operator() -> SandboxConfig {
         image: "localhost/sandboxrun/sandbox-python:dev".into(),
         data_image: "localhost/sandboxrun/sandbox-python-data:dev".into(),
         tmp_size: "16Mi".into(),
+        canary: Some("10.244.0.7:8081".into()),
     }
 }
 
