@@ -51,9 +51,20 @@ impl fmt::Display for Tool {
 /// The environment a run targets; policy is stricter the closer it is to production. Ordered
 /// from least to most sensitive (`Sandbox < Staging < Production`): a call that reaches a
 /// database or a Prometheus bound to a more sensitive environment than it names is judged in that
-/// one ([`crate::policy::CallContext::reaching`]).
+/// one (`CallContext::reaching`, in the policy module).
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Environment {

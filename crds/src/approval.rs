@@ -44,7 +44,6 @@ fn by_is_required(schema: &mut schemars::Schema) {
     }
 }
 
-
 /// When a run began waiting for a person, recorded once by the operator with the
 /// `AwaitingApproval` phase (a write conditional on the run as read, so nothing slips in
 /// between). An approval counts only if it was written after this: at a later

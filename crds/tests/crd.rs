@@ -229,10 +229,19 @@ fn an_approval_is_written_only_while_the_run_awaits_one() {
         .find(|r| r["message"] == NO_APPROVAL_AT_CREATE)
         .expect("the creation rule is in the schema");
     assert_eq!(at_create["optionalOldSelf"], json!(true));
-    assert_eq!(at_create["rule"], "oldSelf.hasValue() || !has(self.approval)");
+    assert_eq!(
+        at_create["rule"],
+        "oldSelf.hasValue() || !has(self.approval)"
+    );
     assert!(messages(&created, None).is_empty());
     // Not before the run waits, nor once it went on or ended.
-    for phase in [None, Some("Pending"), Some("Running"), Some("Succeeded"), Some("Rejected")] {
+    for phase in [
+        None,
+        Some("Pending"),
+        Some("Running"),
+        Some("Succeeded"),
+        Some("Rejected"),
+    ] {
         let old = phase.map_or_else(|| created.clone(), with_status);
         assert_eq!(
             messages(&approve(&old, yes.clone()), Some(&old)),
@@ -244,7 +253,10 @@ fn an_approval_is_written_only_while_the_run_awaits_one() {
     let waiting = with_status("AwaitingApproval");
     let approved = approve(&waiting, yes.clone());
     assert!(messages(&approved, Some(&waiting)).is_empty());
-    let denied = approve(&approved, json!({"approved": false, "by": "alice", "reason": "no"}));
+    let denied = approve(
+        &approved,
+        json!({"approved": false, "by": "alice", "reason": "no"}),
+    );
     assert!(messages(&denied, Some(&approved)).is_empty());
     assert!(messages(&waiting, Some(&approved)).is_empty());
     // An approval already there stays as it is through other changes (cancelling), whatever

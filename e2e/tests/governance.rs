@@ -204,7 +204,9 @@ async fn an_approval_counts_only_when_written_while_the_run_waits() -> Result<()
         .find(|c| c.type_ == "Approved" && c.status == "True")
         .expect("an Approved condition");
     ensure!(
-        condition.message.starts_with(&format!("{me} approved the run")),
+        condition
+            .message
+            .starts_with(&format!("{me} approved the run")),
         "{condition:?}"
     );
     ensure!(

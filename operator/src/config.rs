@@ -247,7 +247,9 @@ fn parse_environment(name: &str) -> Result<sandboxrun_core::Environment, String>
     sandboxrun_core::Environment::ALL
         .into_iter()
         .find(|e| e.as_str() == name)
-        .ok_or_else(|| format!("{name:?} is not an environment: use sandbox, staging or production"))
+        .ok_or_else(|| {
+            format!("{name:?} is not an environment: use sandbox, staging or production")
+        })
 }
 
 #[cfg(test)]

@@ -182,7 +182,10 @@ impl Context {
     /// (an sql run's database: dialect and environment; a metrics run's Prometheus: its
     /// environment). The embedded server builds the same context with the same functions.
     pub fn call_context(&self, run: &SandboxRun, tool: Tool) -> CallContext {
-        let prometheus = self.prometheus.as_ref().map(|_| self.prometheus_environment);
+        let prometheus = self
+            .prometheus
+            .as_ref()
+            .map(|_| self.prometheus_environment);
         gate::full_context(&run.spec, tool, self.databases.as_ref(), prometheus)
     }
 
@@ -484,7 +487,8 @@ impl<'a> Reconcile<'a> {
             self.now,
         );
         let approve = gate::approve_command(&self.name, &self.ns);
-        let status = gate::awaiting_status(prev, tool, &approve, request, self.generation, self.now);
+        let status =
+            gate::awaiting_status(prev, tool, &approve, request, self.generation, self.now);
         match self
             .apply_if_unchanged(&status, fresh.resource_version())
             .await
@@ -492,7 +496,9 @@ impl<'a> Reconcile<'a> {
             Ok(()) => {}
             Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {
                 info!(run = %self.name, "the run changed before it was recorded waiting; looking again");
-                return Ok(ControlFlow::Break(Action::requeue(Duration::from_millis(200))));
+                return Ok(ControlFlow::Break(Action::requeue(Duration::from_millis(
+                    200,
+                ))));
             }
             Err(e) => return Err(e),
         }
@@ -567,7 +573,10 @@ impl<'a> Reconcile<'a> {
         let recorded = query::Recorded {
             decision: ctx.recorded(self.run, &prev, tool),
             approved: audit::approved(&prev),
-            recheck: ctx.policy.is_some().then(|| ctx.judge(&ctx.call_context(self.run, tool))),
+            recheck: ctx
+                .policy
+                .is_some()
+                .then(|| ctx.judge(&ctx.call_context(self.run, tool))),
         };
         let (outcome, result) = if tool == Tool::Sql {
             query::sql(self.run, ctx.databases.as_ref(), &recorded, now).await

@@ -343,7 +343,10 @@ async fn an_approval_written_before_the_wait_never_counts() {
     reconcile_as(cached(&api), &ctx).await;
     let status = api.status();
     assert_eq!(status["phase"], "AwaitingApproval", "{status}");
-    assert_eq!(status["approvalRequest"]["void"]["by"], "mallory", "{status}");
+    assert_eq!(
+        status["approvalRequest"]["void"]["by"], "mallory",
+        "{status}"
+    );
     for generation in [2, 3] {
         api.with(|s| {
             let run = s.run.as_mut().unwrap();
@@ -351,7 +354,10 @@ async fn an_approval_written_before_the_wait_never_counts() {
             run["metadata"]["generation"] = json!(generation);
         });
         reconcile_as(cached(&api), &ctx).await;
-        assert!(api.with(|s| s.pod.is_none()), "no Pod at generation {generation}");
+        assert!(
+            api.with(|s| s.pod.is_none()),
+            "no Pod at generation {generation}"
+        );
         assert_eq!(api.status()["phase"], "AwaitingApproval");
     }
     // A person answers after the wait began: that counts.

@@ -174,14 +174,21 @@ fn an_approvals_reason_is_recorded_trimmed_and_blank_is_none() {
         by: "bob".into(),
         reason: reason.map(str::to_owned),
     };
-    let said = approval_state(Some(&with(Some("  not today \n"))), Some(&waiting()), Some(2));
+    let said = approval_state(
+        Some(&with(Some("  not today \n"))),
+        Some(&waiting()),
+        Some(2),
+    );
     assert_eq!(said.reason(), Some("not today"));
     assert_eq!(said.by(), Some("bob"));
     assert_eq!(
         approval_state(Some(&with(Some(" \t"))), Some(&waiting()), Some(2)).reason(),
         None
     );
-    assert_eq!(approval_state(Some(&with(None)), Some(&waiting()), Some(2)).reason(), None);
+    assert_eq!(
+        approval_state(Some(&with(None)), Some(&waiting()), Some(2)).reason(),
+        None
+    );
     // At the generation the wait began an approval does not count, nor does what it says.
     assert_eq!(
         approval_state(Some(&with(Some("x"))), Some(&waiting()), Some(1)).reason(),
@@ -213,11 +220,23 @@ fn approval_counts_only_after_the_wait_began() {
         by: "bob".into(),
         reason: None,
     };
-    assert_eq!(approval_state(None, Some(&waiting()), Some(3)), ApprovalState::Pending);
+    assert_eq!(
+        approval_state(None, Some(&waiting()), Some(3)),
+        ApprovalState::Pending
+    );
     // There when the wait began (generation 1): not an approval.
-    assert_eq!(approval_state(Some(&yes), Some(&waiting()), Some(1)), ApprovalState::Pending);
-    assert_eq!(approval_state(Some(&no), Some(&waiting()), Some(1)), ApprovalState::Pending);
-    assert_eq!(approval_state(Some(&yes), Some(&waiting()), None), ApprovalState::Pending);
+    assert_eq!(
+        approval_state(Some(&yes), Some(&waiting()), Some(1)),
+        ApprovalState::Pending
+    );
+    assert_eq!(
+        approval_state(Some(&no), Some(&waiting()), Some(1)),
+        ApprovalState::Pending
+    );
+    assert_eq!(
+        approval_state(Some(&yes), Some(&waiting()), None),
+        ApprovalState::Pending
+    );
     let approved = approval_state(Some(&yes), Some(&waiting()), Some(2));
     assert_eq!(
         approved,
@@ -236,7 +255,10 @@ fn approval_counts_only_after_the_wait_began() {
         }
     );
     assert_eq!(denied.by(), Some("bob"));
-    assert_eq!(approval_state(Some(&yes), Some(&waiting()), Some(1)).by(), None);
+    assert_eq!(
+        approval_state(Some(&yes), Some(&waiting()), Some(1)).by(),
+        None
+    );
 }
 
 #[test]
@@ -245,7 +267,14 @@ fn awaiting_status_records_the_wait_and_keeps_its_start() {
         decision: Some(decision(Verdict::Escalate)),
         ..Default::default()
     };
-    let s = awaiting_status(&prev, Tool::Python, "kubectl patch …", waiting(), Some(1), t(T0));
+    let s = awaiting_status(
+        &prev,
+        Tool::Python,
+        "kubectl patch …",
+        waiting(),
+        Some(1),
+        t(T0),
+    );
     assert_eq!(s.phase, Some(Phase::AwaitingApproval));
     assert_eq!(s.reason.as_deref(), Some("AwaitingApproval"));
     assert_eq!(s.decision, prev.decision);

@@ -76,7 +76,11 @@ impl Recorded {
             let message = format!("blocked by rule {}: {}", d.rule, d.reason);
             return Some(rejected(Reason::PolicyBlocked, message, now));
         }
-        if let Some(now_d) = self.recheck.as_ref().filter(|r| r.verdict == Verdict::Block) {
+        if let Some(now_d) = self
+            .recheck
+            .as_ref()
+            .filter(|r| r.verdict == Verdict::Block)
+        {
             let message = format!(
                 "blocked by rule {} since it was decided: {}",
                 now_d.rule, now_d.reason

@@ -76,7 +76,11 @@ fn recorded_by(
 }
 
 /// [`recorded_by`] one policy, unchanged since, with no approval.
-fn recorded(run: &SandboxRun, databases: Option<&Databases>, policy: Option<&PolicyStore>) -> Recorded {
+fn recorded(
+    run: &SandboxRun,
+    databases: Option<&Databases>,
+    policy: Option<&PolicyStore>,
+) -> Recorded {
     recorded_by(run, databases, policy, policy, false)
 }
 
@@ -94,7 +98,13 @@ async fn sql_runs_execute_the_rewritten_query_and_write_the_typed_result() {
         "demo",
         "SELECT id, account FROM ledger ORDER BY id LIMIT 2",
     );
-    let (o, v) = sql(&run, Some(&databases), &recorded(&run, Some(&databases), Some(&policy)), now).await;
+    let (o, v) = sql(
+        &run,
+        Some(&databases),
+        &recorded(&run, Some(&databases), Some(&policy)),
+        now,
+    )
+    .await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Succeeded, "QueryCompleted"),
@@ -115,7 +125,13 @@ async fn sql_runs_execute_the_rewritten_query_and_write_the_typed_result() {
 
     // The guard refuses `SELECT *` under this policy: nothing runs.
     let star = sql_run("sandbox", "demo", "SELECT * FROM ledger");
-    let (o, v) = sql(&star, Some(&databases), &recorded(&star, Some(&databases), Some(&policy)), now).await;
+    let (o, v) = sql(
+        &star,
+        Some(&databases),
+        &recorded(&star, Some(&databases), Some(&policy)),
+        now,
+    )
+    .await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Rejected, "PolicyBlocked")
@@ -141,14 +157,26 @@ async fn sql_runs_execute_the_rewritten_query_and_write_the_typed_result() {
 async fn sql_runs_without_databases_policy_or_query_are_rejected() {
     let now = Timestamp::now();
     let run = sql_run("sandbox", "demo", "SELECT id FROM ledger");
-    let (o, v) = sql(&run, None, &recorded(&run, None, Some(&embedded_policy())), now).await;
+    let (o, v) = sql(
+        &run,
+        None,
+        &recorded(&run, None, Some(&embedded_policy())),
+        now,
+    )
+    .await;
     assert_eq!(
         (o.phase, o.reason.as_str(), o.message.as_str()),
         (Phase::Rejected, "ToolNotImplemented", NO_DATABASES)
     );
     assert!(v.is_none());
     let (databases, dir) = demo_databases("reject").await;
-    let (o, _) = sql(&run, Some(&databases), &recorded(&run, Some(&databases), None), now).await;
+    let (o, _) = sql(
+        &run,
+        Some(&databases),
+        &recorded(&run, Some(&databases), None),
+        now,
+    )
+    .await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Rejected, "PolicyRequired")
@@ -156,7 +184,13 @@ async fn sql_runs_without_databases_policy_or_query_are_rejected() {
     assert!(o.message.contains("--policy-file"), "{}", o.message);
     let mut no_query = run.clone();
     no_query.spec.sql = None;
-    let (o, _) = sql(&no_query, Some(&databases), &recorded(&no_query, Some(&databases), Some(&embedded_policy())), now).await;
+    let (o, _) = sql(
+        &no_query,
+        Some(&databases),
+        &recorded(&no_query, Some(&databases), Some(&embedded_policy())),
+        now,
+    )
+    .await;
     assert_eq!((o.phase, o.reason.as_str()), (Phase::Rejected, "NoQuery"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -275,8 +309,8 @@ async fn a_query_is_judged_in_its_databases_environment_and_runs_as_recorded() {
         environment: Some(Environment::Production),
         ..sandboxrun_core::query::demo::database_config(&path)
     };
-    let databases = Databases::from_config(&BTreeMap::from([("demo".to_owned(), production)]))
-        .unwrap();
+    let databases =
+        Databases::from_config(&BTreeMap::from([("demo".to_owned(), production)])).unwrap();
     // Production queries wait for a person; sandbox ones run.
     let policy = PolicyStore::new(
         sandboxrun_core::Policy::from_yaml(
@@ -291,7 +325,11 @@ async fn a_query_is_judged_in_its_databases_environment_and_runs_as_recorded() {
     );
     let now = Timestamp::now();
     // The run says sandbox; its database is production's: judged there, escalated.
-    let run = sql_run("sandbox", "demo", "SELECT id FROM ledger ORDER BY id LIMIT 1");
+    let run = sql_run(
+        "sandbox",
+        "demo",
+        "SELECT id FROM ledger ORDER BY id LIMIT 1",
+    );
     let call = gate::full_context(&run.spec, Tool::Sql, Some(&databases), None);
     assert_eq!(call.environment, Environment::Production);
     let unapproved = recorded(&run, Some(&databases), Some(&policy));
@@ -377,7 +415,13 @@ async fn metrics_runs_query_a_real_prometheus() {
     let policy = chart_policy();
     let now = Timestamp::now();
     let run = metrics_run("sandbox", json!({"query": "up"}));
-    let (o, v) = metrics(&run, Some(&prometheus), &recorded(&run, None, Some(&policy)), now).await;
+    let (o, v) = metrics(
+        &run,
+        Some(&prometheus),
+        &recorded(&run, None, Some(&policy)),
+        now,
+    )
+    .await;
     assert_eq!(o.phase, Phase::Succeeded, "{}", o.message);
     let v = v.unwrap();
     assert_eq!(v["resultType"], "vector");
@@ -398,7 +442,13 @@ async fn metrics_runs_query_a_real_prometheus() {
         json!({"query": "up{job=\"prometheus\"}",
             "range": {"start": start.to_string(), "end": now.to_string(), "step": "5s"}}),
     );
-    let (o, v) = metrics(&run, Some(&prometheus), &recorded(&run, None, Some(&policy)), now).await;
+    let (o, v) = metrics(
+        &run,
+        Some(&prometheus),
+        &recorded(&run, None, Some(&policy)),
+        now,
+    )
+    .await;
     assert_eq!(o.phase, Phase::Succeeded, "{}", o.message);
     let v = v.unwrap();
     assert_eq!(v["resultType"], "matrix");
@@ -408,7 +458,13 @@ async fn metrics_runs_query_a_real_prometheus() {
     );
 
     let run = metrics_run("sandbox", json!({"query": "sum(rate(up[5m])) by job"}));
-    let (o, v) = metrics(&run, Some(&prometheus), &recorded(&run, None, Some(&policy)), now).await;
+    let (o, v) = metrics(
+        &run,
+        Some(&prometheus),
+        &recorded(&run, None, Some(&policy)),
+        now,
+    )
+    .await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Failed, "InvalidQuery")
@@ -425,7 +481,13 @@ async fn metrics_runs_query_a_real_prometheus() {
         "sandbox",
         json!({"query": "up", "range": {"start": "1", "end": "0", "step": "1s"}}),
     );
-    let (o, _) = metrics(&run, Some(&prometheus), &recorded(&run, None, Some(&policy)), now).await;
+    let (o, _) = metrics(
+        &run,
+        Some(&prometheus),
+        &recorded(&run, None, Some(&policy)),
+        now,
+    )
+    .await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Failed, "InvalidQuery")
@@ -451,7 +513,13 @@ async fn metrics_without_prometheus_or_outside_policy_nothing_is_queried() {
     let policy = PolicyStore::new(
         sandboxrun_core::Policy::from_yaml("default: block\nrules: []\n", "p").unwrap(),
     );
-    let (o, _) = metrics(&blocked, Some(&nowhere), &recorded(&blocked, None, Some(&policy)), now).await;
+    let (o, _) = metrics(
+        &blocked,
+        Some(&nowhere),
+        &recorded(&blocked, None, Some(&policy)),
+        now,
+    )
+    .await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Rejected, "PolicyBlocked")

@@ -441,7 +441,10 @@ impl ToolSpec for FetchMetrics {
         call: MetricsCall,
         _output: Option<crate::runner::OutputFn>,
     ) -> Result<MetricsOutput, String> {
-        let context = call_context(None, CallContext::new(agent, Tool::Metrics, call.environment));
+        let context = call_context(
+            None,
+            CallContext::new(agent, Tool::Metrics, call.environment),
+        );
         let decision = embedded.policy.evaluate(&context);
         tracing::info!(
             run = %run_name, agent, verdict = %decision.verdict, rule = %decision.rule,
