@@ -9,10 +9,22 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use sandboxrun_api::SandboxRun;
 use sandboxrun_core::metrics::{MAX_EXPR_DEPTH, MAX_QUERY_BYTES, PrometheusClient};
-use sandboxrun_core::{Phase, PolicyStore};
+use sandboxrun_core::{Environment, Phase, PolicyStore, Tool};
 use serde_json::{Value, json};
 
-use crate::query::metrics;
+use crate::gate;
+use crate::query::{Recorded, metrics};
+
+/// What the operator executes for `run`: judged once on its full context by `policy` (none:
+/// allowed, as with `--allow-all-without-policy`).
+fn recorded(run: &SandboxRun, policy: Option<&PolicyStore>) -> Recorded {
+    let call = gate::full_context(&run.spec, Tool::Metrics, None, Some(Environment::Sandbox));
+    Recorded {
+        decision: policy.map_or_else(|| gate::allow_all(&call), |p| p.evaluate(&call)),
+        approved: false,
+        recheck: policy.map(|p| p.evaluate(&call)),
+    }
+}
 
 fn metrics_run(query: &str) -> SandboxRun {
     let metrics: Value = json!({ "query": query });
@@ -53,7 +65,8 @@ async fn hostile_queries_are_refused_and_the_next_run_is_answered() {
     for q in &hostile {
         for policy in [Some(&policy), None] {
             let started = Instant::now();
-            let (o, v) = metrics(&metrics_run(q), Some(&nowhere), policy, now).await;
+            let run = metrics_run(q);
+            let (o, v) = metrics(&run, Some(&nowhere), &recorded(&run, policy), now).await;
             println!(
                 "{} bytes, scoped: {}: {:?} in {:?}: {}",
                 q.len(),
@@ -79,7 +92,8 @@ async fn hostile_queries_are_refused_and_the_next_run_is_answered() {
         }
     }
     // Still answering: a valid query goes on to (the unreachable) Prometheus.
-    let (o, _) = metrics(&metrics_run("sum(up)"), Some(&nowhere), None, now).await;
+    let run = metrics_run("sum(up)");
+    let (o, _) = metrics(&run, Some(&nowhere), &recorded(&run, None), now).await;
     assert_eq!(o.phase, Phase::Failed);
     assert_eq!(o.reason.as_str(), "PrometheusUnavailable", "{}", o.message);
 }
