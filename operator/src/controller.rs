@@ -1,7 +1,7 @@
 //! The SandboxRun controller: `reconcile` and `error_policy` over a shared [`Context`]. One
 //! reconciliation is a [`Reconcile`] that runs stages: decide (policy judges the run once),
 //! gate (the approval), execute (the python Pod state machine of `python/`, or a query of
-//! `crate::query`), finish. Every decision is derived from the run and its Pod as they are now,
+//! `query.rs`, with its claim protocol), finish. Every decision is derived from the run and its Pod as they are now,
 //! so reconciling twice, or after a restart, converges on the same state.
 
 use std::collections::HashMap;
@@ -31,7 +31,7 @@ use crate::gate::{self, Gate};
 use crate::metrics::Metrics;
 use crate::outcome::{self, Outcome};
 use crate::python::pod::{self, BuildError, SandboxConfig};
-use crate::{audit, query, ttl};
+use crate::{audit, ttl};
 
 /// The one field manager of every status write (server-side apply).
 pub const FIELD_MANAGER: &str = "sandboxrun-operator";
@@ -91,10 +91,13 @@ pub struct Context {
 
 /// An end whose terminal status write failed, as [`Context::unaudited`] keeps it.
 #[derive(Clone, Debug)]
-struct Unaudited {
-    status: SandboxRunStatus,
-    phase: Phase,
-    reason: String,
+pub(crate) struct Unaudited {
+    /// The terminal status that was written.
+    pub(crate) status: SandboxRunStatus,
+    /// Its phase.
+    pub(crate) phase: Phase,
+    /// Its reason.
+    pub(crate) reason: String,
 }
 
 impl Context {
@@ -205,6 +208,16 @@ impl Context {
             None if self.allow_without_policy => gate::allow_all(call),
             None => gate::block_all(call),
         }
+    }
+
+    /// The end of the run `uid` whose terminal status write failed, if any (still to be
+    /// audited).
+    pub(crate) fn unaudited_end(&self, uid: &str) -> Option<Unaudited> {
+        self.unaudited
+            .lock()
+            .expect("not poisoned")
+            .get(uid)
+            .cloned()
     }
 
     /// The decision a run executes: its record (`status.decision`), rebuilt; a run decided by an
@@ -522,126 +535,9 @@ impl<'a> Reconcile<'a> {
         }
     }
 
-    /// Executes an sql or metrics run on core's executors, in this reconcile, and ends it.
-    ///
-    /// At most once, even with two operators acting at the same time (leaders overlapping for
-    /// a moment, or a cache that lags our own writes): the query runs only after this replica
-    /// claimed it, by a status write conditional on the run being unchanged since it was read
-    /// (its resourceVersion). A claim found afterwards is never executed again: its holder
-    /// finishes it, or, gone past the query's deadline, the run ends `QueryInterrupted`.
-    async fn query(&self, tool: Tool) -> Result<Action, Error> {
-        let Some(fresh) = self.runs.get_opt(&self.name).await? else {
-            return Ok(Action::await_change());
-        };
-        let current = fresh.status.clone().unwrap_or_default();
-        if is_terminal(&current) {
-            return self.finished(&current).await;
-        }
-        let claim_message = format!(
-            "the query started on operator replica {}",
-            self.ctx.identity
-        );
-        if current.reason.as_deref() == Some(Reason::QueryStarted.as_str()) {
-            return self.claimed(&current, &claim_message).await;
-        }
-        let claim = SandboxRunStatus {
-            phase: Some(Phase::Running),
-            tool: Some(tool),
-            reason: Some(Reason::QueryStarted.as_str().to_owned()),
-            message: Some(claim_message),
-            start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                self.now,
-            )),
-            observed_generation: self.generation,
-            ..current.clone()
-        };
-        match self
-            .apply_if_unchanged(&claim, fresh.resource_version())
-            .await
-        {
-            Ok(()) => {}
-            // Someone wrote the run since we read it: look again rather than execute.
-            Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {
-                info!(run = %self.name, "the run changed before the query was claimed; looking again");
-                return Ok(Action::requeue(Duration::from_secs(1)));
-            }
-            Err(e) => return Err(e),
-        }
-        let prev = SandboxRunStatus { ..claim };
-        let (ctx, now) = (self.ctx, Timestamp::now());
-        // Executed as recorded: the decision the gate passed, and the approval it recorded.
-        let recorded = query::Recorded {
-            decision: ctx.recorded(self.run, &prev, tool),
-            approved: audit::approved(&prev),
-            recheck: ctx
-                .policy
-                .is_some()
-                .then(|| ctx.judge(&ctx.call_context(self.run, tool))),
-        };
-        let (outcome, result) = if tool == Tool::Sql {
-            query::sql(self.run, ctx.databases.as_ref(), &recorded, now).await
-        } else {
-            query::metrics(self.run, ctx.prometheus.as_ref(), &recorded, now).await
-        };
-        let status = SandboxRunStatus {
-            result,
-            ..self.terminal(&prev, Some(tool), &outcome, None)
-        };
-        self.finish(status, &outcome, None).await
-    }
-
-    /// A query someone claimed: ours, whose terminal write failed (written now), or another
-    /// replica's (waited for until the query's deadline, then ended `QueryInterrupted`: it ran at
-    /// most once, and may not have).
-    async fn claimed(&self, current: &SandboxRunStatus, ours: &str) -> Result<Action, Error> {
-        if current.message.as_deref() == Some(ours) {
-            let pending = self
-                .ctx
-                .unaudited
-                .lock()
-                .expect("not poisoned")
-                .get(&self.uid())
-                .cloned();
-            if let Some(end) = pending {
-                let outcome = Outcome::bare(
-                    end.phase,
-                    &end.reason,
-                    end.status.message.clone().unwrap_or_default(),
-                    end.status.start_time.as_ref().map(|t| t.0),
-                    end.status
-                        .completion_time
-                        .as_ref()
-                        .map_or(self.now, |t| t.0),
-                );
-                return self.finish(end.status, &outcome, None).await;
-            }
-        }
-        let started = current.start_time.as_ref().map_or(self.now, |t| t.0);
-        let limit =
-            SignedDuration::from_secs(i64::from(self.run.spec.limits.effective().timeout_seconds))
-                + CLAIM_SLACK;
-        let deadline = started.checked_add(limit).unwrap_or(started);
-        if self.now < deadline {
-            return Ok(Action::requeue(until(deadline, self.now)));
-        }
-        let outcome = Outcome::of(
-            Phase::Failed,
-            Reason::QueryInterrupted,
-            format!(
-                "{} but no result was recorded by its deadline: it ran at most once and may not \
-                 have; call again if you still need it",
-                current.message.as_deref().unwrap_or("the query started")
-            ),
-            Some(started),
-            self.now,
-        );
-        let status = self.terminal(current, current.tool, &outcome, None);
-        self.finish(status, &outcome, None).await
-    }
-
     /// [`Self::apply`], only if the run is still at `resource_version` (409 Conflict otherwise):
     /// a resourceVersion in an applied object is a precondition.
-    async fn apply_if_unchanged(
+    pub(crate) async fn apply_if_unchanged(
         &self,
         status: &SandboxRunStatus,
         resource_version: Option<String>,
@@ -905,10 +801,6 @@ pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
 
 /// Default [`Context::reconcile_timeout`].
 const RECONCILE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How long past a query's own timeout its claim is waited for before the run ends
-/// `QueryInterrupted` (the claiming replica may be slow, not gone).
-const CLAIM_SLACK: SignedDuration = SignedDuration::from_secs(60);
 
 /// How long after its end a run's Pod is still deleted on every reconcile of the run.
 const POD_CLEANUP_WINDOW: jiff::SignedDuration = jiff::SignedDuration::from_secs(600);

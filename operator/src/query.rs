@@ -17,16 +17,21 @@
 
 use std::time::Duration;
 
-use jiff::Timestamp;
-use sandboxrun_api::SandboxRun;
+use jiff::{SignedDuration, Timestamp};
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use sandboxrun_api::{SandboxRun, SandboxRunStatus};
 use sandboxrun_core::metrics::{
     MetricsError, MetricsQuery, MetricsResult, PrometheusClient, TimeArgs,
 };
 use sandboxrun_core::tools::metrics::{self as metrics_tool, Source};
 use sandboxrun_core::tools::sql::{self as sql_tool, Execution};
-use sandboxrun_core::{Databases, Decision, Phase, Reason, Verdict};
+use sandboxrun_core::{Databases, Decision, Phase, Reason, Tool, Verdict};
 use serde_json::Value;
+use tracing::info;
 
+use crate::audit;
+use crate::controller::{Error, Reconcile, is_terminal, until};
 use crate::outcome::{Outcome, millis_between, rejected};
 
 /// The message of an sql run when the operator has no databases.
@@ -236,6 +241,124 @@ pub fn metrics_outcome(
         Err(_) => (outcome, None),
     }
 }
+
+/// The query claim protocol: a query runs at most once, in the reconcile of the replica that
+/// claimed it.
+impl Reconcile<'_> {
+    /// Executes an sql or metrics run on core's executors, in this reconcile, and ends it.
+    ///
+    /// At most once, even with two operators acting at the same time (leaders overlapping for
+    /// a moment, or a cache that lags our own writes): the query runs only after this replica
+    /// claimed it, by a status write conditional on the run being unchanged since it was read
+    /// (its resourceVersion). A claim found afterwards is never executed again: its holder
+    /// finishes it, or, gone past the query's deadline, the run ends `QueryInterrupted`.
+    pub(crate) async fn query(&self, tool: Tool) -> Result<Action, Error> {
+        let Some(fresh) = self.runs.get_opt(&self.name).await? else {
+            return Ok(Action::await_change());
+        };
+        let current = fresh.status.clone().unwrap_or_default();
+        if is_terminal(&current) {
+            return self.finished(&current).await;
+        }
+        let claim_message = format!(
+            "the query started on operator replica {}",
+            self.ctx.identity
+        );
+        if current.reason.as_deref() == Some(Reason::QueryStarted.as_str()) {
+            return self.claimed(&current, &claim_message).await;
+        }
+        let claim = SandboxRunStatus {
+            phase: Some(Phase::Running),
+            tool: Some(tool),
+            reason: Some(Reason::QueryStarted.as_str().to_owned()),
+            message: Some(claim_message),
+            start_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                self.now,
+            )),
+            observed_generation: self.generation,
+            ..current.clone()
+        };
+        match self
+            .apply_if_unchanged(&claim, fresh.resource_version())
+            .await
+        {
+            Ok(()) => {}
+            // Someone wrote the run since we read it: look again rather than execute.
+            Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {
+                info!(run = %self.name, "the run changed before the query was claimed; looking again");
+                return Ok(Action::requeue(Duration::from_secs(1)));
+            }
+            Err(e) => return Err(e),
+        }
+        let prev = SandboxRunStatus { ..claim };
+        let (ctx, now) = (self.ctx, Timestamp::now());
+        // Executed as recorded: the decision the gate passed, and the approval it recorded.
+        let recorded = Recorded {
+            decision: ctx.recorded(self.run, &prev, tool),
+            approved: audit::approved(&prev),
+            recheck: ctx
+                .policy
+                .is_some()
+                .then(|| ctx.judge(&ctx.call_context(self.run, tool))),
+        };
+        let (outcome, result) = if tool == Tool::Sql {
+            sql(self.run, ctx.databases.as_ref(), &recorded, now).await
+        } else {
+            metrics(self.run, ctx.prometheus.as_ref(), &recorded, now).await
+        };
+        let status = SandboxRunStatus {
+            result,
+            ..self.terminal(&prev, Some(tool), &outcome, None)
+        };
+        self.finish(status, &outcome, None).await
+    }
+
+    /// A query someone claimed: ours, whose terminal write failed (written now), or another
+    /// replica's (waited for until the query's deadline, then ended `QueryInterrupted`: it ran at
+    /// most once, and may not have).
+    async fn claimed(&self, current: &SandboxRunStatus, ours: &str) -> Result<Action, Error> {
+        if current.message.as_deref() == Some(ours) {
+            if let Some(end) = self.ctx.unaudited_end(&self.uid()) {
+                let outcome = Outcome::bare(
+                    end.phase,
+                    &end.reason,
+                    end.status.message.clone().unwrap_or_default(),
+                    end.status.start_time.as_ref().map(|t| t.0),
+                    end.status
+                        .completion_time
+                        .as_ref()
+                        .map_or(self.now, |t| t.0),
+                );
+                return self.finish(end.status, &outcome, None).await;
+            }
+        }
+        let started = current.start_time.as_ref().map_or(self.now, |t| t.0);
+        let limit =
+            SignedDuration::from_secs(i64::from(self.run.spec.limits.effective().timeout_seconds))
+                + CLAIM_SLACK;
+        let deadline = started.checked_add(limit).unwrap_or(started);
+        if self.now < deadline {
+            return Ok(Action::requeue(until(deadline, self.now)));
+        }
+        let outcome = Outcome::of(
+            Phase::Failed,
+            Reason::QueryInterrupted,
+            format!(
+                "{} but no result was recorded by its deadline: it ran at most once and may not \
+                 have; call again if you still need it",
+                current.message.as_deref().unwrap_or("the query started")
+            ),
+            Some(started),
+            self.now,
+        );
+        let status = self.terminal(current, current.tool, &outcome, None);
+        self.finish(status, &outcome, None).await
+    }
+}
+
+/// How long past a query's own timeout its claim is waited for before the run ends
+/// `QueryInterrupted` (the claiming replica may be slow, not gone).
+const CLAIM_SLACK: SignedDuration = SignedDuration::from_secs(60);
 
 #[cfg(test)]
 #[path = "query_tests.rs"]
