@@ -33,7 +33,8 @@ async fn execute_sql_answer_carries_rows_from_postgres() {
     let databases = home.join("databases.yaml");
     std::fs::write(
         &databases,
-        "warehouse:\n  dialect: postgres\n  urlEnv: SANDBOXRUN_TEST_POSTGRES_URL\n",
+        // A test database: the sandbox's (a database without an environment is production's).
+        "warehouse:\n  dialect: postgres\n  environment: sandbox\n  urlEnv: SANDBOXRUN_TEST_POSTGRES_URL\n",
     )
     .unwrap();
     let policy = home.join("policy.yaml");
