@@ -317,20 +317,20 @@ impl Reconcile<'_> {
     /// replica's (waited for until the query's deadline, then ended `QueryInterrupted`: it ran at
     /// most once, and may not have).
     async fn claimed(&self, current: &SandboxRunStatus, ours: &str) -> Result<Action, Error> {
-        if current.message.as_deref() == Some(ours) {
-            if let Some(end) = self.ctx.unaudited_end(&self.uid()) {
-                let outcome = Outcome::bare(
-                    end.phase,
-                    &end.reason,
-                    end.status.message.clone().unwrap_or_default(),
-                    end.status.start_time.as_ref().map(|t| t.0),
-                    end.status
-                        .completion_time
-                        .as_ref()
-                        .map_or(self.now, |t| t.0),
-                );
-                return self.finish(end.status, &outcome, None).await;
-            }
+        if current.message.as_deref() == Some(ours)
+            && let Some(end) = self.ctx.unaudited_end(&self.uid())
+        {
+            let outcome = Outcome::bare(
+                end.phase,
+                &end.reason,
+                end.status.message.clone().unwrap_or_default(),
+                end.status.start_time.as_ref().map(|t| t.0),
+                end.status
+                    .completion_time
+                    .as_ref()
+                    .map_or(self.now, |t| t.0),
+            );
+            return self.finish(end.status, &outcome, None).await;
         }
         let started = current.start_time.as_ref().map_or(self.now, |t| t.0);
         let limit =
