@@ -161,6 +161,13 @@ const server = createServer((req, res) => {
   }
   callback(req, res);
 });
+// Node closes an idle keep-alive connection after 5 s by default, and a client that reuses it in
+// that very moment gets "Server disconnected without sending a response" (the SDK's OAuth flow
+// reuses its client's connection to the token endpoint after the browser's round, which took
+// about 5 s once on a loaded machine). Idle connections are kept longer than any test runs, so
+// the race cannot happen; real clients retry such a request, this test's cannot.
+server.keepAliveTimeout = 120_000;
+server.headersTimeout = 125_000;
 server.listen(port, '127.0.0.1', () => {
   console.log(`ready ${issuer}`);
 });
