@@ -121,7 +121,7 @@ def the_run(c: Call, run_name: str) -> dict:
     run = runs[0]
     assert run["spec"]["agent"] == AGENT
     assert run["spec"]["environment"] == c.environment
-    assert run["spec"]["sql"] == {"database": DATABASE, "query": c.query}
+    assert run["spec"]["sql"] == {"database": c.database, "query": c.query}
     return run
 
 
