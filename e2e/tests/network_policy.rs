@@ -738,14 +738,15 @@ impl Drop for KilledOnDrop {
 /// Hands `code` to the first sandbox of `pool` the instant its container runs: the Pod is
 /// attached to as soon as it exists, again and again until the attach holds (as the operator's
 /// early feeder does), and the framed program is written at once. Returns the runner's envelope,
-/// read from the same stream, and the sandbox's name.
+/// read from the same stream (or from the container's log when the stream carried none), and the
+/// sandbox's name.
 async fn feed_first_sandbox(
     client: &Client,
     pool: &TestPool,
     code: &str,
 ) -> Result<(sandboxrun_core::RunnerResult, String)> {
-    use kube::api::AttachParams;
-    use sandboxrun_core::{Limits, Program, parse_envelope, program_frame};
+    use kube::api::{AttachParams, LogParams};
+    use sandboxrun_core::{Limits, PROGRAM_RECEIVED, Program, parse_envelope, program_frame};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), RUNS_NAMESPACE);
@@ -767,44 +768,92 @@ async fn feed_first_sandbox(
         .stdin(true)
         .stdout(true)
         .stderr(false);
-    let mut attached = loop {
-        match pods.attach(&name, &params).await {
-            Ok(attached) => break attached,
+    let log_params = LogParams {
+        container: Some("sandbox".to_owned()),
+        ..LogParams::default()
+    };
+    // As the operator's early feeder does (operator/src/python/feed.rs): an attach to a container
+    // the kubelet cannot reach yet opens and ends at once ("unable to upgrade connection"; its
+    // stdin is untouched, so trying again is safe), and one that opened while the container was
+    // being started may hold the program until the session ends and stream nothing: the
+    // container's log, which the runner writes whatever the stream does, then tells.
+    loop {
+        let mut attached = match pods.attach(&name, &params).await {
+            Ok(attached) => attached,
             Err(e) => {
                 ensure!(Instant::now() < deadline, "cannot attach to {name}: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
             }
+        };
+        let status = attached.take_status();
+        let mut stdin = attached.stdin().context("no stdin stream")?;
+        stdin.write_all(&frame).await?;
+        stdin.shutdown().await?;
+        drop(stdin);
+        let mut stdout = attached.stdout().context("no stdout stream")?;
+        let mut log = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(90), async {
+            let mut chunk = vec![0u8; 64 * 1024];
+            loop {
+                let n = stdout.read(&mut chunk).await?;
+                if n == 0 {
+                    return anyhow::Ok(());
+                }
+                log.extend_from_slice(&chunk[..n]);
+                let text = String::from_utf8_lossy(&log);
+                if text.ends_with('\n') && parse_envelope(&text).is_ok() {
+                    return Ok(());
+                }
+            }
+        })
+        .await;
+        attached.abort();
+        let text = String::from_utf8_lossy(&log).into_owned();
+        if let Ok(envelope) = parse_envelope(&text) {
+            return Ok((envelope, name));
         }
-    };
-    let mut stdin = attached.stdin().context("no stdin stream")?;
-    stdin.write_all(&frame).await?;
-    stdin.flush().await?;
-    let mut stdout = attached.stdout().context("no stdout stream")?;
-    let mut log = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(90), async {
-        let mut chunk = vec![0u8; 64 * 1024];
+        ensure!(
+            read.is_ok(),
+            "no envelope from {name} within 90 s: {text:?}"
+        );
+        let said = match status {
+            Some(status) => tokio::time::timeout(Duration::from_secs(1), status)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|s| s.message),
+            None => None,
+        }
+        .unwrap_or_default();
+        let head = pods.logs(&name, &log_params).await.unwrap_or_default();
+        let received = head
+            .lines()
+            .any(|l| l.starts_with(&format!("{PROGRAM_RECEIVED} ")));
+        if !received && text.is_empty() && said.contains("unable to upgrade connection") {
+            ensure!(
+                Instant::now() < deadline,
+                "{name} never became reachable: {said}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        // The session ended without the envelope on the stream: the log has it once the runner
+        // is done (it exits after printing it, or right away when it ran nothing).
+        let until = Instant::now() + Duration::from_secs(90);
         loop {
-            let n = stdout.read(&mut chunk).await?;
-            if n == 0 {
-                return anyhow::Ok(());
+            let log = pods.logs(&name, &log_params).await.unwrap_or_default();
+            if let Ok(envelope) = parse_envelope(&log) {
+                eprintln!("{name}: the envelope came from the log (the stream ended: {said:?})");
+                return Ok((envelope, name));
             }
-            log.extend_from_slice(&chunk[..n]);
-            let text = String::from_utf8_lossy(&log);
-            if text.ends_with('\n') && parse_envelope(&text).is_ok() {
-                return Ok(());
-            }
+            ensure!(
+                Instant::now() < until,
+                "{name}: no envelope on the stream ({text:?}, the kubelet said {said:?}) nor in the log within 90 s: {log:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
-    })
-    .await;
-    drop(stdin);
-    attached.abort();
-    let text = String::from_utf8_lossy(&log).into_owned();
-    ensure!(
-        read.is_ok(),
-        "no envelope from {name} within 90 s: {text:?}"
-    );
-    let envelope = parse_envelope(&text).with_context(|| format!("{name}: {text:?}"))?;
-    Ok((envelope, name))
+    }
 }
 
 /// The code of the barrier test: it tries every governed target the instant it starts (the
