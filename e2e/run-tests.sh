@@ -94,6 +94,7 @@ cleanup() {
     "$REPO_ROOT/e2e/cluster/down.sh" || true
   fi
   "$REPO_ROOT/e2e/ingress/stop.sh" || true
+  "$REPO_ROOT/e2e/oauth/stop.sh" || true
   stop_postgres
   stop_prometheus
   stop_node_prometheus
@@ -126,10 +127,27 @@ export INGRESS_URL INGRESS_CA
 INGRESS_URL="$(sed -n 's/^INGRESS_URL=//p' <<<"$ingress_output")"
 INGRESS_CA="$(sed -n 's/^INGRESS_CA=//p' <<<"$ingress_output")"
 
-step "install sandboxrun with helm (e2e/install.sh), frontend on a NodePort with an API key"
+step "a real authorization server for the frontend's OAuth: oidc-provider on the node (e2e/oauth/start.sh)"
+MCP_NODE_PORT=30080   # the frontend's NodePort: the URL agents use, so the tokens' resource
+oauth_output="$("$REPO_ROOT/e2e/oauth/start.sh")"
+export OAUTH_ISSUER="${oauth_output##*OAUTH_ISSUER=}"
+oauth_port="${OAUTH_ISSUER##*:}"
+oauth_values="$(mktemp --suffix=.yaml)"
+cat > "$oauth_values" <<VALUES
+frontend:
+  oauth:
+    issuer: $OAUTH_ISSUER
+    resource: http://10.244.0.1:$MCP_NODE_PORT/mcp
+networkPolicy:
+  frontend:
+    extraEgress:
+      - to: [{ipBlock: {cidr: 10.244.0.1/32}}]
+        ports: [{port: $oauth_port, protocol: TCP}]
+VALUES
+
+step "install sandboxrun with helm (e2e/install.sh), frontend on a NodePort with API keys and OAuth"
 MCP_API_KEY="$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 MCP_AGENT=e2e-agent
-MCP_NODE_PORT=30080
 MCP_PYTHON="${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python"
 # The test agent's key and 100 load agents' keys derived from it (e2e/mcp/stress.py), hashed.
 keys_values="$(mktemp --suffix=.yaml)"
@@ -138,11 +156,11 @@ MCP_API_KEY="$MCP_API_KEY" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/stress.py" keys 100
 # same code (the documented benchmarks in e2e/BENCHMARKS.md build release).
 SANDBOXRUN_CARGO_PROFILE=dev "$REPO_ROOT/e2e/install.sh" --set frontend.enabled=true --set frontend.service.type=NodePort \
   --set frontend.service.nodePort=$MCP_NODE_PORT -f "$keys_values" \
-  --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" \
+  --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" -f "$oauth_values" \
   --set frontend.enableMetrics=true --set "operator.prometheus.url=$SANDBOXRUN_E2E_PROMETHEUS_URL" \
   --set operator.prometheus.environment=sandbox \
   --set "sandbox.allowedRuntimeClasses={runc}" \
-  --set ingress.enabled=true --set ingress.className=traefik --set ingress.nginx=false \
+  --set ingress.enabled=true --set ingress.className=traefik \
   --set "ingress.hosts={localhost}" --set ingress.tls.secretName=sandboxrun-ingress-tls \
   -f "$REPO_ROOT/e2e/values-governance.yaml"
 kubectl -n sandboxrun-system get pods -o wide
@@ -162,16 +180,18 @@ MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AG
   "$REPO_ROOT/e2e/mcp"
 
 step "warm against cold through MCP, short form (the full benchmark: e2e/BENCHMARKS.md)"
+# It fails unless the calls made with a full pool went warm (80 %) and those of cold blocks cold.
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
   "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" "$REPO_ROOT/e2e/mcp/bench_warm.py" \
-  --sequential 10 --block 5 --staggered 0 --burst 6 --rounds 1 --replicas 2
+  --sequential 10 --block 5 --staggered 0 --burst 6 --rounds 1 --replicas 2 --refill --min-warm-share 0.8
 
 step "import pandas warm against cold (the data profile's pool), short form"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
   "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/bench_warm.py" --pool data --profile data \
-  --code $'import pandas\nprint(1)' --sequential 3 --block 3 --staggered 0 --burst 0 --replicas 1
+  --code $'import pandas\nprint(1)' --sequential 3 --block 3 --staggered 0 --burst 0 --replicas 1 \
+  --refill --min-warm-share 0.8
 # The data pool's idle sandbox is not needed past here: the heavy suites below (load, faults,
 # scale, NetworkPolicy, the chart's lifecycle) get the node without it. In one dry run the last
 # test's `helm uninstall --wait` timed out with every Pod of the release stuck Terminating (the
@@ -180,18 +200,67 @@ MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
 kubectl -n sandboxrun-runs scale sandboxpool data --replicas=0
 
 step "load, short form: 20 agents x 5 calls, every call answered once (the full 100 x 20: e2e/BENCHMARKS.md)"
-MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
-  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/load.py" --agents 20 --calls 5
+load() {
+  MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
+    KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/load.py" "$@"
+}
+load --agents 20 --calls 5
+
+step "the load suite's self-tests: it must fail against a frontend that refuses every call, and with no operator"
+# A suite that passes during an outage proves nothing: each broken system must fail it, and for
+# the reason named (the floor of successes, or calls lost), not for a crash of the suite itself.
+must_fail() {
+  local what=$1 reason=$2 out
+  shift 2
+  if out="$("$@" 2>&1)"; then
+    printf '%s\n' "$out" | tail -30
+    echo "self-test: the load suite PASSED against $what"
+    return 1
+  fi
+  printf '%s\n' "$out" | tail -12
+  if ! grep -qE "$reason" <<<"$out"; then
+    echo "self-test: the load suite failed against $what, but not for the reason expected ($reason)"
+    return 1
+  fi
+  echo "self-test: the load suite failed against $what, as it must"
+}
+must_fail "a frontend that refuses every call" '^PROBLEM floor: ' load --agents 2 --calls 3 --refused
+kubectl -n sandboxrun-system scale deployment sandboxrun-operator --replicas=0
+for _ in $(seq 120); do
+  [[ -z "$(kubectl -n sandboxrun-system get pods -l app.kubernetes.io/component=operator -o name)" ]] && break
+  sleep 1
+done
+must_fail "a cluster whose operator is scaled to 0" '^PROBLEM (floor|lost): ' \
+  load --agents 2 --calls 2 --call-timeout 15 --settle 5
+kubectl -n sandboxrun-system scale deployment sandboxrun-operator --replicas=1
+kubectl -n sandboxrun-system rollout status deployment sandboxrun-operator --timeout=180s
 
 step "faults, short form: operator killed, failover, sandbox Pods deleted, API server restarted, kubelet stopped"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/faults.py" --agents 4 --rounds 1 --pace 0.5 --kills 1
 
-step "scale, short form: the operator with 500 and 2000 stored runs (the full 10,000: e2e/BENCHMARKS.md)"
-# A debug build of the benchmark (it only drives the API server), measuring the operator binary the
-# cluster's image carries (a dev build here; the documented full form measures release).
+step "an API server without WatchList (Kubernetes 1.33's default): the operator and the frontend list in pages"
+# The operator settles 100 stored runs (the scale benchmark, kept for the next step), and the
+# frontend hands back a call; each says how it lists, and the server says it refused the stream.
 cargo build --locked -p sandboxrun-e2e --bin scale
+no_watchlist="$("$REPO_ROOT/e2e/cluster/apiserver-without-watchlist.sh" start)"
+no_watchlist_kubeconfig="${no_watchlist##*KUBECONFIG=}"
+KUBECONFIG="$no_watchlist_kubeconfig" "$TARGET"/debug/scale 100 --idle-seconds 2 --keep \
+  --operator "$TARGET"/debug/sandboxrun-operator
+grep -q "the API server refused a streaming list.*sendInitialEvents" "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log" || {
+  tail -20 "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log"; echo "the operator did not fall back to a paged list"; exit 1; }
+KUBECONFIG="$no_watchlist_kubeconfig" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/call_over_stdio.py" \
+  "$TARGET"/debug/sandboxrun-mcp "the API server refused a streaming list"
+"$REPO_ROOT/e2e/cluster/apiserver-without-watchlist.sh" stop
+
+step "scale, short form: the operator with 500 and 2000 stored runs (the full 10,000: e2e/BENCHMARKS.md)"
+# A debug build of the benchmark (built above: it only drives the API server), measuring the
+# operator binary the cluster's image carries (a dev build here; the documented full form
+# measures release).
 "$TARGET"/debug/scale 500 2000 --idle-seconds 5 --operator "$TARGET"/debug/sandboxrun-operator
+# The same operator binary against the cluster's own API server streams its lists.
+grep -q "the API server serves streaming lists" "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log" || {
+  tail -20 "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log"; echo "the operator did not use a streaming list"; exit 1; }
 
 step "NetworkPolicy enforced (kube-network-policies): sandbox and frontend Pods with a network stack, each block paired with its control"
 # One at a time: each takes one of the chart's policies away for its control.

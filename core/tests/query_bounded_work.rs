@@ -433,9 +433,10 @@ async fn no_postgres_backend_outlives_its_timeout_after_hostile_queries() {
             matches!(err, QueryError::Timeout { .. }),
             "{hostile}: {err}"
         );
-        // Generous: the call itself ends at the timeout plus its grace.
+        // Generous (an upper bound any machine meets): the call ends at the timeout plus its
+        // grace; what this catches runs for minutes or hours.
         assert!(
-            started.elapsed() < timeout + Duration::from_secs(5),
+            started.elapsed() < timeout + Duration::from_secs(60),
             "{hostile} returned after {:?}",
             started.elapsed()
         );
@@ -499,7 +500,7 @@ async fn sqlite_queries_end_at_their_timeout() {
         .await
         .expect_err("unbounded");
     assert!(matches!(err, QueryError::Timeout { .. }), "{err}");
-    assert!(started.elapsed() < timeout + Duration::from_secs(5));
+    assert!(started.elapsed() < timeout + Duration::from_secs(60));
     let guarded = guard(
         "SELECT ltrim(account, 'a'), instr(account, 'c') FROM ledger",
         SqlDialect::Sqlite,

@@ -162,7 +162,7 @@ async fn postgres_temp_file_limit_stops_a_spilling_query() {
         "{e:?}"
     );
     assert!(e.to_string().contains("narrow it"), "{e}");
-    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(started.elapsed() < Duration::from_secs(60));
     // The connection is clean afterwards.
     let r = dbs
         .execute("main", &raw("SELECT count(*) FROM ledger"), limits(5))
@@ -189,7 +189,7 @@ async fn postgres_unguarded_exhausting_queries_stop_cleanly() {
             ),
             "{query}: {e:?}"
         );
-        assert!(started.elapsed() < Duration::from_secs(8), "{query}");
+        assert!(started.elapsed() < Duration::from_secs(60), "{query}");
     }
     let r = dbs
         .execute("main", &raw("SELECT count(*) FROM ledger"), limits(5))
@@ -215,7 +215,7 @@ async fn sqlite_heap_limit_stops_a_huge_allocation_in_the_process() {
         matches!(&e, QueryError::ResourceLimit { resource, .. } if resource.contains("memory")),
         "{e:?}"
     );
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(started.elapsed() < Duration::from_secs(60));
     // A smaller blob is fine, and the process goes on.
     let r = dbs
         .execute(
@@ -246,7 +246,7 @@ async fn sqlite_unguarded_exhausting_queries_stop_cleanly() {
             ),
             "{query}: {e:?}"
         );
-        assert!(started.elapsed() < Duration::from_secs(6), "{query}");
+        assert!(started.elapsed() < Duration::from_secs(60), "{query}");
     }
     let r = dbs
         .execute("main", &raw("SELECT count(*) FROM ledger"), limits(5))

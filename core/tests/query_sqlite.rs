@@ -224,7 +224,7 @@ async fn slow_query_is_interrupted() {
         .await
         .expect_err("interrupted");
     assert!(matches!(e, QueryError::Timeout { .. }), "{e:?}");
-    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 #[tokio::test]

@@ -248,7 +248,7 @@ print('real')
 "#;
     let started = Instant::now();
     let (r, _) = run(code, 1_000_000);
-    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(started.elapsed() < Duration::from_secs(60));
     assert_eq!(r.exit_code, 0);
     // The forged lines are part of the child's stdout (which is what it printed); the result
     // itself is the runner's.
@@ -281,7 +281,7 @@ fn the_timeout_kills_the_code_and_keeps_its_output() {
             ..Limits::default()
         },
     );
-    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(started.elapsed() < Duration::from_secs(60));
     assert!(r.timed_out);
     assert_eq!(r.signal, Some(9));
     assert_eq!(r.exit_code, 137);
@@ -555,7 +555,7 @@ fn links_and_special_files_in_outputs_are_never_followed_or_read() {
     let started = Instant::now();
     let r = with_outputs(&code, FileCaps::default());
     assert!(
-        started.elapsed() < Duration::from_secs(20),
+        started.elapsed() < Duration::from_secs(60),
         "a FIFO blocked the runner"
     );
     assert_eq!(r.exit_code, 0, "{}", r.stderr);

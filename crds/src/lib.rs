@@ -5,6 +5,7 @@
 
 mod approval;
 pub mod client;
+pub mod list_strategy;
 mod pool;
 mod run;
 mod status;

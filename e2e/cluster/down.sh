@@ -29,6 +29,7 @@ if [[ -S $CONTAINERD_SOCK ]]; then
 fi
 stop kube-scheduler
 stop kube-controller-manager
+stop kube-apiserver-without-watchlist   # apiserver-without-watchlist.sh, if a run left it up
 stop kube-apiserver
 stop etcd
 stop containerd 30

@@ -20,6 +20,14 @@ Usage (MCP_URL, MCP_API_KEY and KUBECTL as for the e2e/mcp suite):
 Each call's path is read from its SandboxRun (`status.path`), so a warm call that found the pool
 empty counts as cold. Prints p50/p95/p99 per path and phase, as a Markdown table. Restores the
 pool's replicas at the end. Not collected by pytest (the file name does not start with test_).
+
+--refill makes each call of a warm block wait until the pool is full again (instead of --think
+alone): the calls then measure the warm path itself, not how fast the pool refills.
+
+--min-warm-share S fails the run (exit status 1) unless at least the share S of the calls made
+with a full pool (warm blocks, staggered, bursts) went warm, and every call of a cold block (the
+pool at 0) went cold: a benchmark whose calls all went cold measured nothing warm, and a "cold"
+call that found a sandbox is not cold. CI runs the short form with --min-warm-share 0.8.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 import time
 
 import httpx2
@@ -54,6 +63,11 @@ def pool_status(pool: str) -> dict:
 def scale(pool: str, replicas: int, timeout: float = 300) -> None:
     """Scales the pool and waits until it holds exactly `replicas` ready idle sandboxes."""
     kubectl("scale", "sandboxpool", pool, f"--replicas={replicas}")
+    wait_full(pool, replicas, timeout)
+
+
+def wait_full(pool: str, replicas: int, timeout: float = 300) -> None:
+    """Waits until the pool holds exactly `replicas` ready idle sandboxes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         st = pool_status(pool).get("status", {})
@@ -85,10 +99,10 @@ def paths_of(names: list[str]) -> dict[str, str]:
     return {r["metadata"]["name"]: r.get("status", {}).get("path", "?") for r in runs}
 
 
-async def main(a: argparse.Namespace) -> None:
+async def main(a: argparse.Namespace) -> int:
     original = pool_status(a.pool)["spec"]["replicas"]
     results: dict[tuple[str, str], list[float]] = {}
-    calls: list[tuple[str, float, str]] = []  # (phase, ms, run name)
+    calls: list[tuple[str, float, str, str]] = []  # (phase, ms, run name, the path meant)
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=300) as http:
         async with streamable_http_client(URL, http_client=http) as streams:
             async with ClientSession(streams[0], streams[1]) as session:
@@ -101,8 +115,10 @@ async def main(a: argparse.Namespace) -> None:
                                 scale(a.pool, replicas)
                                 await call(session)  # unmeasured: the first after a scale
                                 for _ in range(min(a.block, a.sequential - done[path])):
+                                    if a.refill and replicas:
+                                        wait_full(a.pool, replicas)
                                     ms, name = await call(session)
-                                    calls.append(("sequential", ms, name))
+                                    calls.append(("sequential", ms, name, path))
                                     done[path] += 1
                                     await asyncio.sleep(a.think)
                     if a.staggered:
@@ -111,7 +127,7 @@ async def main(a: argparse.Namespace) -> None:
                         async def arrive(delay: float) -> None:
                             await asyncio.sleep(delay)
                             ms, name = await call(session)
-                            calls.append(("staggered", ms, name))
+                            calls.append(("staggered", ms, name, "warm"))
 
                         t, delays = 0.0, []
                         for _ in range(a.staggered):
@@ -121,17 +137,42 @@ async def main(a: argparse.Namespace) -> None:
                     for _ in range(a.rounds if a.burst else 0):
                         scale(a.pool, a.burst)
                         burst = await asyncio.gather(*(call(session) for _ in range(a.burst)))
-                        calls.extend(("burst", ms, name) for ms, name in burst)
+                        calls.extend(("burst", ms, name, "warm") for ms, name in burst)
                 finally:
                     scale(a.pool, original)
-    paths = paths_of([n for _, _, n in calls])
-    for phase, ms, name in calls:
+    paths = paths_of([n for _, _, n, _ in calls])
+    for phase, ms, name, _ in calls:
         results.setdefault((phase, paths.get(name, "?")), []).append(ms)
     print("| phase | path | n | p50 | p95 | p99 | max |")
     print("|---|---|---|---|---|---|---|")
     for (phase, path), ms in sorted(results.items()):
         print(f"| {phase} | {path} | {len(ms)} | {pct(ms, 50):.0f} ms | {pct(ms, 95):.0f} ms | "
               f"{pct(ms, 99):.0f} ms | {max(ms):.0f} ms |")
+    return check_paths(calls, paths, a.min_warm_share)
+
+
+def check_paths(calls: list[tuple[str, float, str, str]], paths: dict[str, str],
+                min_warm_share: float | None) -> int:
+    """The exit status: 1 when the calls did not take the paths they were meant to."""
+    if min_warm_share is None:
+        return 0
+    meant_warm = [name for _, _, name, meant in calls if meant == "warm"]
+    meant_cold = [name for _, _, name, meant in calls if meant == "cold"]
+    warm = sum(1 for name in meant_warm if paths.get(name) == "warm")
+    problems = []
+    if not meant_warm:
+        problems.append("no call was made with a full pool")
+    elif warm < min_warm_share * len(meant_warm):
+        problems.append(f"only {warm} of {len(meant_warm)} calls made with a full pool went warm "
+                        f"(at least {min_warm_share:.0%} required)")
+    not_cold = [name for name in meant_cold if paths.get(name) != "cold"]
+    if not_cold:
+        problems.append(f"calls of a cold block that were not cold: "
+                        f"{[(n, paths.get(n)) for n in not_cold]}")
+    for p in problems:
+        print(f"PROBLEM {p}")
+    print(f"warm share: {warm} of {len(meant_warm)} calls made with a full pool went warm")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
@@ -147,6 +188,8 @@ if __name__ == "__main__":
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--profile", choices=["minimal", "data"], default="minimal")
     p.add_argument("--code", default="print(1)")
+    p.add_argument("--min-warm-share", type=float, default=None)
+    p.add_argument("--refill", action="store_true")
     args = p.parse_args()
     ARGS.update({"code": args.code, "profile": args.profile})
-    asyncio.run(main(args))
+    sys.exit(asyncio.run(main(args)))

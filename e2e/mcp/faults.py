@@ -15,6 +15,13 @@ two sandbox Pods (every Pod event in the runs namespace is watched during the su
 one audit line per run (read from the node's container log files, so the lines of killed
 operator containers count too), no Pod left behind.
 
+And the suite can fail for an outage, not only for a miscount: each fault is checked to have
+taken effect (the killed processes died and others took their place, running sandboxes were
+deleted, the kubelet was stopped, the proxy saw requests and failed or held some), each kind of
+call still succeeded at least once, every call that failed overlapped a fault's window (the fault
+and RECOVERY seconds after it), and the Pod watch saw the sandbox of every Python run that
+succeeded (but for runs in flight while the watch was reconnecting).
+
 This drives the local cluster of e2e/cluster/up.sh on this machine: it signals the cluster's
 processes (their pid files under the cluster's state directory) and reads /var/log/pods, so it
 runs as root on the node. Usage (MCP_URL, MCP_API_KEY, KUBECTL as for the e2e/mcp suite):
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import random
@@ -45,6 +53,30 @@ from api_proxy import FaultProxy
 
 STATE = os.environ.get("SANDBOXRUN_CLUSTER_STATE", "/var/lib/sandboxrun-cluster")
 OPERATOR = "sandboxrun-operator"
+# Seconds after a fault ends in which a call may still fail because of it (a call whose run's
+# Pod was deleted ends a little later; a run the frontend gave up on ends at its grace).
+RECOVERY = 30.0
+
+# (start, end, what) of every fault, in wall-clock seconds (time.time(), as stress.Call.started).
+WINDOWS: list[tuple[float, float, str]] = []
+# What did not take effect: a fault that did nothing proves nothing.
+INEFFECTIVE: list[str] = []
+
+
+@contextlib.contextmanager
+def window(what: str):
+    """Marks the fault's time: a call that fails while it lasts is explained by it."""
+    start = time.time()
+    try:
+        yield
+    finally:
+        WINDOWS.append((start, time.time(), what))
+
+
+def took_effect(ok: bool, what: str) -> None:
+    if not ok:
+        INEFFECTIVE.append(what)
+        log(f"NOT IN EFFECT: {what}")
 
 
 def log(msg: str) -> None:
@@ -135,6 +167,9 @@ def pod_of(holder: str) -> str:
     return holder.partition("_")[0]
 
 
+KILLED: list[int] = []  # the operator processes SIGKILLed so far
+
+
 def kill_operator(which: str | None = None) -> str:
     """SIGKILLs the operator process of Pod `which` (default: the only one)."""
     procs = operator_processes()
@@ -143,7 +178,13 @@ def kill_operator(which: str | None = None) -> str:
         raise SystemExit(f"no operator process to kill ({which=}, found {procs})")
     for pid in targets:
         os.kill(pid, signal.SIGKILL)
-    return ", ".join(procs[p] for p in targets)
+    KILLED.extend(targets)
+    return ", ".join(f"{procs[p]} pid {p}" for p in targets)
+
+
+def killed_and_replaced() -> bool:
+    """Every killed operator process is gone, and the operators running now are others."""
+    return not any(alive(p) for p in KILLED) and not set(operator_processes()) & set(KILLED)
 
 
 def operators_ready(n: int) -> bool:
@@ -180,6 +221,8 @@ class PodWatch:
 
     def __init__(self) -> None:
         self.owners: dict[str, set[str]] = collections.defaultdict(set)
+        # (from, until): when no watch was established (a Pod that lived only then is unseen).
+        self.gaps: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._proc: subprocess.Popen | None = None
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -201,6 +244,8 @@ class PodWatch:
 
     def _loop(self) -> None:
         decoder = json.JSONDecoder()
+        # Until the first watch has listed, nothing is seen either.
+        lost_at: float | None = time.time()
         while not self._stop.is_set():
             self._proc = subprocess.Popen(
                 [stress.KUBECTL, "-n", stress.RUNS_NS, "get", "pods", "--watch", "-o", "json"],
@@ -219,10 +264,17 @@ class PodWatch:
                     except ValueError:
                         break
                     buf = stripped[end:]
+                    if lost_at is not None:
+                        # The first object of a new watch: it listed what exists (a generous
+                        # gap end: the list came before this object was read).
+                        self.gaps.append((lost_at, time.time()))
+                        lost_at = None
                     items = obj.get("items", [obj]) if obj.get("kind") == "List" else [obj]
                     for pod in items:
                         self._record(pod)
             self._proc.wait()
+            if lost_at is None:
+                lost_at = time.time()
             self._stop.wait(0.5)
 
 
@@ -263,31 +315,49 @@ def pause(seconds: float) -> None:
     time.sleep(seconds * PACE)
 
 
+def process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat (T: stopped)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
 def run_faults(step, rounds: int) -> None:
     proxy = FaultProxy(("10.244.0.1", 6444), ("10.244.0.1", 6443)).start()
     pause(10)
     for r in range(rounds):
         for i in range(KILLS):
-            step(f"round {r + 1}: SIGKILL the operator ({kill_operator()})")
-            t = wait(lambda: operators_ready(1) and len(operator_processes()) == 1, 180,
-                     "the operator to come back")
+            with window("operator SIGKILL"):
+                step(f"round {r + 1}: SIGKILL the operator ({kill_operator()})")
+                t = wait(lambda: operators_ready(1) and len(operator_processes()) == 1, 180,
+                         "the operator to come back")
+            took_effect(killed_and_replaced(), f"round {r + 1}: the killed operator was replaced")
             step(f"  the operator is back after {t:.0f} s")
             pause(8)
-        for i in range(3):
-            step(f"round {r + 1}: deleted running sandboxes "
-                 f"{delete_sandboxes(2, 'sandboxrun.dev/run')}, idle warm ones "
-                 f"{delete_sandboxes(1, 'sandboxrun.dev/pool')}")
-            pause(4)
-        t = restart_component("kube-apiserver", api_ready)
+        running_deleted = 0
+        with window("sandbox Pods deleted"):
+            for i in range(3):
+                running = delete_sandboxes(2, "sandboxrun.dev/run")
+                running_deleted += len(running)
+                step(f"round {r + 1}: deleted running sandboxes {running}, idle warm ones "
+                     f"{delete_sandboxes(1, 'sandboxrun.dev/pool')}")
+                pause(4)
+        took_effect(running_deleted > 0, f"round {r + 1}: a running sandbox was deleted")
+        with window("API server restart"):
+            old = component_pid("kube-apiserver")
+            t = restart_component("kube-apiserver", api_ready)
+        took_effect(not alive(old) and component_pid("kube-apiserver") != old,
+                    f"round {r + 1}: the API server process was replaced")
         step(f"round {r + 1}: restarted the API server (ready again after {t:.0f} s)")
         pause(10)
         kubelet = component_pid("kubelet")
-        os.kill(kubelet, signal.SIGSTOP)
-        try:
-            step(f"round {r + 1}: stopped the kubelet (SIGSTOP)")
-            pause(15)
-        finally:
-            os.kill(kubelet, signal.SIGCONT)
+        with window("kubelet stopped"):
+            os.kill(kubelet, signal.SIGSTOP)
+            try:
+                took_effect(process_state(kubelet) == "T", f"round {r + 1}: the kubelet stopped")
+                step(f"round {r + 1}: stopped the kubelet (SIGSTOP)")
+                pause(15)
+            finally:
+                os.kill(kubelet, signal.SIGCONT)
         step(f"  resumed the kubelet (SIGCONT) after {15 * PACE:.0f} s")
         pause(10)
         stress.kubectl("-n", stress.SYSTEM_NS, "scale", "deployment", OPERATOR, "--replicas=2")
@@ -295,9 +365,10 @@ def run_faults(step, rounds: int) -> None:
             wait(lambda: operators_ready(2) and len(operator_processes()) == 2, 180,
                  "two operators")
             was = leader()
-            step(f"round {r + 1}: two operator replicas; SIGKILL the leader {was} "
-                 f"({kill_operator(pod_of(was))})")
-            t = wait(lambda: leader() not in ("", was), 120, "a new leader")
+            with window("failover"):
+                step(f"round {r + 1}: two operator replicas; SIGKILL the leader {was} "
+                     f"({kill_operator(pod_of(was))})")
+                t = wait(lambda: leader() not in ("", was), 120, "a new leader")
             step(f"  {leader()} leads after {t:.0f} s")
             pause(10)
         finally:
@@ -305,21 +376,58 @@ def run_faults(step, rounds: int) -> None:
                            "--replicas=1")
         wait(lambda: operators_ready(1), 180, "one operator again")
         pause(5)
-        try:
-            operator_env("KUBERNETES_SERVICE_HOST=10.244.0.1", "KUBERNETES_SERVICE_PORT=6444")
-            step(f"round {r + 1}: the operator talks to the API server through the fault proxy")
-            proxy.set(errors=0.3)
-            pause(20)
-            step(f"  30 % of its requests answered with errors for {20 * PACE:.0f} s ({proxy.counts})")
-            proxy.set(hangs=0.2, hang_seconds=8)
-            pause(20)
-            step(f"  20 % of its requests held 8 s for {20 * PACE:.0f} s ({proxy.counts})")
-        finally:
-            # Whatever happened, the cluster goes on without the proxy (later suites use it).
-            proxy.set()
-            operator_env("KUBERNETES_SERVICE_HOST-", "KUBERNETES_SERVICE_PORT-")
+        with window("API errors and hangs"):
+            try:
+                operator_env("KUBERNETES_SERVICE_HOST=10.244.0.1", "KUBERNETES_SERVICE_PORT=6444")
+                step(f"round {r + 1}: the operator talks to the API server through the fault proxy")
+                before = dict(proxy.counts)
+                proxy.set(errors=0.3)
+                pause(20)
+                took_effect(proxy.counts["errors"] > before["errors"]
+                            and proxy.counts["passed"] > before["passed"],
+                            f"round {r + 1}: the proxy passed requests and failed some")
+                step(f"  30 % of its requests answered with errors for {20 * PACE:.0f} s ({proxy.counts})")
+                held = proxy.counts["held"]
+                proxy.set(hangs=0.2, hang_seconds=8)
+                pause(20)
+                took_effect(proxy.counts["held"] > held, f"round {r + 1}: the proxy held requests")
+                step(f"  20 % of its requests held 8 s for {20 * PACE:.0f} s ({proxy.counts})")
+            finally:
+                # Whatever happened, the cluster goes on without the proxy (later suites use it).
+                proxy.set()
+                operator_env("KUBERNETES_SERVICE_HOST-", "KUBERNETES_SERVICE_PORT-")
         step(f"  the operator talks to the API server directly again ({proxy.counts})")
         pause(5)
+
+
+def unexplained(calls: list[stress.Call]) -> list[str]:
+    """Calls that failed outside every fault's window (and its RECOVERY): not the faults' doing."""
+    problems = []
+    for c in calls:
+        if stress.succeeded(c):
+            continue
+        end = c.started + c.ms / 1000
+        if not any(start <= end and c.started <= stop + RECOVERY for start, stop, _ in WINDOWS):
+            problems.append(f"failed outside every fault: {c.agent} {c.kind} {c.token} at "
+                            f"{time.strftime('%H:%M:%S', time.localtime(c.started))}: "
+                            f"{(c.error or c.text)[:160]}")
+    return problems
+
+
+def unwatched(calls: list[stress.Call], pods: "PodWatch") -> list[str]:
+    """Python runs that succeeded but whose sandbox the Pod watch never saw (except those in
+    flight while the watch was reconnecting): a blind watch would make the two-sandboxes check
+    vacuous."""
+    problems = []
+    for c in calls:
+        if not (c.kind.startswith("python") and stress.succeeded(c) and c.run):
+            continue
+        end = c.started + c.ms / 1000
+        if any(start <= end and c.started <= stop for start, stop in pods.gaps):
+            continue
+        if c.run not in pods.owners:
+            problems.append(f"the Pod watch saw no sandbox of {c.run} ({c.token})")
+    return problems
 
 
 async def main(a: argparse.Namespace) -> int:
@@ -353,6 +461,13 @@ async def main(a: argparse.Namespace) -> int:
     print()
     print(stress.report(calls, wall))
     problems = stress.check(calls, audit.lines, since, pods.owners)
+    # Under faults, each kind of call still succeeds, and every failure is the faults' doing.
+    problems += stress.floors(calls, 0.0)
+    problems += unexplained(calls)
+    problems += unwatched(calls, pods)
+    problems += [f"fault not in effect: {what}" for what in INEFFECTIVE]
+    if not WINDOWS:
+        problems.append("no fault was injected")
     return stress.verdict(problems)
 
 

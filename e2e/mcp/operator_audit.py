@@ -30,7 +30,9 @@ def the_audit_line(run_name: str) -> dict:
     while not lines and time.monotonic() < deadline:
         time.sleep(0.5)
         lines = audit_lines(run_name)
-    time.sleep(1)  # a duplicate would follow the first line closely
+    # A duplicate usually follows the first line closely; one written later is caught when the
+    # suite ends (conftest.py reads every audit line once more).
+    time.sleep(1)
     lines = audit_lines(run_name)
     assert len(lines) == 1, f"exactly one audit line for {run_name}: {lines}"
     return lines[0]

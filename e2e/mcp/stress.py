@@ -10,7 +10,10 @@ to exactly one audit line:
 - lost: a call that got no answer (a transport error, a protocol error, no run named);
 - duplicated: a token found in two runs, an answer naming another call's run, a run with two
   audit lines or two sandbox Pods;
-- every run in a terminal phase, no sandbox Pod left behind.
+- every run in a terminal phase, no sandbox Pod left behind;
+- a floor of successes (`floors`): a suite whose calls all fail, or are all refused, has
+  nothing lost or duplicated, and must still fail. Each kind of call has an outcome it should
+  have (`succeeded`), and each kind must reach it for a share of its calls.
 
 Environment: MCP_URL, MCP_API_KEY, KUBECTL (with KUBECONFIG), as for the e2e/mcp suite.
 """
@@ -58,13 +61,25 @@ def agent_key(i: int) -> str:
     return hashlib.sha256(f"{KEY}:{agent_name(i)}".encode()).hexdigest()
 
 
+# The agent of the suites' self-test against a frontend that refuses every call: its key may
+# target production only, and every call of the mix targets the sandbox.
+REFUSED_AGENT = "load-refused"
+
+
+def refused_key() -> str:
+    return hashlib.sha256(f"{KEY}:{REFUSED_AGENT}".encode()).hexdigest()
+
+
 def keys_values(n: int, base_agent: str) -> str:
-    """Helm values (JSON is YAML) with the base key and n load agents' keys, hashed."""
+    """Helm values (JSON is YAML) with the base key, n load agents' keys and the refused
+    agent's key, hashed."""
     sha = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
     keys = [{"agent": base_agent, "sha256": sha(KEY),
              "environments": ["sandbox", "staging", "production"]}]
     keys += [{"agent": agent_name(i), "sha256": sha(agent_key(i)), "environments": ["sandbox"]}
              for i in range(n)]
+    keys.append({"agent": REFUSED_AGENT, "sha256": sha(refused_key()),
+                 "environments": ["production"]})
     return json.dumps({"frontend": {"apiKeys": keys}})
 
 
@@ -111,6 +126,36 @@ def arguments(kind: str, token: str) -> tuple[str, dict]:
     raise ValueError(kind)
 
 
+def succeeded(call: Call) -> bool:
+    """Whether the call had the outcome its kind should have on a working system: its code or
+    query ran and succeeded, or (the blocked kind) the policy blocked it, and the answer was the
+    call's own."""
+    if not call.answers or call.error:
+        return False
+    if call.kind == "blocked":
+        return bool(call.phase) and "blocked by policy" in call.text
+    return not call.is_error and call.phase == "Succeeded"
+
+
+def floors(calls: list[Call], share: float) -> list[str]:
+    """The floor of successes: every kind of call that was made reached its outcome for at least
+    `share` of its calls, and at least once (share 0: at least once)."""
+    if not calls:
+        return ["floor: no call was made at all"]
+    problems = []
+    for kind, _ in MIX:
+        cs = [c for c in calls if c.kind == kind]
+        if not cs:
+            continue
+        ok = sum(1 for c in cs if succeeded(c))
+        if ok == 0 or ok < share * len(cs):
+            why = collections.Counter((c.error or c.text)[:100] for c in cs if not succeeded(c))
+            problems.append(f"floor: {kind}: {ok} of {len(cs)} calls succeeded (at least "
+                            f"{max(share, 1 / len(cs)):.0%} required); the others: "
+                            f"{dict(why.most_common(3))}")
+    return problems
+
+
 def expected(call: Call, structured: dict) -> str | None:
     """What is wrong with an answer, or None."""
     if call.kind in ("python", "python_slow"):
@@ -121,9 +166,16 @@ def expected(call: Call, structured: dict) -> str | None:
     return None
 
 
+# How long a call may go unanswered before it counts as lost (--call-timeout); the default is the
+# HTTP client's own limit.
+CALL_TIMEOUT = 300.0
+
+
 async def agent_loop(index: int, calls: int, out: list[Call], stop: asyncio.Event | None,
                      key: str | None = None, pace: float = 0.0) -> None:
-    """One agent: one session, `calls` calls one after another (or until `stop` is set)."""
+    """One agent: one session, `calls` calls one after another (or until `stop` is set). A
+    session that cannot be opened costs the call it was opened for (recorded as lost), so an
+    agent whose every session is refused still ends."""
     name = agent_name(index)
     headers = {"Authorization": f"Bearer {key or agent_key(index)}"}
     weights = [w for _, w in MIX]
@@ -131,6 +183,7 @@ async def agent_loop(index: int, calls: int, out: list[Call], stop: asyncio.Even
     rng = __import__("random").Random(index)
     n = 0
     while n < calls and not (stop and stop.is_set()):
+        made = len(out)
         try:
             async with httpx2.AsyncClient(headers=headers, timeout=300) as client:
                 async with streamable_http_client(URL, http_client=client) as streams:
@@ -142,13 +195,21 @@ async def agent_loop(index: int, calls: int, out: list[Call], stop: asyncio.Even
                             out.append(call)
                             n += 1
                             await one_call(session, call)
-                            if call.error and "session" in call.error.lower():
+                            if call.error and ("session" in call.error.lower()
+                                               or call.error.startswith("no answer")):
                                 break  # a new session for the next call
                             if pace:
                                 await asyncio.sleep(pace)
         except Exception as e:  # noqa: BLE001 - a session that broke; the call in it is recorded
-            if out and out[-1].agent == name and out[-1].answers == 0 and out[-1].error is None:
-                out[-1].error = f"session: {type(e).__name__}: {e}"
+            mine = [c for c in out[made:] if c.agent == name]
+            if mine and mine[-1].answers == 0 and mine[-1].error is None:
+                mine[-1].error = f"session: {type(e).__name__}: {e}"
+            elif not mine:
+                kind = rng.choices(kinds, weights)[0]
+                out.append(Call(agent=name, kind=kind, token=f"tok-{uuid.uuid4().hex[:16]}",
+                                started=time.time(),
+                                error=f"session: {type(e).__name__}: {e}"))
+                n += 1
             await asyncio.sleep(1)
 
 
@@ -157,7 +218,11 @@ async def one_call(session: ClientSession, call: Call) -> None:
     call.started = time.time()
     t0 = time.perf_counter()
     try:
-        r = await session.call_tool(tool, args)
+        r = await asyncio.wait_for(session.call_tool(tool, args), CALL_TIMEOUT)
+    except TimeoutError:
+        call.error = f"no answer within {CALL_TIMEOUT:.0f} s"
+        call.ms = (time.perf_counter() - t0) * 1000
+        return
     except Exception as e:  # noqa: BLE001 - recorded as a call without an answer
         call.error = f"{type(e).__name__}: {e}"
         call.ms = (time.perf_counter() - t0) * 1000

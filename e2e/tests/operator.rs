@@ -123,9 +123,9 @@ async fn hello_sample_succeeds_shows_columns_and_is_cleaned_up() -> Result<()> {
         "{table}"
     );
 
-    wait_no_pods(&client, "hello", Duration::from_secs(10)).await?;
+    wait_no_pods(&client, "hello", Duration::from_secs(30)).await?;
     ensure!(
-        completed.elapsed() < Duration::from_secs(10),
+        completed.elapsed() < Duration::from_secs(30),
         "pod lingered {:?}",
         completed.elapsed()
     );

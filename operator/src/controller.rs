@@ -18,6 +18,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use sandboxrun_api::list_strategy::ListStrategy;
 use sandboxrun_api::{SandboxRun, SandboxRunStatus};
 use sandboxrun_core::metrics::PrometheusClient;
 use sandboxrun_core::{
@@ -917,8 +918,10 @@ pub async fn run(
     // A streaming list (the API server's WatchList: the initial state as watch events from its
     // cache): each run is decoded and trimmed on its own, where a paged list holds 500 full runs
     // at once, outputs included, and leaves the allocator that much fragmented (measured with
-    // the scale benchmark: e2e/BENCHMARKS.md).
-    let trigger = watcher(runs, watcher::Config::default().streaming_lists())
+    // the scale benchmark: e2e/BENCHMARKS.md). Paged where the server serves no streaming list.
+    let (strategy, why) = ListStrategy::probe(&runs).await;
+    tracing::info!(list = strategy.as_str(), "{why}");
+    let trigger = watcher(runs, strategy.apply(watcher::Config::default()))
         .default_backoff()
         .modify(trim)
         .reflect(writer)

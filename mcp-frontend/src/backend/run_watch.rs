@@ -23,6 +23,7 @@ use kube::Api;
 use kube::ResourceExt;
 use kube::runtime::{WatchStreamExt, watcher};
 use sandboxrun_api::SandboxRun;
+use sandboxrun_api::list_strategy::ListStrategy;
 use tokio::sync::watch;
 
 /// What a call learns about its run: the latest version seen, or that it is gone.
@@ -184,9 +185,10 @@ impl Drop for Subscription {
 /// handing every event to `subs`. Errors are retried with backoff; a call whose run is not seen
 /// meanwhile ends at its own deadline.
 pub async fn run(api: Api<SandboxRun>, selector: String, subs: Arc<Subscribers>) {
-    let config = watcher::Config::default()
-        .labels(&selector)
-        .streaming_lists();
+    // Streaming where the API server serves it (sandboxrun_api::list_strategy says why).
+    let (strategy, why) = ListStrategy::probe(&api).await;
+    tracing::info!(list = strategy.as_str(), "{why}");
+    let config = strategy.apply(watcher::Config::default().labels(&selector));
     let mut events = watcher(api.clone(), config).default_backoff().boxed();
     while let Some(event) = events.next().await {
         match event {

@@ -5,10 +5,11 @@
 // fixed test account and grants what the client asked for, so a client following redirects
 // gets the code back at its redirect_uri as after a user's click.
 //
-//   node provider.mjs --port 9000 --jwks keys.json [--account alice] [--provider-dir DIR]
+//   node provider.mjs --port 9000 --jwks keys.json [--host 127.0.0.1] [--account alice] [--provider-dir DIR]
 //
 // keys.json is a JWK Set with PRIVATE keys (each with a `kid`; the first key's `alg`, default
-// RS256, signs access tokens). The issuer is http://127.0.0.1:<port>. One static confidential
+// RS256, signs access tokens). The issuer is http://<host>:<port> (the cluster tests listen on
+// the node's bridge address, e2e/oauth/start.sh). One static confidential
 // client is configured for client_credentials: id `svc`, secret `svc-secret`. Prints
 // `ready <issuer>` on stdout once it listens. Restarting on the same port with another key file
 // is a key rotation: the old keys are gone from jwks_uri.
@@ -26,13 +27,14 @@ import path from 'node:path';
 const { values: args } = parseArgs({
   options: {
     port: { type: 'string' },
+    host: { type: 'string', default: '127.0.0.1' },
     jwks: { type: 'string' },
     account: { type: 'string', default: process.env.OIDC_ACCOUNT || 'alice' },
     'provider-dir': { type: 'string', default: process.env.OIDC_PROVIDER_DIR || '' },
   },
 });
 if (!args.port || !args.jwks) {
-  console.error('usage: provider.mjs --port N --jwks FILE [--account ID] [--provider-dir DIR]');
+  console.error('usage: provider.mjs --port N --jwks FILE [--host ADDR] [--account ID] [--provider-dir DIR]');
   process.exit(2);
 }
 
@@ -47,7 +49,7 @@ async function loadProvider() {
 const Provider = await loadProvider();
 
 const port = Number(args.port);
-const issuer = `http://127.0.0.1:${port}`;
+const issuer = `http://${args.host}:${port}`;
 const jwks = JSON.parse(readFileSync(args.jwks, 'utf8'));
 const signingAlg = jwks.keys[0].alg || 'RS256';
 const accountId = args.account;
@@ -168,7 +170,7 @@ const server = createServer((req, res) => {
 // the race cannot happen; real clients retry such a request, this test's cannot.
 server.keepAliveTimeout = 120_000;
 server.headersTimeout = 125_000;
-server.listen(port, '127.0.0.1', () => {
+server.listen(port, args.host, () => {
   console.log(`ready ${issuer}`);
 });
 for (const signal of ['SIGTERM', 'SIGINT']) {

@@ -1,0 +1,24 @@
+"""What holds across the whole cluster MCP suite.
+
+Each test that reads a run's audit line (operator_audit.the_audit_line) can only wait a moment
+for a duplicate; one written later would be missed there. So when the suite ends, every audit
+line on the operator's log (those of the Rust cluster suite before it included) is read once
+more, and a run named by two lines fails the suite."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from operator_audit import audit_lines_all
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_run_has_at_most_one_audit_line():
+    yield
+    lines = audit_lines_all()
+    assert lines, "the operator's log holds no audit line at all: the audit trail is not written"
+    per_run = collections.Counter(line.get("run") for line in lines)
+    twice = {run: n for run, n in per_run.items() if n > 1}
+    assert not twice, f"runs with more than one audit line: {twice}"

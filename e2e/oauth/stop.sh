@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Stops the authorization server of e2e/oauth/start.sh and deletes its key.
+set -uo pipefail
+DIR=/tmp/sandboxrun-oauth
+if [[ -f $DIR/pid ]]; then
+  pid=$(cat "$DIR/pid")
+  kill "$pid" 2>/dev/null && for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null
+fi
+rm -rf "$DIR"
