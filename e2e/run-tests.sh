@@ -6,6 +6,10 @@
 #   e2e/run-tests.sh            everything
 #   E2E_KEEP_CLUSTER=1 ...      leave the cluster running afterwards (for debugging)
 #   E2E_SKIP_CLUSTER=1 ...      only the checks and unit tests
+#   E2E_INSTALL_ONLY=1 ...      no checks, no tests: the cluster, its services and the chart as the
+#                               suite installs them (E2E_VALUES: one more values file), left up;
+#                               prints the environment the suites need (the full forms of
+#                               e2e/BENCHMARKS.md run against it)
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
@@ -35,13 +39,16 @@ export SANDBOXRUN_REQUIRE_ENGINES=gvisor,bubblewrap
 # The data profile's root file system was unpacked above: its tests must run, not skip.
 export SANDBOXRUN_REQUIRE_DATA_PROFILE=1
 
-step "checks: cargo fmt, cargo clippy"
+INSTALL_ONLY=${E2E_INSTALL_ONLY:-}
 wait "$cargo_fetch" || { cat "$cargo_fetch_log"; echo "cargo fetch --locked failed"; exit 1; }
+if [[ -z $INSTALL_ONLY ]]; then
+step "checks: cargo fmt, cargo clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "Helm chart: helm lint, helm template validated against the Kubernetes schemas (e2e/chart/validate.sh)"
 "$REPO_ROOT/e2e/chart/validate.sh"
+fi
 
 step "PostgreSQL for the execute_sql tests: e2e/postgres/start.sh"
 stop_postgres() { "$REPO_ROOT/e2e/postgres/stop.sh" >/dev/null 2>&1 || true; }
@@ -60,16 +67,23 @@ prom_output="$("$REPO_ROOT/e2e/prometheus/start.sh")"
 export SANDBOXRUN_TEST_PROMETHEUS_URL="${prom_output##*PROMETHEUS_URL=}"   # the last line is PROMETHEUS_URL=<url>
 export SANDBOXRUN_REQUIRE_PROMETHEUS=1
 
-step "unit and integration tests (no cluster)"
 # The agent's tests start the embedded server next to the agent binary (target/debug): build it
 # first (cargo test builds only the binaries of the package under test). The operator is built in
 # the same command, so the same features: these two dev binaries are what the cluster images carry
 # (SANDBOXRUN_CARGO_PROFILE=dev below), and e2e/install.sh's own build of them is then a no-op.
 cargo build --locked -p sandboxrun-mcp -p sandboxrun-operator
+if [[ -z $INSTALL_ONLY ]]; then
+step "unit and integration tests (no cluster)"
 cargo test --workspace --locked --exclude sandboxrun-e2e
+fi
 
 step "MCP client compatibility: the official Python SDK and the MCP Inspector vs sandboxrun-mcp"
-"$REPO_ROOT/mcp-frontend/tests/clients/run.sh"
+# With E2E_INSTALL_ONLY only its installs (Node 22 and oidc-provider, for e2e/oauth).
+if [[ -z $INSTALL_ONLY ]]; then
+  "$REPO_ROOT/mcp-frontend/tests/clients/run.sh"
+else
+  "$REPO_ROOT/mcp-frontend/tests/clients/run.sh" --collect-only -q >/dev/null
+fi
 
 if [[ ${E2E_SKIP_CLUSTER:-} == 1 ]]; then
   kill "$traefik_build" 2>/dev/null || true   # not needed without a cluster (a rerun finishes it)
@@ -162,8 +176,17 @@ SANDBOXRUN_CARGO_PROFILE=dev "$REPO_ROOT/e2e/install.sh" --set frontend.enabled=
   --set "sandbox.allowedRuntimeClasses={runc}" \
   --set ingress.enabled=true --set ingress.className=traefik \
   --set "ingress.hosts={localhost}" --set ingress.tls.secretName=sandboxrun-ingress-tls \
-  -f "$REPO_ROOT/e2e/values-governance.yaml"
+  -f "$REPO_ROOT/e2e/values-governance.yaml" ${E2E_VALUES:+-f "$E2E_VALUES"}
 kubectl -n sandboxrun-system get pods -o wide
+
+if [[ -n $INSTALL_ONLY ]]; then
+  trap - EXIT
+  step "installed; the cluster and its services stay up (e2e/cluster/down.sh, e2e/*/stop.sh take them away)"
+  printf 'export KUBECONFIG=%q MCP_URL=%q MCP_API_KEY=%q MCP_AGENT=%q KUBECTL=%q INGRESS_URL=%q INGRESS_CA=%q OAUTH_ISSUER=%q\n' \
+    "$KUBECONFIG" "http://10.244.0.1:$MCP_NODE_PORT/mcp" "$MCP_API_KEY" "$MCP_AGENT" \
+    "$(dirname "$KUBECONFIG")/bin/kubectl" "$INGRESS_URL" "$INGRESS_CA" "$OAUTH_ISSUER"
+  exit 0
+fi
 
 step "end-to-end tests against the cluster"
 # tests/agent.rs runs the agent binary against the frontend's NodePort; tests/kubectl_plugin.rs

@@ -156,16 +156,18 @@ def check_paths(calls: list[tuple[str, float, str, str]], paths: dict[str, str],
     """The exit status: 1 when the calls did not take the paths they were meant to."""
     if min_warm_share is None:
         return 0
+    # status.path is "Warm" or "Cold".
+    took = {name: path.lower() for name, path in paths.items()}
     meant_warm = [name for _, _, name, meant in calls if meant == "warm"]
     meant_cold = [name for _, _, name, meant in calls if meant == "cold"]
-    warm = sum(1 for name in meant_warm if paths.get(name) == "warm")
+    warm = sum(1 for name in meant_warm if took.get(name) == "warm")
     problems = []
     if not meant_warm:
         problems.append("no call was made with a full pool")
     elif warm < min_warm_share * len(meant_warm):
         problems.append(f"only {warm} of {len(meant_warm)} calls made with a full pool went warm "
                         f"(at least {min_warm_share:.0%} required)")
-    not_cold = [name for name in meant_cold if paths.get(name) != "cold"]
+    not_cold = [name for name in meant_cold if took.get(name) != "cold"]
     if not_cold:
         problems.append(f"calls of a cold block that were not cold: "
                         f"{[(n, paths.get(n)) for n in not_cold]}")

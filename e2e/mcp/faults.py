@@ -341,6 +341,15 @@ def run_faults(step, rounds: int) -> None:
                 step(f"round {r + 1}: deleted running sandboxes {running}, idle warm ones "
                      f"{delete_sandboxes(1, 'sandboxrun.dev/pool')}")
                 pause(4)
+            # None was running at those moments: wait for one (the agents keep calling), so the
+            # fault is not skipped by chance.
+            deadline = time.monotonic() + 60
+            while not running_deleted and time.monotonic() < deadline:
+                running = delete_sandboxes(1, "sandboxrun.dev/run")
+                running_deleted += len(running)
+                if running:
+                    step(f"round {r + 1}: deleted running sandbox {running}")
+                time.sleep(0.2)
         took_effect(running_deleted > 0, f"round {r + 1}: a running sandbox was deleted")
         with window("API server restart"):
             old = component_pid("kube-apiserver")
@@ -353,6 +362,9 @@ def run_faults(step, rounds: int) -> None:
         with window("kubelet stopped"):
             os.kill(kubelet, signal.SIGSTOP)
             try:
+                stopped = time.monotonic() + 10
+                while process_state(kubelet) != "T" and time.monotonic() < stopped:
+                    time.sleep(0.05)
                 took_effect(process_state(kubelet) == "T", f"round {r + 1}: the kubelet stopped")
                 step(f"round {r + 1}: stopped the kubelet (SIGSTOP)")
                 pause(15)

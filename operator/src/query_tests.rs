@@ -84,6 +84,17 @@ fn recorded(
     recorded_by(run, databases, policy, policy, false)
 }
 
+/// Executes `run` as [`recorded`] by `policy`.
+async fn as_recorded(
+    run: &SandboxRun,
+    databases: &Databases,
+    policy: &PolicyStore,
+    now: Timestamp,
+) -> Ended {
+    let recorded = recorded(run, Some(databases), Some(policy));
+    sql(run, Some(databases), &recorded, now).await
+}
+
 fn embedded_policy() -> PolicyStore {
     PolicyStore::new(sandboxrun_core::policy::embedded::embedded_policy())
 }
@@ -98,13 +109,7 @@ async fn sql_runs_execute_the_rewritten_query_and_write_the_typed_result() {
         "demo",
         "SELECT id, account FROM ledger ORDER BY id LIMIT 2",
     );
-    let (o, v) = sql(
-        &run,
-        Some(&databases),
-        &recorded(&run, Some(&databases), Some(&policy)),
-        now,
-    )
-    .await;
+    let (o, v) = as_recorded(&run, &databases, &policy, now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Succeeded, "QueryCompleted"),
@@ -125,13 +130,7 @@ async fn sql_runs_execute_the_rewritten_query_and_write_the_typed_result() {
 
     // The guard refuses `SELECT *` under this policy: nothing runs.
     let star = sql_run("sandbox", "demo", "SELECT * FROM ledger");
-    let (o, v) = sql(
-        &star,
-        Some(&databases),
-        &recorded(&star, Some(&databases), Some(&policy)),
-        now,
-    )
-    .await;
+    let (o, v) = as_recorded(&star, &databases, &policy, now).await;
     assert_eq!(
         (o.phase, o.reason.as_str()),
         (Phase::Rejected, "PolicyBlocked")

@@ -465,6 +465,24 @@ pub struct Classified {
     pub files_omitted: Vec<OmittedFile>,
 }
 
+impl Classified {
+    /// A run that reported nothing of its own: no exit status, no output, no files.
+    fn without_output(phase: Phase, reason: Reason, message: String) -> Self {
+        Self {
+            phase,
+            reason,
+            message,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            truncated: false,
+            duration_millis: None,
+            files: Vec::new(),
+            files_omitted: Vec::new(),
+        }
+    }
+}
+
 /// Says how a run ended, from the runner's envelope (`None` when none could be read) and what
 /// the platform saw. The rules, in order:
 ///
@@ -578,18 +596,11 @@ fn never_ran(not_run: &NotRun) -> Classified {
         NotRunReason::IsolationNotInForce => Reason::IsolationNotInForce,
         NotRunReason::Other => Reason::NoResult,
     };
-    Classified {
-        phase: Phase::Failed,
+    Classified::without_output(
+        Phase::Failed,
         reason,
-        message: cap_str(&not_run.message, DETAIL_TAIL_BYTES).text,
-        exit_code: None,
-        stdout: String::new(),
-        stderr: String::new(),
-        truncated: false,
-        duration_millis: None,
-        files: Vec::new(),
-        files_omitted: Vec::new(),
-    }
+        cap_str(&not_run.message, DETAIL_TAIL_BYTES).text,
+    )
 }
 
 fn without_envelope(seen: &Observed) -> Classified {
@@ -628,18 +639,7 @@ fn without_envelope(seen: &Observed) -> Classified {
         message.push_str("; last output: ");
         message.push_str(tail);
     }
-    Classified {
-        phase,
-        reason,
-        message,
-        exit_code: None,
-        stdout: String::new(),
-        stderr: String::new(),
-        truncated: false,
-        duration_millis: None,
-        files: Vec::new(),
-        files_omitted: Vec::new(),
-    }
+    Classified::without_output(phase, reason, message)
 }
 
 /// The last [`DETAIL_TAIL_BYTES`] of a text, on a character boundary, trimmed.
