@@ -141,11 +141,13 @@ export INGRESS_URL INGRESS_CA
 INGRESS_URL="$(sed -n 's/^INGRESS_URL=//p' <<<"$ingress_output")"
 INGRESS_CA="$(sed -n 's/^INGRESS_CA=//p' <<<"$ingress_output")"
 
-step "a real authorization server for the frontend's OAuth: oidc-provider on the node (e2e/oauth/start.sh)"
+step "a real authorization server for the frontend's OAuth: oidc-provider on a host of its own beside the node (e2e/oauth/start.sh)"
 MCP_NODE_PORT=30080   # the frontend's NodePort: the URL agents use, so the tokens' resource
 oauth_output="$("$REPO_ROOT/e2e/oauth/start.sh")"
 export OAUTH_ISSUER="${oauth_output##*OAUTH_ISSUER=}"
 oauth_port="${OAUTH_ISSUER##*:}"
+oauth_host="${OAUTH_ISSUER#http://}"
+oauth_host="${oauth_host%:*}"
 oauth_values="$(mktemp --suffix=.yaml)"
 cat > "$oauth_values" <<VALUES
 frontend:
@@ -155,7 +157,7 @@ frontend:
 networkPolicy:
   frontend:
     extraEgress:
-      - to: [{ipBlock: {cidr: 10.244.0.1/32}}]
+      - to: [{ipBlock: {cidr: $oauth_host/32}}]
         ports: [{port: $oauth_port, protocol: TCP}]
 VALUES
 

@@ -1,13 +1,12 @@
 """OAuth through the installed chart: the frontend in the cluster, installed with
 frontend.oauth.issuer naming a real authorization server (panva's oidc-provider, e2e/oauth/start.sh,
-on the node's bridge address) and its NetworkPolicy's egress opened to it
+on a host of its own outside the cluster's addresses) and its NetworkPolicy's egress opened to it
 (networkPolicy.frontend.extraEgress), accepts the access tokens that server issues for its
 resource, runs calls under the token's subject with what its scopes grant, and refuses tokens
 for another resource or with a broken signature. The frontend fetches the server's metadata and
-keys from its Pod, so a token accepted here proves the issuer was reached from inside the
-cluster. (This cluster's policy agent does not govern traffic to the node itself, so the egress
-rule is installed but not what lets it through here; e2e/tests/network_policy.rs shows the
-frontend's policy holding for other destinations.)
+keys from its Pod, through its NetworkPolicy: the issuer's port is reachable from the Pod, and
+another port of the same host is dropped by the policy (a timeout, where an ungoverned path
+would be refused at once).
 
 Environment (set by e2e/run-tests.sh): MCP_URL (the frontend's NodePort, also the chart's
 frontend.oauth.resource), OAUTH_ISSUER, KUBECTL."""
@@ -24,7 +23,7 @@ import anyio
 import httpx2
 import pytest
 from mcp import ClientSession
-from mcp.shared.exceptions import McpError
+from mcp.shared.exceptions import MCPError
 from mcp.client.streamable_http import streamable_http_client
 
 URL = os.environ["MCP_URL"]
@@ -65,6 +64,26 @@ async def call(bearer: str, tool: str, args: dict):
         return tools, await session.call_tool(tool, args)
 
 
+def exec_in_frontend(script: str, *args: str) -> subprocess.CompletedProcess:
+    """bash in the frontend's container (its image has bash and coreutils, no curl)."""
+    pod = subprocess.run(
+        [KUBECTL, "-n", "sandboxrun-system", "get", "pods", "-l", "app.kubernetes.io/component=frontend",
+         "-o", "jsonpath={.items[0].metadata.name}"], check=True, capture_output=True, text=True).stdout
+    return subprocess.run([KUBECTL, "-n", "sandboxrun-system", "exec", pod, "-c", "mcp", "--",
+                           "bash", "-c", script, "_", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_frontend_reaches_the_issuer_only_through_its_egress_rule():
+    host, port = ISSUER.removeprefix("http://").rsplit(":", 1)
+    connect = 'timeout 5 bash -c \'exec 3<>"/dev/tcp/$0/$1"\' "$1" "$2"; echo "exit $?"'
+    allowed = exec_in_frontend(connect, host, port)
+    assert allowed.stdout.strip() == "exit 0", (allowed.stdout, allowed.stderr)
+    # Nothing listens on the next port: without a policy the host would refuse at once (exit 1,
+    # "Connection refused"); the policy drops the packets, so the attempt times out (124).
+    other = exec_in_frontend(connect, host, str(int(port) + 1))
+    assert other.stdout.strip() == "exit 124", (other.stdout, other.stderr)
+
+
 def test_the_frontend_names_the_installed_issuer():
     r = httpx2.get(URL.replace("/mcp", "/.well-known/oauth-protected-resource/mcp"), timeout=30)
     assert r.status_code == 200, r.text
@@ -94,7 +113,7 @@ def test_a_scope_that_does_not_grant_the_tool_is_refused():
     try:
         _, result = anyio.run(call, bearer, "execute_sql",
                               {"database": "analytics", "query": "SELECT 1"})
-    except McpError as e:  # refused as a protocol error: also a refusal
+    except MCPError as e:  # refused as a protocol error: also a refusal
         assert "execute_sql" in str(e) or "scope" in str(e) or "not" in str(e), e
         return
     assert result.is_error, result

@@ -8,3 +8,8 @@ if [[ -f $DIR/pid ]]; then
   kill -9 "$pid" 2>/dev/null
 fi
 rm -rf "$DIR"
+# Its host (start.sh): deleting the namespace deletes both ends of the veth pair.
+ip route del 198.51.100.20/32 2>/dev/null
+ip netns del sbr-oauth 2>/dev/null
+ip link del sbroa0 2>/dev/null
+true
