@@ -60,6 +60,15 @@ impl ListStrategy {
         }
     }
 
+    /// Logs the probe's answer: a paged list is a warning (the server costs the component more
+    /// memory than it needs to), a streaming list is how it should be.
+    pub fn log(self, why: &str) {
+        match self {
+            Self::Streaming => tracing::info!(list = self.as_str(), "{why}"),
+            Self::Paged => tracing::warn!(list = self.as_str(), "{why}"),
+        }
+    }
+
     /// The strategy's name, for logs and metrics labels.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -920,7 +920,7 @@ pub async fn run(
     // at once, outputs included, and leaves the allocator that much fragmented (measured with
     // the scale benchmark: e2e/BENCHMARKS.md). Paged where the server serves no streaming list.
     let (strategy, why) = ListStrategy::probe(&runs).await;
-    tracing::info!(list = strategy.as_str(), "{why}");
+    strategy.log(&why);
     let trigger = watcher(runs, strategy.apply(watcher::Config::default()))
         .default_backoff()
         .modify(trim)

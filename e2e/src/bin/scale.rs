@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -378,8 +378,10 @@ impl Operator {
                 "--metrics-addr",
                 &format!("127.0.0.1:{port}"),
             ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
+            // And how it lists, which run-tests.sh checks.
+            .env("RUST_LOG", "warn,sandboxrun_api::list_strategy=info")
+            // Its log lines go to stdout (JSON), a panic to stderr: both into the log file.
+            .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;

@@ -187,7 +187,7 @@ impl Drop for Subscription {
 pub async fn run(api: Api<SandboxRun>, selector: String, subs: Arc<Subscribers>) {
     // Streaming where the API server serves it (sandboxrun_api::list_strategy says why).
     let (strategy, why) = ListStrategy::probe(&api).await;
-    tracing::info!(list = strategy.as_str(), "{why}");
+    strategy.log(&why);
     let config = strategy.apply(watcher::Config::default().labels(&selector));
     let mut events = watcher(api.clone(), config).default_backoff().boxed();
     while let Some(event) = events.next().await {
