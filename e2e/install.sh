@@ -18,8 +18,8 @@ RELEASE_NAMESPACE=${SANDBOXRUN_NAMESPACE:-sandboxrun-system}
 APPS=(operator)
 [[ -d mcp-frontend ]] && APPS+=(mcp)
 # The Cargo profile the images are built with: release (what ships) unless told otherwise. CI
-# passes dev: the unit tests have just built every dependency in that profile, so the images cost
-# a link instead of a second 7-minute optimised build; the documented benchmarks use release.
+# passes dev: the unit tests have just built every binary in that profile, so the images cost
+# no second 7-minute optimised build; the documented benchmarks use release.
 PROFILE=${SANDBOXRUN_CARGO_PROFILE:-release}
 case $PROFILE in
   release) TARGET_DIR="${CARGO_TARGET_DIR:-target}/release" ;;
@@ -27,8 +27,16 @@ case $PROFILE in
   *) die "SANDBOXRUN_CARGO_PROFILE must be release or dev, not '$PROFILE'" ;;
 esac
 
-log "building $PROFILE binaries: ${APPS[*]}"
-cargo build --profile "$PROFILE" --locked $(for app in "${APPS[@]}"; do printf -- '-p sandboxrun-%s ' "$app"; done)
+# SANDBOXRUN_PREBUILT=1: the caller built them (run-tests.sh compiles the whole workspace once,
+# with one feature set; building two packages alone here would resolve others and compile again).
+if [[ ${SANDBOXRUN_PREBUILT:-} == 1 ]]; then
+  for app in "${APPS[@]}"; do
+    [[ -x $TARGET_DIR/sandboxrun-$app ]] || die "SANDBOXRUN_PREBUILT=1 but $TARGET_DIR/sandboxrun-$app is not built"
+  done
+else
+  log "building $PROFILE binaries: ${APPS[*]}"
+  cargo build --profile "$PROFILE" --locked $(for app in "${APPS[@]}"; do printf -- '-p sandboxrun-%s ' "$app"; done)
+fi
 
 declare -A TAGS
 for app in "${APPS[@]}"; do

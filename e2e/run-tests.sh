@@ -20,31 +20,52 @@ TARGET="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 
 step "dependencies: Debian packages, pinned upstream binaries, images, the sandbox root filesystem"
 "$REPO_ROOT/e2e/cluster/install-deps.sh"
-# The crates download while Go builds the cluster (on a fresh machine, network next to CPU).
-cargo_fetch_log="$(mktemp --suffix=.cargo-fetch.log)"
-cargo fetch --locked > "$cargo_fetch_log" 2>&1 &
-cargo_fetch=$!
+INSTALL_ONLY=${E2E_INSTALL_ONLY:-}
+# On a fresh machine three kinds of work have to happen before the first test, and no one of them
+# keeps both cores busy: Go builds the cluster (CPU, in bursts between module downloads), the
+# images' root file systems are assembled (downloads and dpkg), and cargo fetches and compiles
+# the workspace. They run side by side; the compile is niced, so it takes the CPU the Go builds
+# leave idle and the cluster's binaries are not delayed. With warm caches all three are quick.
+background() {   # background NAME NICENESS COMMAND...: runs it, its output in a log file
+  local name=$1 niceness=$2
+  shift 2
+  local log_file
+  log_file="$(mktemp --suffix=".$name.log")"
+  nice -n "$niceness" "$@" > "$log_file" 2>&1 &
+  BG_PID[$name]=$!
+  BG_LOG[$name]=$log_file
+}
+await() {        # await NAME: waits for it; on failure shows its log and stops the run
+  local name=$1
+  wait "${BG_PID[$name]}" || { tail -60 "${BG_LOG[$name]}"; echo "$name failed (log: ${BG_LOG[$name]})"; exit 1; }
+}
+declare -A BG_PID BG_LOG
+rootfs_dir="${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs"
+background images 0 bash -c '"$1"/images/build.sh &&
+  "$1"/images/build.sh rootfs sandbox-python "$2"/sandbox-python &&
+  "$1"/images/build.sh rootfs sandbox-python-data "$2"/sandbox-python-data' _ "$REPO_ROOT" "$rootfs_dir"
+# Every cargo command of this script selects the whole workspace with its tests, so that one
+# feature set (cargo unifies features per command) serves the lints' build, the unit tests, the
+# end-to-end tests, the benchmarks' binaries and the images' binaries: each crate compiles once.
+CLIPPY=(cargo clippy --workspace --all-targets --locked -- -D warnings)
+BUILD=(cargo test --workspace --locked --no-run)
+if [[ -n $INSTALL_ONLY ]]; then CLIPPY=(true); fi
+# A failed lint or compile is reported (and shown) by the same command in its own step below.
+background compile 10 bash -c 'cargo fetch --locked && { "${@:2:$1}" || true; } && "${@:$1+2}"' _ \
+  "${#CLIPPY[@]}" "${CLIPPY[@]}" "${BUILD[@]}"
 "$REPO_ROOT/e2e/cluster/build.sh" etcd containerd gvisor netpol tools kubernetes
-# Traefik (the Ingress tests' controller) compiles while the images' root file systems are
-# assembled, which waits mostly on downloads and dpkg: about 5 minutes of CPU on a fresh machine
-# that would otherwise add to the run. Waited for before the cluster needs it.
-traefik_log="$(mktemp --suffix=.traefik-build.log)"
-"$REPO_ROOT/e2e/cluster/build.sh" traefik > "$traefik_log" 2>&1 &
-traefik_build=$!
-"$REPO_ROOT/images/build.sh"
-"$REPO_ROOT/images/build.sh" rootfs sandbox-python "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs/sandbox-python"
-"$REPO_ROOT/images/build.sh" rootfs sandbox-python-data "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs/sandbox-python-data"
+# Traefik (the Ingress tests' controller) is needed only once the cluster is up.
+background traefik 15 "$REPO_ROOT/e2e/cluster/build.sh" traefik
 # Both local sandbox engines exist on this machine: their tests must run, not skip.
 export SANDBOXRUN_REQUIRE_ENGINES=gvisor,bubblewrap
-# The data profile's root file system was unpacked above: its tests must run, not skip.
+# The data profile's root file system is unpacked by the images' job: its tests must run, not skip.
 export SANDBOXRUN_REQUIRE_DATA_PROFILE=1
 
-INSTALL_ONLY=${E2E_INSTALL_ONLY:-}
-wait "$cargo_fetch" || { cat "$cargo_fetch_log"; echo "cargo fetch --locked failed"; exit 1; }
+wait "${BG_PID[compile]}" || true
 if [[ -z $INSTALL_ONLY ]]; then
 step "checks: cargo fmt, cargo clippy"
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+"${CLIPPY[@]}"
 
 step "Helm chart: helm lint, helm template validated against the Kubernetes schemas (e2e/chart/validate.sh)"
 "$REPO_ROOT/e2e/chart/validate.sh"
@@ -67,11 +88,13 @@ prom_output="$("$REPO_ROOT/e2e/prometheus/start.sh")"
 export SANDBOXRUN_TEST_PROMETHEUS_URL="${prom_output##*PROMETHEUS_URL=}"   # the last line is PROMETHEUS_URL=<url>
 export SANDBOXRUN_REQUIRE_PROMETHEUS=1
 
-# The agent's tests start the embedded server next to the agent binary (target/debug): build it
-# first (cargo test builds only the binaries of the package under test). The operator is built in
-# the same command, so the same features: these two dev binaries are what the cluster images carry
-# (SANDBOXRUN_CARGO_PROFILE=dev below), and e2e/install.sh's own build of them is then a no-op.
-cargo build --locked -p sandboxrun-mcp -p sandboxrun-operator
+# Every test binary and every binary of the workspace (the agent's tests start the embedded
+# server next to the agent binary; the images carry the operator and the frontend built here,
+# in the dev profile: SANDBOXRUN_CARGO_PROFILE=dev below).
+"${BUILD[@]}"
+export SANDBOXRUN_MCP_BIN="$TARGET/debug/sandboxrun-mcp"   # mcp-frontend/tests/clients/run.sh
+await images
+cat "${BG_LOG[images]}"
 if [[ -z $INSTALL_ONLY ]]; then
 step "unit and integration tests (no cluster)"
 cargo test --workspace --locked --exclude sandboxrun-e2e
@@ -86,7 +109,7 @@ else
 fi
 
 if [[ ${E2E_SKIP_CLUSTER:-} == 1 ]]; then
-  kill "$traefik_build" 2>/dev/null || true   # not needed without a cluster (a rerun finishes it)
+  kill "${BG_PID[traefik]}" 2>/dev/null || true   # not needed without a cluster (a rerun finishes it)
   exit 0
 fi
 
@@ -135,7 +158,7 @@ step "the operator's databases Secret: the test PostgreSQL, read-only role, at t
 "$REPO_ROOT/e2e/postgres/databases-secret.sh" "$SANDBOXRUN_TEST_POSTGRES_URL"
 
 step "a real ingress controller: Traefik on the node, TLS with a test CA (e2e/ingress/start.sh)"
-wait "$traefik_build" || { cat "$traefik_log"; echo "building Traefik failed"; exit 1; }
+await traefik
 ingress_output="$("$REPO_ROOT/e2e/ingress/start.sh")"
 export INGRESS_URL INGRESS_CA
 INGRESS_URL="$(sed -n 's/^INGRESS_URL=//p' <<<"$ingress_output")"
@@ -170,7 +193,7 @@ keys_values="$(mktemp --suffix=.yaml)"
 MCP_API_KEY="$MCP_API_KEY" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/stress.py" keys 100 "$MCP_AGENT" > "$keys_values"
 # Images from the dev binaries built above: a release build would add 7 minutes to CI for the
 # same code (the documented benchmarks in e2e/BENCHMARKS.md build release).
-SANDBOXRUN_CARGO_PROFILE=dev "$REPO_ROOT/e2e/install.sh" --set frontend.enabled=true --set frontend.service.type=NodePort \
+SANDBOXRUN_CARGO_PROFILE=dev SANDBOXRUN_PREBUILT=1 "$REPO_ROOT/e2e/install.sh" --set frontend.enabled=true --set frontend.service.type=NodePort \
   --set frontend.service.nodePort=$MCP_NODE_PORT -f "$keys_values" \
   --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" -f "$oauth_values" \
   --set frontend.enableMetrics=true --set "operator.prometheus.url=$SANDBOXRUN_E2E_PROMETHEUS_URL" \
@@ -192,11 +215,14 @@ fi
 
 step "end-to-end tests against the cluster"
 # tests/agent.rs runs the agent binary against the frontend's NodePort; tests/kubectl_plugin.rs
-# runs kubectl-sandboxrun through the cluster's kubectl (plugin discovery on PATH).
-cargo build --locked -p sandboxrun-agent -p sandboxrun-kubectl
+# runs kubectl-sandboxrun through the cluster's kubectl (plugin discovery on PATH). The e2e
+# crate's tests are named one by one with the whole workspace selected: `-p sandboxrun-e2e` would
+# resolve other features and compile the tree again (BUILD above).
+e2e_tests() { for f in "$REPO_ROOT"/e2e/tests/*.rs; do printf -- '--test\n%s\n' "$(basename "$f" .rs)"; done; }
+mapfile -t E2E_TESTS < <(e2e_tests)
 # Two at a time: each test starts Pods, and the machine has two cores.
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
-  cargo test -p sandboxrun-e2e --locked --no-fail-fast -- --test-threads=2
+  cargo test --workspace --locked --no-fail-fast "${E2E_TESTS[@]}" -- --test-threads=2
 
 step "the frontend in the cluster, through its NodePort and through the Ingress, with the official Python MCP SDK"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
@@ -231,7 +257,7 @@ load() {
 }
 load --agents 20 --calls 5
 
-step "the load suite's self-tests: it must fail against a frontend that refuses every call, and with no operator"
+step "the load and fault suites' self-tests: each must fail against a frontend that refuses every call, and with no operator"
 # A suite that passes during an outage proves nothing: each broken system must fail it, and for
 # the reason named (the floor of successes, or calls lost), not for a crash of the suite itself.
 must_fail() {
@@ -239,17 +265,24 @@ must_fail() {
   shift 2
   if out="$("$@" 2>&1)"; then
     printf '%s\n' "$out" | tail -30
-    echo "self-test: the load suite PASSED against $what"
+    echo "self-test: $1 PASSED against $what"
     return 1
   fi
   printf '%s\n' "$out" | tail -12
   if ! grep -qE "$reason" <<<"$out"; then
-    echo "self-test: the load suite failed against $what, but not for the reason expected ($reason)"
+    echo "self-test: $1 failed against $what, but not for the reason expected ($reason)"
     return 1
   fi
-  echo "self-test: the load suite failed against $what, as it must"
+  echo "self-test: $1 failed against $what, as it must"
 }
+faults() {
+  MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
+    KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/faults.py" "$@"
+}
+# The fault suite's self-tests inject one short fault (the kubelet stopped for a few seconds).
 must_fail "a frontend that refuses every call" '^PROBLEM floor: ' load --agents 2 --calls 3 --refused
+must_fail "a frontend that refuses every call" '^PROBLEM floor: ' \
+  faults --agents 2 --faults kubelet --pace 0.5 --refused
 kubectl -n sandboxrun-system scale deployment sandboxrun-operator --replicas=0
 for _ in $(seq 120); do
   [[ -z "$(kubectl -n sandboxrun-system get pods -l app.kubernetes.io/component=operator -o name)" ]] && break
@@ -257,17 +290,18 @@ for _ in $(seq 120); do
 done
 must_fail "a cluster whose operator is scaled to 0" '^PROBLEM (floor|lost): ' \
   load --agents 2 --calls 2 --call-timeout 15 --settle 5
+must_fail "a cluster whose operator is scaled to 0" '^PROBLEM (floor|lost): ' \
+  faults --agents 2 --faults kubelet --pace 0.5 --call-timeout 15 --settle 5
 kubectl -n sandboxrun-system scale deployment sandboxrun-operator --replicas=1
 kubectl -n sandboxrun-system rollout status deployment sandboxrun-operator --timeout=180s
 
 step "faults, short form: operator killed, failover, sandbox Pods deleted, API server restarted, kubelet stopped"
-MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
-  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/faults.py" --agents 4 --rounds 1 --pace 0.5 --kills 1
+faults --agents 4 --rounds 1 --pace 0.5 --kills 1
 
 step "an API server without WatchList (Kubernetes 1.33's default): the operator and the frontend list in pages"
 # The operator settles 100 stored runs (the scale benchmark, kept for the next step), and the
 # frontend hands back a call; each says how it lists, and the server says it refused the stream.
-cargo build --locked -p sandboxrun-e2e --bin scale
+# (scale is one of the binaries BUILD compiled.)
 no_watchlist="$("$REPO_ROOT/e2e/cluster/apiserver-without-watchlist.sh" start)"
 no_watchlist_kubeconfig="${no_watchlist##*KUBECONFIG=}"
 KUBECONFIG="$no_watchlist_kubeconfig" "$TARGET"/debug/scale 100 --idle-seconds 2 --keep \
@@ -289,11 +323,11 @@ grep -q "the API server serves streaming lists" "${TMPDIR:-/tmp}/sandboxrun-scal
 
 step "NetworkPolicy enforced (kube-network-policies): sandbox and frontend Pods with a network stack, each block paired with its control"
 # One at a time: each takes one of the chart's policies away for its control.
-cargo test -p sandboxrun-e2e --locked --test network_policy -- --ignored --test-threads=1
+cargo test --workspace --locked --test network_policy -- --ignored --test-threads=1
 
 step "the chart's lifecycle: helm upgrade with a new policy keeps in-flight runs; helm uninstall (last)"
 # Run one at a time and in this order: the second one removes the release.
 for t in upgrade_with_a_new_policy_keeps_in_flight_runs_and_applies_to_new_ones \
   uninstall_leaves_no_sandbox_pods_behind; do
-  cargo test -p sandboxrun-e2e --locked --test chart_lifecycle -- --ignored --exact "$t"
+  cargo test --workspace --locked --test chart_lifecycle -- --ignored --exact "$t"
 done

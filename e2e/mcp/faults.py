@@ -25,11 +25,18 @@ succeeded (but for runs in flight while the watch was reconnecting).
 This drives the local cluster of e2e/cluster/up.sh on this machine: it signals the cluster's
 processes (their pid files under the cluster's state directory) and reads /var/log/pods, so it
 runs as root on the node. Usage (MCP_URL, MCP_API_KEY, KUBECTL as for the e2e/mcp suite):
-    faults.py [--agents 6] [--rounds 1] [--pace 1.0] [--kills 2]
+    faults.py [--agents 6] [--rounds 1] [--pace 1.0] [--kills 2] [--faults kill,pods,...]
+              [--call-timeout S] [--settle S] [--refused]
 
 --rounds repeats the whole schedule (the full suite: e2e/BENCHMARKS.md); --pace scales its
-pauses and --kills sets the operator SIGKILLs a round (CI: --pace 0.5 --kills 1). Exit status 1 when a
+pauses and --kills sets the operator SIGKILLs a round (CI: --pace 0.5 --kills 1); --faults picks
+faults of the schedule (kill, pods, apiserver, kubelet, failover, proxy). Exit status 1 when a
 check fails. Not collected by pytest.
+
+Its self-tests (e2e/run-tests.sh), as the load suite's: --refused makes every agent call with the
+key of an agent the frontend refuses everything, and with the operator scaled to 0 --call-timeout
+counts a call unanswered for S seconds as lost and --settle bounds the wait for the runs to end;
+both must fail the suite.
 """
 
 from __future__ import annotations
@@ -321,95 +328,119 @@ def process_state(pid: int) -> str:
         return f.read().rpartition(")")[2].split()[0]
 
 
+def fault_kill(step, r: int, proxy: FaultProxy) -> None:
+    for _ in range(KILLS):
+        with window("operator SIGKILL"):
+            step(f"round {r + 1}: SIGKILL the operator ({kill_operator()})")
+            t = wait(lambda: operators_ready(1) and len(operator_processes()) == 1, 180,
+                     "the operator to come back")
+        took_effect(killed_and_replaced(), f"round {r + 1}: the killed operator was replaced")
+        step(f"  the operator is back after {t:.0f} s")
+        pause(8)
+
+
+def fault_pods(step, r: int, proxy: FaultProxy) -> None:
+    running_deleted = 0
+    with window("sandbox Pods deleted"):
+        for _ in range(3):
+            running = delete_sandboxes(2, "sandboxrun.dev/run")
+            running_deleted += len(running)
+            step(f"round {r + 1}: deleted running sandboxes {running}, idle warm ones "
+                 f"{delete_sandboxes(1, 'sandboxrun.dev/pool')}")
+            pause(4)
+        # None was running at those moments: wait for one (the agents keep calling), so the
+        # fault is not skipped by chance.
+        deadline = time.monotonic() + 60
+        while not running_deleted and time.monotonic() < deadline:
+            running = delete_sandboxes(1, "sandboxrun.dev/run")
+            running_deleted += len(running)
+            if running:
+                step(f"round {r + 1}: deleted running sandbox {running}")
+            time.sleep(0.2)
+    took_effect(running_deleted > 0, f"round {r + 1}: a running sandbox was deleted")
+
+
+def fault_apiserver(step, r: int, proxy: FaultProxy) -> None:
+    with window("API server restart"):
+        old = component_pid("kube-apiserver")
+        t = restart_component("kube-apiserver", api_ready)
+    took_effect(not alive(old) and component_pid("kube-apiserver") != old,
+                f"round {r + 1}: the API server process was replaced")
+    step(f"round {r + 1}: restarted the API server (ready again after {t:.0f} s)")
+    pause(10)
+
+
+def fault_kubelet(step, r: int, proxy: FaultProxy) -> None:
+    kubelet = component_pid("kubelet")
+    with window("kubelet stopped"):
+        os.kill(kubelet, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic() + 10
+            while process_state(kubelet) != "T" and time.monotonic() < stopped:
+                time.sleep(0.05)
+            took_effect(process_state(kubelet) == "T", f"round {r + 1}: the kubelet stopped")
+            step(f"round {r + 1}: stopped the kubelet (SIGSTOP)")
+            pause(15)
+        finally:
+            os.kill(kubelet, signal.SIGCONT)
+    step(f"  resumed the kubelet (SIGCONT) after {15 * PACE:.0f} s")
+    pause(10)
+
+
+def fault_failover(step, r: int, proxy: FaultProxy) -> None:
+    stress.kubectl("-n", stress.SYSTEM_NS, "scale", "deployment", OPERATOR, "--replicas=2")
+    try:
+        wait(lambda: operators_ready(2) and len(operator_processes()) == 2, 180, "two operators")
+        was = leader()
+        with window("failover"):
+            step(f"round {r + 1}: two operator replicas; SIGKILL the leader {was} "
+                 f"({kill_operator(pod_of(was))})")
+            t = wait(lambda: leader() not in ("", was), 120, "a new leader")
+        step(f"  {leader()} leads after {t:.0f} s")
+        pause(10)
+    finally:
+        stress.kubectl("-n", stress.SYSTEM_NS, "scale", "deployment", OPERATOR, "--replicas=1")
+    wait(lambda: operators_ready(1), 180, "one operator again")
+    pause(5)
+
+
+def fault_proxy(step, r: int, proxy: FaultProxy) -> None:
+    with window("API errors and hangs"):
+        try:
+            operator_env("KUBERNETES_SERVICE_HOST=10.244.0.1", "KUBERNETES_SERVICE_PORT=6444")
+            step(f"round {r + 1}: the operator talks to the API server through the fault proxy")
+            before = dict(proxy.counts)
+            proxy.set(errors=0.3)
+            pause(20)
+            took_effect(proxy.counts["errors"] > before["errors"]
+                        and proxy.counts["passed"] > before["passed"],
+                        f"round {r + 1}: the proxy passed requests and failed some")
+            step(f"  30 % of its requests answered with errors for {20 * PACE:.0f} s ({proxy.counts})")
+            held = proxy.counts["held"]
+            proxy.set(hangs=0.2, hang_seconds=8)
+            pause(20)
+            took_effect(proxy.counts["held"] > held, f"round {r + 1}: the proxy held requests")
+            step(f"  20 % of its requests held 8 s for {20 * PACE:.0f} s ({proxy.counts})")
+        finally:
+            # Whatever happened, the cluster goes on without the proxy (later suites use it).
+            proxy.set()
+            operator_env("KUBERNETES_SERVICE_HOST-", "KUBERNETES_SERVICE_PORT-")
+    step(f"  the operator talks to the API server directly again ({proxy.counts})")
+    pause(5)
+
+
+# The schedule of a round, in order (--faults picks some of them; the self-tests pick one).
+FAULTS = {"kill": fault_kill, "pods": fault_pods, "apiserver": fault_apiserver,
+          "kubelet": fault_kubelet, "failover": fault_failover, "proxy": fault_proxy}
+CHOSEN = list(FAULTS)
+
+
 def run_faults(step, rounds: int) -> None:
     proxy = FaultProxy(("10.244.0.1", 6444), ("10.244.0.1", 6443)).start()
     pause(10)
     for r in range(rounds):
-        for i in range(KILLS):
-            with window("operator SIGKILL"):
-                step(f"round {r + 1}: SIGKILL the operator ({kill_operator()})")
-                t = wait(lambda: operators_ready(1) and len(operator_processes()) == 1, 180,
-                         "the operator to come back")
-            took_effect(killed_and_replaced(), f"round {r + 1}: the killed operator was replaced")
-            step(f"  the operator is back after {t:.0f} s")
-            pause(8)
-        running_deleted = 0
-        with window("sandbox Pods deleted"):
-            for i in range(3):
-                running = delete_sandboxes(2, "sandboxrun.dev/run")
-                running_deleted += len(running)
-                step(f"round {r + 1}: deleted running sandboxes {running}, idle warm ones "
-                     f"{delete_sandboxes(1, 'sandboxrun.dev/pool')}")
-                pause(4)
-            # None was running at those moments: wait for one (the agents keep calling), so the
-            # fault is not skipped by chance.
-            deadline = time.monotonic() + 60
-            while not running_deleted and time.monotonic() < deadline:
-                running = delete_sandboxes(1, "sandboxrun.dev/run")
-                running_deleted += len(running)
-                if running:
-                    step(f"round {r + 1}: deleted running sandbox {running}")
-                time.sleep(0.2)
-        took_effect(running_deleted > 0, f"round {r + 1}: a running sandbox was deleted")
-        with window("API server restart"):
-            old = component_pid("kube-apiserver")
-            t = restart_component("kube-apiserver", api_ready)
-        took_effect(not alive(old) and component_pid("kube-apiserver") != old,
-                    f"round {r + 1}: the API server process was replaced")
-        step(f"round {r + 1}: restarted the API server (ready again after {t:.0f} s)")
-        pause(10)
-        kubelet = component_pid("kubelet")
-        with window("kubelet stopped"):
-            os.kill(kubelet, signal.SIGSTOP)
-            try:
-                stopped = time.monotonic() + 10
-                while process_state(kubelet) != "T" and time.monotonic() < stopped:
-                    time.sleep(0.05)
-                took_effect(process_state(kubelet) == "T", f"round {r + 1}: the kubelet stopped")
-                step(f"round {r + 1}: stopped the kubelet (SIGSTOP)")
-                pause(15)
-            finally:
-                os.kill(kubelet, signal.SIGCONT)
-        step(f"  resumed the kubelet (SIGCONT) after {15 * PACE:.0f} s")
-        pause(10)
-        stress.kubectl("-n", stress.SYSTEM_NS, "scale", "deployment", OPERATOR, "--replicas=2")
-        try:
-            wait(lambda: operators_ready(2) and len(operator_processes()) == 2, 180,
-                 "two operators")
-            was = leader()
-            with window("failover"):
-                step(f"round {r + 1}: two operator replicas; SIGKILL the leader {was} "
-                     f"({kill_operator(pod_of(was))})")
-                t = wait(lambda: leader() not in ("", was), 120, "a new leader")
-            step(f"  {leader()} leads after {t:.0f} s")
-            pause(10)
-        finally:
-            stress.kubectl("-n", stress.SYSTEM_NS, "scale", "deployment", OPERATOR,
-                           "--replicas=1")
-        wait(lambda: operators_ready(1), 180, "one operator again")
-        pause(5)
-        with window("API errors and hangs"):
-            try:
-                operator_env("KUBERNETES_SERVICE_HOST=10.244.0.1", "KUBERNETES_SERVICE_PORT=6444")
-                step(f"round {r + 1}: the operator talks to the API server through the fault proxy")
-                before = dict(proxy.counts)
-                proxy.set(errors=0.3)
-                pause(20)
-                took_effect(proxy.counts["errors"] > before["errors"]
-                            and proxy.counts["passed"] > before["passed"],
-                            f"round {r + 1}: the proxy passed requests and failed some")
-                step(f"  30 % of its requests answered with errors for {20 * PACE:.0f} s ({proxy.counts})")
-                held = proxy.counts["held"]
-                proxy.set(hangs=0.2, hang_seconds=8)
-                pause(20)
-                took_effect(proxy.counts["held"] > held, f"round {r + 1}: the proxy held requests")
-                step(f"  20 % of its requests held 8 s for {20 * PACE:.0f} s ({proxy.counts})")
-            finally:
-                # Whatever happened, the cluster goes on without the proxy (later suites use it).
-                proxy.set()
-                operator_env("KUBERNETES_SERVICE_HOST-", "KUBERNETES_SERVICE_PORT-")
-        step(f"  the operator talks to the API server directly again ({proxy.counts})")
-        pause(5)
+        for name in CHOSEN:
+            FAULTS[name](step, r, proxy)
 
 
 def unexplained(calls: list[stress.Call]) -> list[str]:
@@ -458,13 +489,14 @@ async def main(a: argparse.Namespace) -> int:
         stop.set()
 
     t0 = time.perf_counter()
-    agents = asyncio.gather(*(stress.agent_loop(i, 10**6, calls, stop, pace=0.5)
+    key = stress.refused_key() if a.refused else None
+    agents = asyncio.gather(*(stress.agent_loop(i, 10**6, calls, stop, key=key, pace=0.5)
                               for i in range(a.agents)))
     await asyncio.gather(relay(), agents)
     done = await faults
     wall = time.perf_counter() - t0
     log(f"faults done; {len(calls)} calls; waiting for every run to end")
-    await loop.run_in_executor(None, stress.wait_ended, calls, 240)
+    await loop.run_in_executor(None, stress.wait_ended, calls, a.settle)
     time.sleep(3)
     pods.stop()
     audit.stop()
@@ -489,6 +521,15 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--pace", type=float, default=1.0)
     p.add_argument("--kills", type=int, default=2)
+    p.add_argument("--faults", default=",".join(FAULTS),
+                   help=f"which faults a round injects, in this order: {','.join(FAULTS)}")
+    p.add_argument("--call-timeout", type=float, default=stress.CALL_TIMEOUT)
+    p.add_argument("--settle", type=float, default=240)
+    p.add_argument("--refused", action="store_true")
     args = p.parse_args()
     PACE, KILLS = args.pace, args.kills
+    CHOSEN = [f for f in FAULTS if f in args.faults.split(",")]
+    if unknown := set(args.faults.split(",")) - set(FAULTS):
+        p.error(f"unknown faults {sorted(unknown)}; known: {','.join(FAULTS)}")
+    stress.CALL_TIMEOUT = args.call_timeout
     raise SystemExit(asyncio.run(main(args)))

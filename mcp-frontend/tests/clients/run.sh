@@ -56,8 +56,12 @@ fi
 export OIDC_NODE="$INSPECTOR_NODE"
 export OIDC_PROVIDER_DIR="$OIDC_DIR"
 
-(cd "$ROOT" && cargo build --quiet -p sandboxrun-mcp)
-export SANDBOXRUN_MCP_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/sandboxrun-mcp"
+# The server under test: SANDBOXRUN_MCP_BIN when the caller built it (e2e/run-tests.sh), else a
+# dev build of it.
+if [[ -z ${SANDBOXRUN_MCP_BIN:-} ]]; then
+  (cd "$ROOT" && cargo build --quiet -p sandboxrun-mcp)
+  export SANDBOXRUN_MCP_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/sandboxrun-mcp"
+fi
 export RUST_LOG="${RUST_LOG:-sandboxrun_mcp=warn,warn}"
 
 cd "$HERE"
