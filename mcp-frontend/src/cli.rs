@@ -176,8 +176,7 @@ pub struct HttpArgs {
     )]
     pub allowed_hosts: Vec<String>,
     /// Origin values accepted from browsers (`scheme://host:port`); repeatable. Requests
-    /// without an Origin header always pass, and so do pages of this server's own origin at an
-    /// allowed host.
+    /// without an Origin header always pass.
     #[arg(
         long = "allowed-origin",
         env = "SANDBOXRUN_ALLOWED_ORIGINS",
