@@ -34,6 +34,17 @@ await() {        # await NAME: waits for it; on failure shows its log and stops 
   wait "${BG_PID[$name]}" || { tail -60 "${BG_LOG[$name]}"; echo "$name failed (log: ${BG_LOG[$name]})"; exit 1; }
 }
 declare -A BG_PID BG_LOG
+# bounded MINUTES COMMAND...: a suite that hangs fails after MINUTES, naming itself, instead of
+# holding the run until CI's own limit (it happened once: an attach to a sandbox that had just
+# started was left unanswered by the node for an hour). Each bound is several times the suite's
+# usual length on a fresh machine.
+bounded() {
+  local minutes=$1 rc=0
+  shift
+  timeout --kill-after=30s "${minutes}m" "$@" || rc=$?
+  if ((rc == 124 || rc == 137)); then echo "did not finish within $minutes minutes: $*" >&2; fi
+  return "$rc"
+}
 # The crates download while Go builds the cluster (on a fresh machine, network next to CPU).
 # Measured: compiling the workspace beside the Go builds and the images as well (niced) made a
 # fresh run 6 minutes slower, not faster: the three saturate this 2-core machine, so they run
@@ -89,13 +100,13 @@ cargo build --workspace --all-targets --locked
 export SANDBOXRUN_MCP_BIN="$TARGET/debug/sandboxrun-mcp"   # mcp-frontend/tests/clients/run.sh
 if [[ -z $INSTALL_ONLY ]]; then
 step "unit and integration tests (no cluster)"
-cargo test --workspace --locked --exclude sandboxrun-e2e
+bounded 30 cargo test --workspace --locked --exclude sandboxrun-e2e
 fi
 
 step "MCP client compatibility: the official Python SDK and the MCP Inspector vs sandboxrun-mcp"
 # With E2E_INSTALL_ONLY only its installs (Node 22 and oidc-provider, for e2e/oauth).
 if [[ -z $INSTALL_ONLY ]]; then
-  "$REPO_ROOT/mcp-frontend/tests/clients/run.sh"
+  bounded 20 "$REPO_ROOT/mcp-frontend/tests/clients/run.sh"
 else
   "$REPO_ROOT/mcp-frontend/tests/clients/run.sh" --collect-only -q >/dev/null
 fi
@@ -214,25 +225,25 @@ e2e_tests() { for f in "$REPO_ROOT"/e2e/tests/*.rs; do printf -- '--test\n%s\n' 
 mapfile -t E2E_TESTS < <(e2e_tests)
 # Two at a time: each test starts Pods, and the machine has two cores.
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
-  cargo test --workspace --locked --no-fail-fast "${E2E_TESTS[@]}" -- --test-threads=2
+  bounded 40 cargo test --workspace --locked --no-fail-fast "${E2E_TESTS[@]}" -- --test-threads=2
 
 step "the frontend in the cluster, through its NodePort and through the Ingress, with the official Python MCP SDK"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
-  "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" -m pytest -q -p no:cacheprovider \
+  bounded 30 "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" -m pytest -q -p no:cacheprovider \
   "$REPO_ROOT/e2e/mcp"
 
 step "warm against cold through MCP, short form (the full benchmark: e2e/BENCHMARKS.md)"
 # It fails unless the calls made with a full pool went warm (80 %) and those of cold blocks cold.
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
-  "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" "$REPO_ROOT/e2e/mcp/bench_warm.py" \
+  bounded 20 "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" "$REPO_ROOT/e2e/mcp/bench_warm.py" \
   --sequential 10 --block 5 --staggered 0 --burst 6 --rounds 1 --replicas 2 --refill --min-warm-share 0.8
 
 step "import pandas warm against cold (the data profile's pool), short form"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
-  "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/bench_warm.py" --pool data --profile data \
+  bounded 20 "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/bench_warm.py" --pool data --profile data \
   --code $'import pandas\nprint(1)' --sequential 3 --block 3 --staggered 0 --burst 0 --replicas 1 \
   --refill --min-warm-share 0.8
 # The data pool's idle sandbox is not needed past here: the heavy suites below (load, faults,
@@ -245,7 +256,7 @@ kubectl -n sandboxrun-runs scale sandboxpool data --replicas=0
 step "load, short form: 20 agents x 5 calls, every call answered once (the full 100 x 20: e2e/BENCHMARKS.md)"
 load() {
   MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
-    KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/load.py" "$@"
+    KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" bounded 20 "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/load.py" "$@"
 }
 load --agents 20 --calls 5
 
@@ -269,7 +280,7 @@ must_fail() {
 }
 faults() {
   MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
-    KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/faults.py" "$@"
+    KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" bounded 30 "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/faults.py" "$@"
 }
 # The fault suite's self-tests inject one short fault (the kubelet stopped for a few seconds).
 must_fail "a frontend that refuses every call" '^PROBLEM floor: ' load --agents 2 --calls 3 --refused
@@ -296,11 +307,11 @@ step "an API server without WatchList (Kubernetes 1.33's default): the operator 
 # (scale is one of the binaries built above.)
 no_watchlist="$("$REPO_ROOT/e2e/cluster/apiserver-without-watchlist.sh" start)"
 no_watchlist_kubeconfig="${no_watchlist##*KUBECONFIG=}"
-KUBECONFIG="$no_watchlist_kubeconfig" "$TARGET"/debug/scale 100 --idle-seconds 2 --keep \
+KUBECONFIG="$no_watchlist_kubeconfig" bounded 15 "$TARGET"/debug/scale 100 --idle-seconds 2 --keep \
   --operator "$TARGET"/debug/sandboxrun-operator
 grep -q "the API server refused a streaming list.*sendInitialEvents" "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log" || {
   tail -20 "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log"; echo "the operator did not fall back to a paged list"; exit 1; }
-KUBECONFIG="$no_watchlist_kubeconfig" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/call_over_stdio.py" \
+KUBECONFIG="$no_watchlist_kubeconfig" bounded 10 "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/call_over_stdio.py" \
   "$TARGET"/debug/sandboxrun-mcp "the API server refused a streaming list"
 "$REPO_ROOT/e2e/cluster/apiserver-without-watchlist.sh" stop
 
@@ -308,18 +319,18 @@ step "scale, short form: the operator with 500 and 2000 stored runs (the full 10
 # A debug build of the benchmark (built above: it only drives the API server), measuring the
 # operator binary the cluster's image carries (a dev build here; the documented full form
 # measures release).
-"$TARGET"/debug/scale 500 2000 --idle-seconds 5 --operator "$TARGET"/debug/sandboxrun-operator
+bounded 20 "$TARGET"/debug/scale 500 2000 --idle-seconds 5 --operator "$TARGET"/debug/sandboxrun-operator
 # The same operator binary against the cluster's own API server streams its lists.
 grep -q "the API server serves streaming lists" "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log" || {
   tail -20 "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log"; echo "the operator did not use a streaming list"; exit 1; }
 
 step "NetworkPolicy enforced (kube-network-policies): sandbox and frontend Pods with a network stack, each block paired with its control"
 # One at a time: each takes one of the chart's policies away for its control.
-cargo test --workspace --locked --test network_policy -- --ignored --test-threads=1
+bounded 20 cargo test --workspace --locked --test network_policy -- --ignored --test-threads=1
 
 step "the chart's lifecycle: helm upgrade with a new policy keeps in-flight runs; helm uninstall (last)"
 # Run one at a time and in this order: the second one removes the release.
 for t in upgrade_with_a_new_policy_keeps_in_flight_runs_and_applies_to_new_ones \
   uninstall_leaves_no_sandbox_pods_behind; do
-  cargo test --workspace --locked --test chart_lifecycle -- --ignored --exact "$t"
+  bounded 15 cargo test --workspace --locked --test chart_lifecycle -- --ignored --exact "$t"
 done

@@ -308,7 +308,9 @@ fn probe_from(
     python: bool,
     targets: &[Target],
 ) -> Result<BTreeMap<String, (bool, String)>> {
-    let mut command = kubectl();
+    // Bounded like every call of the test: a probe takes a few seconds (its connects time out).
+    let mut command = Command::new("timeout");
+    command.arg("60").arg(kubectl().get_program());
     command.args(["-n", namespace, "exec", pod, "-c", container, "--"]);
     if python {
         command.args(["python3", "-c", PROBE_PY]);
@@ -735,6 +737,79 @@ impl Drop for KilledOnDrop {
     }
 }
 
+/// A sandbox lost to the harness before it told what its code did: deleted by its pool before
+/// its log was read (a runner that ran nothing exits at once), or never reached by the program.
+/// Says nothing about the network policy: `run_in_fresh_sandbox` takes another.
+#[derive(Debug)]
+struct Lost(String);
+
+impl std::fmt::Display for Lost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Lost {}
+
+/// The sandbox container's log so far ("" while it cannot be read); `Lost` once the Pod is gone.
+async fn log_of(pods: &Api<Pod>, name: &str) -> Result<String> {
+    let params = kube::api::LogParams {
+        container: Some("sandbox".to_owned()),
+        ..Default::default()
+    };
+    match within("the log", pods.logs(name, &params)).await? {
+        Ok(log) => Ok(log),
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            Err(Lost(format!("{name} was deleted before its log was read")).into())
+        }
+        Err(_) => Ok(String::new()),
+    }
+}
+
+/// Makes a runc pool of one and hands `code` to its sandbox the instant it starts
+/// (`feed_first_sandbox`). A sandbox lost to the harness is replaced by a fresh pool, twice at
+/// most; the pool is deleted either way.
+async fn run_in_fresh_sandbox(
+    client: &Client,
+    prefix: &str,
+    pids: u32,
+    code: &str,
+) -> Result<(sandboxrun_core::RunnerResult, String)> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let pool = TestPool::create_in_runtime(client, prefix, pids, 1, "runc").await?;
+        let result = feed_first_sandbox(client, &pool, code).await;
+        pool.delete().await?;
+        match result {
+            Err(e) if attempt < 3 && e.downcast_ref::<Lost>().is_some() => {
+                eprintln!("{prefix}: {e}; again, with a fresh pool");
+            }
+            other => return other,
+        }
+    }
+}
+
+/// How long `feed_first_sandbox` gives the attach stream to take the program (as the operator's
+/// early feeder: well inside the runner's 7 s wait for the policy, after which a runner that ran
+/// nothing exits and its pool deletes it, log and all), and then to carry the envelope (the
+/// probe's connects take a few seconds), before it hangs up.
+const HELD_AFTER: Duration = Duration::from_secs(3);
+const STREAM_WITHIN: Duration = Duration::from_secs(30);
+/// When a runner whose log is still empty after a held session is taken to have received
+/// nothing: past its wait for the network policy (7 s; it reads its stdin only then).
+const NOTHING_RECEIVED_AFTER: Duration = Duration::from_secs(15);
+
+/// How long one call to the API server may take in `feed_first_sandbox`.
+const CALL_WITHIN: Duration = Duration::from_secs(20);
+
+/// `call`, or an error naming `what` when it takes longer than `CALL_WITHIN`.
+async fn within<T>(what: &str, call: impl std::future::Future<Output = T>) -> Result<T> {
+    tokio::time::timeout(CALL_WITHIN, call)
+        .await
+        .map_err(|_| anyhow::anyhow!("{what}: no answer within {CALL_WITHIN:?}"))
+}
+
 /// Hands `code` to the first sandbox of `pool` the instant its container runs: the Pod is
 /// attached to as soon as it exists, again and again until the attach holds (as the operator's
 /// early feeder does), and the framed program is written at once. Returns the runner's envelope,
@@ -745,14 +820,14 @@ async fn feed_first_sandbox(
     pool: &TestPool,
     code: &str,
 ) -> Result<(sandboxrun_core::RunnerResult, String)> {
-    use kube::api::{AttachParams, LogParams};
+    use kube::api::AttachParams;
     use sandboxrun_core::{Limits, PROGRAM_RECEIVED, Program, parse_envelope, program_frame};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), RUNS_NAMESPACE);
     let deadline = Instant::now() + Duration::from_secs(120);
     let name = loop {
-        if let Some(pod) = pool.idle().await?.first() {
+        if let Some(pod) = within("listing the pool", pool.idle()).await??.first() {
             break pod.name_any();
         }
         ensure!(Instant::now() < deadline, "pool {} made no Pod", pool.name);
@@ -768,55 +843,85 @@ async fn feed_first_sandbox(
         .stdin(true)
         .stdout(true)
         .stderr(false);
-    let log_params = LogParams {
-        container: Some("sandbox".to_owned()),
-        ..LogParams::default()
-    };
     // As the operator's early feeder does (operator/src/python/feed.rs): an attach to a container
     // the kubelet cannot reach yet opens and ends at once ("unable to upgrade connection"; its
     // stdin is untouched, so trying again is safe), and one that opened while the container was
     // being started may hold the program until the session ends and stream nothing: the
     // container's log, which the runner writes whatever the stream does, then tells.
-    loop {
-        let mut attached = match pods.attach(&name, &params).await {
-            Ok(attached) => attached,
-            Err(e) => {
+    //
+    // Every call is bounded (CALL_WITHIN): the client has no read timeout, and an attach made the
+    // instant a runc container starts was once left unanswered for an hour by the node. An
+    // attach never answered wrote nothing, so trying again is safe.
+    let mut held_sessions = 0;
+    'session: loop {
+        let attached = tokio::time::timeout(CALL_WITHIN, pods.attach(&name, &params)).await;
+        let mut attached = match attached {
+            Ok(Ok(attached)) => attached,
+            Ok(Err(kube::Error::Api(e))) if e.code == 404 => {
+                return Err(Lost(format!("{name} was deleted before it was fed")).into());
+            }
+            Ok(Err(e)) => {
                 ensure!(Instant::now() < deadline, "cannot attach to {name}: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(_) => {
+                eprintln!("{name}: an attach not answered within {CALL_WITHIN:?}; again");
+                ensure!(
+                    Instant::now() < deadline,
+                    "cannot attach to {name}: no answer within {CALL_WITHIN:?}"
+                );
                 continue;
             }
         };
         let status = attached.take_status();
         let mut stdin = attached.stdin().context("no stdin stream")?;
-        stdin.write_all(&frame).await?;
-        stdin.shutdown().await?;
-        drop(stdin);
         let mut stdout = attached.stdout().context("no stdout stream")?;
-        let mut log = Vec::new();
-        let read = tokio::time::timeout(Duration::from_secs(90), async {
-            let mut chunk = vec![0u8; 64 * 1024];
-            loop {
-                let n = stdout.read(&mut chunk).await?;
-                if n == 0 {
-                    return anyhow::Ok(());
-                }
-                log.extend_from_slice(&chunk[..n]);
-                let text = String::from_utf8_lossy(&log);
-                if text.ends_with('\n') && parse_envelope(&text).is_ok() {
-                    return Ok(());
-                }
-            }
+        // The stream may hold the program (the write does not complete) or the output (nothing
+        // comes) until the session ends: then, as the operator's early feeder does, hang up and
+        // let the log tell.
+        let wrote = tokio::time::timeout(HELD_AFTER, async {
+            stdin.write_all(&frame).await?;
+            stdin.shutdown().await
         })
         .await;
+        drop(stdin);
+        let mut log = Vec::new();
+        let program_held = wrote.is_err();
+        let held = match wrote {
+            Ok(written) => {
+                written?;
+                let read = tokio::time::timeout(STREAM_WITHIN, async {
+                    let mut chunk = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = stdout.read(&mut chunk).await?;
+                        if n == 0 {
+                            return anyhow::Ok(());
+                        }
+                        log.extend_from_slice(&chunk[..n]);
+                        let text = String::from_utf8_lossy(&log);
+                        if text.ends_with('\n') && parse_envelope(&text).is_ok() {
+                            return Ok(());
+                        }
+                    }
+                })
+                .await;
+                read.is_err()
+            }
+            Err(_) => true,
+        };
         attached.abort();
         let text = String::from_utf8_lossy(&log).into_owned();
         if let Ok(envelope) = parse_envelope(&text) {
             return Ok((envelope, name));
         }
-        ensure!(
-            read.is_ok(),
-            "no envelope from {name} within 90 s: {text:?}"
-        );
+        if held {
+            held_sessions += 1;
+            eprintln!(
+                "{name}: the attach stream held the {} (got {text:?}); hung up, the log tells",
+                if program_held { "program" } else { "output" }
+            );
+        }
         let said = match status {
             Some(status) => tokio::time::timeout(Duration::from_secs(1), status)
                 .await
@@ -826,7 +931,10 @@ async fn feed_first_sandbox(
             None => None,
         }
         .unwrap_or_default();
-        let head = pods.logs(&name, &log_params).await.unwrap_or_default();
+        let head = log_of(&pods, &name).await?;
+        if let Ok(envelope) = parse_envelope(&head) {
+            return Ok((envelope, name));
+        }
         let received = head
             .lines()
             .any(|l| l.starts_with(&format!("{PROGRAM_RECEIVED} ")));
@@ -839,13 +947,30 @@ async fn feed_first_sandbox(
             continue;
         }
         // The session ended without the envelope on the stream: the log has it once the runner
-        // is done (it exits after printing it, or right away when it ran nothing).
-        let until = Instant::now() + Duration::from_secs(90);
+        // is done (it exits after printing it, or right away when it ran nothing). A log still
+        // empty well past the runner's isolation wait means the program never reached it (a
+        // session held by the node can swallow it): its stdin is still open, so it is sent
+        // again, as the operator's reconcile does after its early feeder.
+        let hung_up = Instant::now();
+        let until = hung_up + Duration::from_secs(90);
         loop {
-            let log = pods.logs(&name, &log_params).await.unwrap_or_default();
+            let log = log_of(&pods, &name).await?;
             if let Ok(envelope) = parse_envelope(&log) {
                 eprintln!("{name}: the envelope came from the log (the stream ended: {said:?})");
                 return Ok((envelope, name));
+            }
+            if held && log.is_empty() && hung_up.elapsed() > NOTHING_RECEIVED_AFTER {
+                if held_sessions >= 3 {
+                    let why = format!(
+                        "the program reached {name} in none of {held_sessions} held sessions"
+                    );
+                    return Err(Lost(why).into());
+                }
+                eprintln!(
+                    "{name}: its log is empty {NOTHING_RECEIVED_AFTER:?} after the session: \
+                     nothing reached the runner; sending the program again"
+                );
+                continue 'session;
             }
             ensure!(
                 Instant::now() < until,
@@ -909,9 +1034,8 @@ async fn code_that_connects_the_instant_a_runc_sandbox_starts_reaches_nothing() 
     // Fresh runc sandboxes, each handed the program the instant it runs: the policy agent may
     // not know the Pod yet, and the runner must not read the program before it does.
     for round in 0..3 {
-        let pool =
-            TestPool::create_in_runtime(&client, "e2e-barrier", 53 + round, 1, "runc").await?;
-        let (envelope, sandbox) = feed_first_sandbox(&client, &pool, &code).await?;
+        let (envelope, sandbox) =
+            run_in_fresh_sandbox(&client, "e2e-barrier", 53 + round, &code).await?;
         ensure!(
             envelope.not_run.is_none(),
             "sandbox {sandbox} ran nothing: {:?}",
@@ -936,7 +1060,6 @@ async fn code_that_connects_the_instant_a_runc_sandbox_starts_reaches_nothing() 
             );
         }
         eprintln!("round {round}: {sandbox} reached nothing the instant its code started");
-        pool.delete().await?;
     }
 
     // The control: without the deny-all, a new sandbox can reach the canary and never stops
@@ -956,8 +1079,7 @@ async fn code_that_connects_the_instant_a_runc_sandbox_starts_reaches_nothing() 
         ENFORCEMENT_TIMEOUT,
     )
     .await?;
-    let pool = TestPool::create_in_runtime(&client, "e2e-barrier-c", 56, 1, "runc").await?;
-    let (envelope, sandbox) = feed_first_sandbox(&client, &pool, &code).await?;
+    let (envelope, sandbox) = run_in_fresh_sandbox(&client, "e2e-barrier-c", 56, &code).await?;
     let not_run = envelope
         .not_run
         .with_context(|| format!("{sandbox} ran its code with no policy: {}", envelope.stdout))?;
@@ -966,7 +1088,6 @@ async fn code_that_connects_the_instant_a_runc_sandbox_starts_reaches_nothing() 
         "{not_run:?}"
     );
     eprintln!("control: {sandbox} ran nothing: {}", not_run.message);
-    pool.delete().await?;
     removed.restore(&client).await?;
     witness_pool.delete().await?;
     Ok(())

@@ -189,17 +189,23 @@ struct Watchdog {
 }
 
 impl Watchdog {
-    fn start() -> Self {
+    /// Watches from the start: every stage of a fuzz run, not only its cases, is begun on the
+    /// watchdog (a run once hung for minutes with no case running; see `fuzz`).
+    fn start(test: &str, seed: u64) -> Self {
         let current: Arc<Mutex<Option<(Instant, String)>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
         let (c, s) = (current.clone(), stop.clone());
+        let test = test.to_owned();
         std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(500));
                 if let Some((since, what)) = &*c.lock().unwrap_or_else(|e| e.into_inner())
                     && since.elapsed() > WATCHDOG_BOUND
                 {
-                    eprintln!("fuzz: HANG: a case ran for more than {WATCHDOG_BOUND:?}: {what}");
+                    eprintln!(
+                        "fuzz {test} (SANDBOXRUN_FUZZ_SEED={seed}): HANG: more than \
+                         {WATCHDOG_BOUND:?} in: {what}"
+                    );
                     std::process::abort();
                 }
             }
@@ -2005,15 +2011,17 @@ fn fuzz(test: &str, cases: u32, rate_per_minute: u32, burst: u32) -> Stats {
         .thread_name("sandboxrun-fuzz")
         .build()
         .expect("runtime");
+    let (mut runner, seed) = runner(cases);
+    eprintln!("fuzz {test}: {cases} cases, SANDBOXRUN_FUZZ_SEED={seed}");
+    let watchdog = Watchdog::start(test, seed);
+    watchdog.begin("building the harness".into());
     let harness = RefCell::new(Some(rt.block_on(Harness::new(
         &dir,
         rate_per_minute,
         burst,
     ))));
+    watchdog.begin("generating the first case".into());
     let stats = RefCell::new(Stats::default());
-    let watchdog = Watchdog::start();
-    let (mut runner, seed) = runner(cases);
-    eprintln!("fuzz {test}: {cases} cases, SANDBOXRUN_FUZZ_SEED={seed}");
     let started = Instant::now();
     let panics_before = panics();
     let result = runner.run(&case(), |case| {
@@ -2038,7 +2046,7 @@ fn fuzz(test: &str, cases: u32, rate_per_minute: u32, burst: u32) -> Stats {
         let h = guard.as_ref().expect("harness");
         let panics_at_start = panics();
         let outcome = rt.block_on(run_case(h, &case, &stats));
-        watchdog.end();
+        watchdog.begin("generating the next case, or shrinking".into());
         if panics() != panics_at_start {
             return Err(TestCaseError::fail(
                 "a panic on a fuzzing thread (see above)",
@@ -2069,10 +2077,12 @@ fn fuzz(test: &str, cases: u32, rate_per_minute: u32, burst: u32) -> Stats {
     let h = harness.borrow_mut().take().expect("harness");
     watchdog.begin("final usability check".into());
     rt.block_on(h.assert_usable());
-    watchdog.end();
+    // Dropping the runtime waits for its blocking tasks: watched like the cases.
+    watchdog.begin("dropping the harness and its runtime".into());
     drop(h);
-    assert!(!panicked, "panics while fuzzing");
     drop(rt);
+    watchdog.end();
+    assert!(!panicked, "panics while fuzzing");
     let _ = std::fs::remove_dir_all(&dir);
     s
 }

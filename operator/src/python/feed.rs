@@ -55,6 +55,8 @@ const CONFIRM_WITHIN: Duration = Duration::from_secs(20);
 const EARLY_CONFIRM_WITHIN: Duration = Duration::from_secs(3);
 /// How long the early feeder looks in the log for a confirmation it did not see on the stream.
 const LOG_CONFIRM_WITHIN: Duration = Duration::from_secs(3);
+/// How long the API server may take to open an attach stream (it takes well under a second).
+const ATTACH_WITHIN: Duration = Duration::from_secs(20);
 /// Between attempts to attach to a sandbox that has not started yet: often at first, when a
 /// gVisor sandbox usually starts, then less often for one that takes long (an image pull).
 const ATTACH_RETRY: Duration = Duration::from_millis(100);
@@ -265,7 +267,15 @@ async fn session(
         .stdout(true)
         .stderr(false);
     let began = std::time::Instant::now();
-    let mut attached = pods.attach(pod, &params).await?;
+    // The client has no read timeout, and the node may leave an attach unanswered: bounded, so
+    // that a feeder (which the reconcile waits for) cannot hang. Unanswered, it wrote nothing.
+    let mut attached = tokio::time::timeout(ATTACH_WITHIN, pods.attach(pod, &params))
+        .await
+        .map_err(|_| {
+            FeedError::NotStarted(format!(
+                "the attach was not answered within {ATTACH_WITHIN:?}"
+            ))
+        })??;
     let attach_ms = began.elapsed().as_millis();
     let status = attached.take_status();
     let mut stdout = attached.stdout();
