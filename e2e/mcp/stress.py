@@ -84,7 +84,12 @@ def keys_values(n: int, base_agent: str) -> str:
 
 
 def kubectl(*args: str) -> str:
-    return subprocess.run([KUBECTL, *args], check=True, capture_output=True, text=True).stdout
+    done = subprocess.run([KUBECTL, *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        # Say what kubectl said: a bare CalledProcessError hides why a suite stopped.
+        raise RuntimeError(f"kubectl {' '.join(args)} failed ({done.returncode}): "
+                           f"{done.stderr.strip()[:2000]}")
+    return done.stdout
 
 
 def pct(values: list[float], p: float) -> float:
