@@ -387,11 +387,14 @@ async fn postgres_sessions_read_text_as_the_guard_does_whatever_the_url_says() {
 
 // 4. No backend outlives its timeout.
 
-/// Busy backends (not idle in the pool) of the reader role opened by the executor.
+/// Busy backends (not idle in the pool) of the reader role opened by the executor, from this
+/// machine's own address: CI runs these tests beside the cluster's operator, which connects as
+/// the same role, with the same application name, from the Pod network.
 async fn busy_backends(watcher: &mut sqlx::PgConnection) -> Vec<(i32, String, String)> {
     sqlx::query_as(
         "SELECT pid, coalesce(state, ''), left(query, 120) FROM pg_stat_activity \
          WHERE usename = current_user AND application_name = 'sandboxrun' \
+           AND client_addr IS NOT DISTINCT FROM inet_client_addr() \
            AND pid <> pg_backend_pid() AND state IS DISTINCT FROM 'idle'",
     )
     .fetch_all(watcher)
@@ -440,8 +443,9 @@ async fn no_postgres_backend_outlives_its_timeout_after_hostile_queries() {
             "{hostile} returned after {:?}",
             started.elapsed()
         );
-        // Its backend is gone or idle within a second of the call's end.
-        let deadline = Instant::now() + Duration::from_secs(1);
+        // Its backend is gone or idle soon after the call's end. Generous too (the machine may
+        // be busy): left running, the second query's backend would sleep for 200 s.
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let busy = busy_backends(&mut watcher).await;
             if busy.is_empty() {
