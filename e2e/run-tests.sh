@@ -122,6 +122,9 @@ elif [[ ${E2E_SKIP_CLUSTER:-} == 1 ]]; then
   kill "${BG_PID[traefik]}" 2>/dev/null || true   # not needed without a cluster (a rerun finishes it)
   exit 0
 else
+  # Their installs first, in the foreground: the cluster's OAuth server runs on the Node 22 they
+  # install (e2e/oauth/start.sh).
+  "$REPO_ROOT/mcp-frontend/tests/clients/run.sh" --collect-only -q >/dev/null
   step "lints, unit tests and the MCP clients: in the background, beside the cluster (their log comes at the end)"
   background no-cluster niced no_cluster_suites
 fi
