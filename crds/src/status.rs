@@ -16,6 +16,10 @@ use serde::{Deserialize, Serialize};
 pub const CONDITION_STARTED: &str = "Started";
 /// Condition type: the run reached a terminal phase (True, reason says how) or not yet (False).
 pub const CONDITION_COMPLETED: &str = "Completed";
+/// Condition type: the run's audit line. The terminal status is written with it False (the line
+/// is owed), and it turns True once the line is out; whichever replica reconciles a terminal run
+/// that still owes its line writes it, so a crash between the status and the line loses nothing.
+pub const CONDITION_AUDITED: &str = "Audited";
 
 /// A run's status only moves forward, whoever writes it and whenever a write arrives: the phase
 /// never goes back (AwaitingApproval, Pending, Running, then one terminal phase that is final)

@@ -1,5 +1,7 @@
-//! The audit trail: exactly one JSON log line (tracing target `audit`) per call, written when the
-//! run reaches its terminal phase, so the line holds everything decided about the call: who
+//! The audit trail: one JSON log line (tracing target `audit`) per call, written when the run
+//! reaches its terminal phase (owed until then, and written by the next replica if the operator
+//! dies first: `CONDITION_AUDITED`; twice, identically, only if it dies between the line and
+//! that record), so the line holds everything decided about the call: who
 //! asked for what (agent, tool, environment), what policy decided (verdict, rule, reason),
 //! whether a person approved it, how it ended (phase, phase reason) and how long it took from
 //! creation. With the operator's JSON logs each line reads

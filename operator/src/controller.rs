@@ -12,6 +12,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
@@ -19,7 +20,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use sandboxrun_api::list_strategy::ListStrategy;
-use sandboxrun_api::{SandboxRun, SandboxRunStatus};
+use sandboxrun_api::{CONDITION_AUDITED, SandboxRun, SandboxRunStatus};
 use sandboxrun_core::metrics::PrometheusClient;
 use sandboxrun_core::{
     CallContext, Databases, Decision, Environment, Phase, PolicyStore, Reason, Tool, Verdict,
@@ -36,6 +37,9 @@ use crate::{audit, ttl};
 
 /// The one field manager of every status write (server-side apply).
 pub const FIELD_MANAGER: &str = "sandboxrun-operator";
+/// The field manager of the `Audited` condition alone: applying it as [`FIELD_MANAGER`] would
+/// drop every other status field that manager wrote.
+const AUDIT_FIELD_MANAGER: &str = "sandboxrun-operator-audit";
 /// Longest wait between retries of a failing reconciliation.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
@@ -88,6 +92,9 @@ pub struct Context {
     /// the write may have committed with its answer lost (a 504, a dropped connection), and then
     /// the next reconcile finds the run already terminal (see [`Reconcile::finished`]).
     unaudited: Mutex<HashMap<String, Unaudited>>,
+    /// Runs whose audit line this process wrote and whose `Audited` condition is not recorded
+    /// yet, by uid: recording it is retried without writing the line again.
+    audit_written: Mutex<std::collections::HashSet<String>>,
 }
 
 /// An end whose terminal status write failed, as [`Context::unaudited`] keeps it.
@@ -132,6 +139,7 @@ impl Context {
             claims_in_doubt: Default::default(),
             failures: Mutex::default(),
             unaudited: Mutex::default(),
+            audit_written: Mutex::default(),
         }
     }
 
@@ -285,6 +293,19 @@ impl Error {
 /// The outcome of a stage: go on to the next stage with a `T`, or end this reconciliation with
 /// an [`Action`].
 pub type Stage<T> = Result<ControlFlow<Action, T>, Error>;
+
+/// Whether a terminal status still owes its audit line (see `CONDITION_AUDITED`). A run that
+/// ended before the condition existed owes nothing: its line was written then.
+fn owes_audit(status: &SandboxRunStatus) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_AUDITED && c.status == "False")
+}
+
+/// The `Audited` condition's reasons.
+const AUDIT_OWED: &str = "Owed";
+const AUDIT_WRITTEN: &str = "Written";
 
 /// Whether a status is in a terminal phase.
 pub fn is_terminal(status: &SandboxRunStatus) -> bool {
@@ -593,6 +614,18 @@ impl<'a> Reconcile<'a> {
         // ended the run; its late write then fails the precondition instead of ending the run a
         // second time with a second audit line.
         let read_at = fresh.and_then(|r| r.metadata.resource_version);
+        // Written with its audit line owed: if this process dies before the line is out, the
+        // next one to reconcile the run writes it (`finished`).
+        let mut status = status;
+        outcome::set_condition(
+            &mut status.conditions,
+            CONDITION_AUDITED,
+            false,
+            AUDIT_OWED,
+            "the run's audit line is being written",
+            self.generation,
+            self.now,
+        );
         if let Err(e) = self.apply_if_unchanged(&status, read_at).await {
             if let Error::Kube(kube::Error::Api(conflict)) = &e
                 && conflict.code == 409
@@ -621,6 +654,7 @@ impl<'a> Reconcile<'a> {
         self.ctx.feeds.forget(&self.uid());
         info!(run = %self.name, phase = %outcome.phase, reason = %outcome.reason, "run finished");
         self.record_end(&status, outcome.phase, &outcome.reason);
+        self.audit_recorded().await;
         if let Some(start) = outcome.started_at {
             let secs = outcome.finished_at.duration_since(start).as_secs_f64();
             self.ctx.metrics.run_duration.observe(secs.max(0.0));
@@ -654,10 +688,19 @@ impl<'a> Reconcile<'a> {
         self.end(prev, tool, &outcome, pod.as_deref()).await
     }
 
-    /// The call's one audit line and its metrics: the run is terminal from here on.
+    /// The call's audit line and its metrics: the run is terminal from here on. The line's
+    /// duration counts to the run's completion, not to now, so a line written again by another
+    /// process (see `owed_audit`) is the same line (its duration to the second: the API server
+    /// keeps the completion time in whole seconds).
     fn record_end(&self, status: &SandboxRunStatus, phase: Phase, reason: &str) {
         let tool = status.tool;
-        audit::record(self.run, tool, status, phase, reason, self.now);
+        let ended = status.completion_time.as_ref().map_or(self.now, |t| t.0);
+        audit::record(self.run, tool, status, phase, reason, ended);
+        self.ctx
+            .audit_written
+            .lock()
+            .expect("not poisoned")
+            .insert(self.uid());
         let metrics = &self.ctx.metrics;
         metrics.entered(phase);
         metrics.finished_call(
@@ -667,6 +710,75 @@ impl<'a> Reconcile<'a> {
             status.decision.as_ref().map(|d| d.verdict),
             phase,
         );
+    }
+
+    /// Records that the run's audit line is out (its `Audited` condition turns True). A failure
+    /// only costs a retry: the next reconcile records it, without writing the line again.
+    async fn audit_recorded(&self) {
+        let patch = json!({
+            "apiVersion": SandboxRun::api_version(&()),
+            "kind": SandboxRun::kind(&()),
+            "status": {"conditions": [{
+                "type": CONDITION_AUDITED,
+                "status": "True",
+                "reason": AUDIT_WRITTEN,
+                "message": "the run's audit line was written",
+                "lastTransitionTime": Time(self.now),
+            }]},
+        });
+        let mut patch = patch;
+        if let Some(generation) = self.generation {
+            patch["status"]["conditions"][0]["observedGeneration"] = json!(generation);
+        }
+        let params = PatchParams::apply(AUDIT_FIELD_MANAGER).force();
+        match self
+            .runs
+            .patch_status(&self.name, &params, &Patch::Apply(&patch))
+            .await
+        {
+            Ok(_) => {
+                self.ctx
+                    .audit_written
+                    .lock()
+                    .expect("not poisoned")
+                    .remove(&self.uid());
+            }
+            Err(e) => {
+                warn!(run = %self.name, error = %e, "could not record that the audit line was written; retried on the next reconcile");
+            }
+        }
+    }
+
+    /// A terminal run whose audit line is still owed (its `Audited` condition is False): the
+    /// process that ended it died, or could not record the line, before recording it. Writes
+    /// the line from the run as stored (unless this process already wrote it), then records it.
+    async fn owed_audit(&self, status: &SandboxRunStatus) -> Result<(), Error> {
+        if !owes_audit(status) {
+            return Ok(());
+        }
+        let written = self
+            .ctx
+            .audit_written
+            .lock()
+            .expect("not poisoned")
+            .contains(&self.uid());
+        if !written {
+            // The cached copy is trimmed; the line needs the whole terminal status.
+            let Some(stored) = self.runs.get_opt(&self.name).await? else {
+                return Ok(());
+            };
+            // The cache may lag: the stored run may have it recorded already.
+            let Some(full) = stored.status.filter(|s| is_terminal(s) && owes_audit(s)) else {
+                return Ok(());
+            };
+            let (Some(phase), Some(reason)) = (full.phase, full.reason.clone()) else {
+                return Ok(());
+            };
+            info!(run = %self.name, "a terminal run still owes its audit line (its operator stopped before recording it); writing it");
+            self.record_end(&full, phase, &reason);
+        }
+        self.audit_recorded().await;
+        Ok(())
     }
 
     /// The run's uid (empty if the API server gave none).
@@ -693,6 +805,7 @@ impl<'a> Reconcile<'a> {
             info!(run = %self.name, "the terminal status write committed although it failed; writing its audit line");
             self.record_end(&end.status, end.phase, &end.reason);
         }
+        self.owed_audit(status).await?;
         if let Some(pod) = status
             .pod_name
             .as_ref()
@@ -878,7 +991,8 @@ pub fn trim(run: &mut SandboxRun) {
             status.files_omitted = Vec::new();
             status.result = None;
             status.message = None;
-            status.conditions = Vec::new();
+            // Only what a later reconcile acts on: whether the audit line is still owed.
+            status.conditions.retain(|c| c.type_ == CONDITION_AUDITED);
             if let Some(decision) = status.decision.as_mut() {
                 decision.rule = String::new();
                 decision.reason = String::new();

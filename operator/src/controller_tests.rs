@@ -186,7 +186,12 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
         requests[1].ends_with(&format!("/pods/{POD}/log")),
         "{requests:?}"
     );
-    assert_eq!(requests[2..], [get_run(), patch_status(), delete_pod()]);
+    // The terminal check, the terminal status, the record that its audit line is out, then the
+    // Pod goes.
+    assert_eq!(
+        requests[2..],
+        [get_run(), patch_status(), patch_status(), delete_pod()]
+    );
     let status = api.status();
     assert_eq!(
         (&status["phase"], &status["reason"]),
@@ -235,8 +240,12 @@ async fn a_blocked_run_ends_rejected_without_a_pod() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, Some("default: block\nrules: []\n"));
     let action = reconcile_as(cached(&api), &ctx).await;
-    // Decided on a fresh read, then ended after one more (the terminal check): no Pod.
-    assert_eq!(api.take_requests(), [get_run(), get_run(), patch_status()]);
+    // Decided on a fresh read, then ended after one more (the terminal check), and its audit
+    // line recorded: no Pod.
+    assert_eq!(
+        api.take_requests(),
+        [get_run(), get_run(), patch_status(), patch_status()]
+    );
     let status = api.status();
     assert_eq!(
         (
@@ -462,7 +471,7 @@ async fn a_query_run_reads_the_api_server_before_executing() {
     let ctx = context(&api, None);
     reconcile_as(cached(&api), &ctx).await;
     // decide (fresh read, Allow recorded), the fresh read and the claim before the query, the
-    // terminal check and the terminal status.
+    // terminal check, the terminal status and the record that its audit line is out.
     assert_eq!(
         api.take_requests(),
         [
@@ -471,6 +480,7 @@ async fn a_query_run_reads_the_api_server_before_executing() {
             get_run(),
             patch_status(),
             get_run(),
+            patch_status(),
             patch_status()
         ]
     );
@@ -752,10 +762,11 @@ async fn a_cancelled_run_ends_cancelled_once_with_its_audit_line_and_no_pod() {
     let stale = cached(&api);
     reconcile_as(stale.clone(), &ctx).await;
     let requests = api.take_requests();
-    // The terminal check, the status, then the sandbox goes.
+    // The terminal check, the status, the record that its audit line is out, then the sandbox
+    // goes.
     assert_eq!(
         requests,
-        [get_run(), patch_status(), delete_pod()],
+        [get_run(), patch_status(), patch_status(), delete_pod()],
         "{requests:?}"
     );
     let status = api.status();
@@ -834,6 +845,52 @@ async fn a_terminal_write_that_committed_with_its_answer_lost_still_gets_one_aud
     let lines = audit.lines();
     assert_eq!(lines.len(), 1, "one audit line: {lines:?}");
     assert_eq!(lines[0]["fields"]["phase"], "Succeeded");
+}
+
+#[tokio::test]
+async fn an_audit_line_owed_by_an_operator_that_died_is_written_by_the_next_one() {
+    let (audit, _guard) = Captured::audit();
+    let (api, ctx) = a_run_whose_code_succeeded().await;
+    reconcile_as(cached(&api), &ctx).await;
+    let status = api.status();
+    assert_eq!(status["phase"], "Succeeded");
+    let audited = |status: &Value| {
+        status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Audited")
+            .map(|c| c["status"].as_str().unwrap_or_default().to_owned())
+    };
+    assert_eq!(audited(&status).as_deref(), Some("True"), "{status}");
+    assert_eq!(audit.lines().len(), 1);
+
+    // As an operator killed between the terminal status and its audit line leaves the run.
+    api.with(|s| {
+        let conditions = s.run.as_mut().unwrap()["status"]["conditions"]
+            .as_array_mut()
+            .unwrap();
+        for c in conditions.iter_mut().filter(|c| c["type"] == "Audited") {
+            c["status"] = json!("False");
+        }
+    });
+    // The next operator (nothing in memory) writes the line, the same line, and records it.
+    let next = context(&api, None);
+    reconcile_as(cached(&api), &next).await;
+    assert_eq!(audited(&api.status()).as_deref(), Some("True"));
+    let lines = audit.lines();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    // The same line; its duration counts to the completion time as stored (whole seconds).
+    let without_duration = |line: &Value| {
+        let mut fields = line["fields"].clone();
+        fields.as_object_mut().unwrap().remove("duration_ms");
+        fields
+    };
+    assert_eq!(without_duration(&lines[0]), without_duration(&lines[1]));
+    // Recorded: no third line, from either operator.
+    reconcile_as(cached(&api), &next).await;
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(audit.lines().len(), 2);
 }
 
 #[tokio::test]

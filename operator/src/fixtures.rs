@@ -238,9 +238,31 @@ async fn handle(
                 }
                 Some(run) => {
                     bump(run);
-                    // Server-side apply with force by the one field manager: the status is
-                    // exactly what was applied.
-                    run["status"] = body["status"].clone();
+                    if uri
+                        .query()
+                        .unwrap_or_default()
+                        .contains("sandboxrun-operator-audit")
+                    {
+                        // The audit condition's own field manager: server-side apply merges
+                        // its conditions into the list (a map keyed by type), nothing else.
+                        let mut conditions = run["status"]["conditions"]
+                            .as_array()
+                            .cloned()
+                            .unwrap_or_default();
+                        for c in body["status"]["conditions"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                        {
+                            conditions.retain(|o| o["type"] != c["type"]);
+                            conditions.push(c.clone());
+                        }
+                        run["status"]["conditions"] = json!(conditions);
+                    } else {
+                        // Server-side apply with force by the operator's field manager: the
+                        // status is what was applied.
+                        run["status"] = body["status"].clone();
+                    }
                     let answer = json_response(200, run);
                     if s.lose_status_responses > 0 {
                         s.lose_status_responses -= 1;
