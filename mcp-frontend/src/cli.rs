@@ -176,7 +176,8 @@ pub struct HttpArgs {
     )]
     pub allowed_hosts: Vec<String>,
     /// Origin values accepted from browsers (`scheme://host:port`); repeatable. Requests
-    /// without an Origin header always pass.
+    /// without an Origin header always pass, and so do pages of this server's own origin
+    /// (`http://` or `https://` and exactly the request's Host, which must be allowed).
     #[arg(
         long = "allowed-origin",
         env = "SANDBOXRUN_ALLOWED_ORIGINS",

@@ -1,7 +1,10 @@
 //! Origin and Host validation, the defence against DNS rebinding and cross-site requests from
 //! a browser: a web page can make a browser send requests to this server, but it cannot forge
 //! the `Origin` header, and a rebound DNS name still shows up in `Host`. Requests without an
-//! `Origin` (every non-browser client) pass.
+//! `Origin` (every non-browser client) pass, and so do pages of the server's own origin: an
+//! `Origin` that is `http://` or `https://` followed by exactly the request's `Host`, which the
+//! Host check then requires to be an allowed one (a rebound name is same-origin with its own page
+//! too, and fails there).
 
 use axum::http::HeaderMap;
 use axum::http::header::{HOST, ORIGIN};
@@ -44,6 +47,19 @@ fn split_host(authority: &str) -> (String, Option<&str>) {
         Some((host, port)) if !host.contains(':') => (host.to_ascii_lowercase(), Some(port)),
         _ => (authority.to_ascii_lowercase(), None),
     }
+}
+
+/// Whether a normalized `Origin` names exactly the authority of the request's `Host`, with the
+/// scheme http or https (behind a TLS-terminating proxy the server cannot tell which one the page
+/// used). Exact text: another port, a trailing dot, another spelling of an address or a missing
+/// port is another origin (browsers send both headers as they serialize them, so a page of this
+/// server matches); `null` and schemeless values never match.
+fn same_origin(origin: &str, host: &str) -> bool {
+    let host = host.trim().to_ascii_lowercase();
+    !host.is_empty()
+        && ["http://", "https://"]
+            .iter()
+            .any(|scheme| origin.strip_prefix(scheme) == Some(host.as_str()))
 }
 
 impl OriginPolicy {
@@ -95,18 +111,20 @@ impl OriginPolicy {
         self.check(headers)
     }
 
-    /// Checks a request's headers.
+    /// Checks a request's headers. An `Origin` passes when it is listed, or when it is the
+    /// request's own origin (see [`same_origin`]); the `Host` must be allowed either way.
     pub fn check(&self, headers: &HeaderMap) -> Result<(), Refusal> {
-        if let Some(origin) = headers.get(ORIGIN) {
-            let origin = origin.to_str().unwrap_or("<not text>");
-            if !self.origins.contains(&normalize_origin(origin)) {
-                return Err(Refusal::Origin(origin.to_owned()));
-            }
-        }
         let host = headers
             .get(HOST)
             .and_then(|h| h.to_str().ok())
             .unwrap_or("");
+        if let Some(origin) = headers.get(ORIGIN) {
+            let origin = origin.to_str().unwrap_or("<not text>");
+            let normalized = normalize_origin(origin);
+            if !self.origins.contains(&normalized) && !same_origin(&normalized, host) {
+                return Err(Refusal::Origin(origin.to_owned()));
+            }
+        }
         if !self.host_allowed(host) {
             return Err(Refusal::Host(host.to_owned()));
         }
@@ -178,6 +196,116 @@ mod tests {
                 ("origin", "http://localhost:6275")
             ])),
             Err(Refusal::Origin("http://localhost:6275".into()))
+        );
+    }
+
+    #[test]
+    fn the_requests_own_origin_passes_at_an_allowed_host() {
+        let p = OriginPolicy::new(&[], &[]);
+        for (host, origin) in [
+            ("localhost:8123", "http://localhost:8123"),
+            ("localhost:8123", "https://localhost:8123"),
+            ("127.0.0.1:8123", "http://127.0.0.1:8123/"),
+            ("[::1]:8123", "http://[::1]:8123"),
+            ("localhost", "http://localhost"),
+            // Host names are case-insensitive; browsers send them lowercase.
+            ("LOCALHOST:8123", "http://localhost:8123"),
+            ("localhost:8123", "HTTP://LocalHost:8123"),
+        ] {
+            assert_eq!(
+                p.check(&headers(&[("host", host), ("origin", origin)])),
+                Ok(()),
+                "{host} {origin}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rebound_name_is_same_origin_with_its_page_and_refused_by_host() {
+        let p = OriginPolicy::new(&[], &[]);
+        for host in [
+            "evil.example.com",
+            "evil.example.com:8123",
+            "localhost.evil.example:8123",
+            "localhost.:8123",
+            "127.0.0.2:8123",
+            "[::2]:8123",
+            "[::ffff:127.0.0.1]:8123",
+        ] {
+            assert_eq!(
+                p.check(&headers(&[
+                    ("host", host),
+                    ("origin", &format!("http://{host}"))
+                ])),
+                Err(Refusal::Host(host.into())),
+                "{host}"
+            );
+        }
+    }
+
+    #[test]
+    fn any_other_origin_is_refused_even_at_a_loopback_host() {
+        let p = OriginPolicy::new(&[], &[]);
+        for (host, origin) in [
+            // Other ports, other hosts: other origins.
+            ("localhost:8123", "http://localhost:8124"),
+            ("localhost:8123", "http://localhost"),
+            ("localhost", "http://localhost:80"),
+            ("localhost:8123", "http://127.0.0.1:8123"),
+            ("127.0.0.1:8123", "http://localhost:8123"),
+            ("localhost:8123", "http://evil.example.com"),
+            ("localhost:8123", "http://evil.example.com:8123"),
+            ("localhost:8123", "http://localhost:8123.evil.example"),
+            ("localhost:8123", "http://localhost.:8123"),
+            ("localhost.:8123", "http://localhost:8123"),
+            ("localhost:8123", "http://user@localhost:8123"),
+            ("localhost:8123", "http://localhost:8123/path"),
+            // IPv6 loopback and its look-alikes.
+            ("[::1]:8123", "http://[::2]:8123"),
+            ("[::1]:8123", "http://[0:0:0:0:0:0:0:1]:8123"),
+            ("[::1]:8123", "http://::1:8123"),
+            ("[::1]:8123", "http://[::1]:8124"),
+            // Opaque, schemeless and non-web origins.
+            ("localhost:8123", "null"),
+            ("localhost:8123", "localhost:8123"),
+            ("localhost:8123", "//localhost:8123"),
+            ("localhost:8123", "ftp://localhost:8123"),
+            ("localhost:8123", "ws://localhost:8123"),
+            ("localhost:8123", "file://localhost:8123"),
+            ("localhost:8123", ""),
+        ] {
+            assert_eq!(
+                p.check(&headers(&[("host", host), ("origin", origin)])),
+                Err(Refusal::Origin(origin.into())),
+                "{host} {origin}"
+            );
+        }
+        // No Host: nothing is same-origin with it.
+        for origin in ["http://", "http://localhost", "null"] {
+            assert_eq!(
+                p.check(&headers(&[("origin", origin)])),
+                Err(Refusal::Origin(origin.into())),
+                "{origin}"
+            );
+        }
+    }
+
+    #[test]
+    fn same_origin_holds_for_configured_hosts_too() {
+        let p = OriginPolicy::new(&[], &["mcp.example.com".into()]);
+        assert_eq!(
+            p.check(&headers(&[
+                ("host", "mcp.example.com"),
+                ("origin", "https://mcp.example.com")
+            ])),
+            Ok(())
+        );
+        assert_eq!(
+            p.check(&headers(&[
+                ("host", "mcp.example.com"),
+                ("origin", "https://app.example.com")
+            ])),
+            Err(Refusal::Origin("https://app.example.com".into()))
         );
     }
 
