@@ -13,12 +13,14 @@ use rmcp::RoleServer;
 use rmcp::model::{
     CallToolResult, ContentBlock, JsonObject, ProgressNotificationParam, ResourceContents,
 };
+#[allow(deprecated)] // SEP-2577 deprecates logging; see logging.rs
+use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
 use rmcp::service::RequestContext;
 use sandboxrun_api::ClusterTool;
 use sandboxrun_core::files;
 use sandboxrun_core::metrics::CallRecord;
 use sandboxrun_core::tools::{Attachment, CallSummary};
-use sandboxrun_core::{Environment, OutputChunk, OutputFn, Phase, Verdict};
+use sandboxrun_core::{Environment, OutputChunk, OutputFn, Phase, Stream, Verdict};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -50,6 +52,7 @@ impl SandboxRunServer {
             reporter: Reporter::Request {
                 peer: ctx.peer.clone(),
                 token: ctx.meta.get_progress_token(),
+                log: crate::logging::requested(&ctx, &self.log_level),
             },
             cancel: ctx.ct.clone(),
             approval_wait: None,
@@ -300,11 +303,13 @@ enum Note {
     Output(OutputChunk),
 }
 
-/// Turns backend phases, and the output a run prints while it runs, into
-/// `notifications/progress` when the request carries a progress token (no token: neither is
-/// collected), or into the status message of the call's task. Notifications go out in order
-/// from one task; the returned future ends once the backend has dropped both functions and
-/// everything queued was sent.
+/// Turns backend phases, and the output a run prints while it runs, into notifications on the
+/// request, or into the status message of the call's task. On a request, output goes as
+/// `notifications/message` when the client asked for log messages at its level (`logging.rs`),
+/// else as `notifications/progress`; phases go as progress; progress needs a progress token.
+/// What nothing would carry is not collected. Notifications go out in order from one task; the
+/// returned future ends once the backend has dropped both functions and everything queued was
+/// sent.
 fn progress_forwarder(
     reporter: Reporter,
 ) -> (
@@ -313,7 +318,7 @@ fn progress_forwarder(
     impl Future<Output = ()> + use<>,
 ) {
     let collect = match &reporter {
-        Reporter::Request { token, .. } => token.is_some(),
+        Reporter::Request { token, log, .. } => token.is_some() || log.is_some(),
         Reporter::Task(_) => true,
     };
     let (tx, mut rx) = mpsc::unbounded_channel::<Note>();
@@ -332,9 +337,31 @@ fn progress_forwarder(
     };
     let forward = async move {
         let mut step = 0.0;
+        // The run's name, once a phase has named it: the logger of its output's log messages.
+        let mut run_name: Option<String> = None;
         while let Some(note) = rx.recv().await {
+            if let (
+                Reporter::Request {
+                    peer,
+                    log: Some(threshold),
+                    ..
+                },
+                Note::Output(chunk),
+            ) = (&reporter, &note)
+            {
+                let level = output_level(chunk);
+                if crate::logging::passes(level, *threshold) {
+                    let message = output_log_message(chunk, level, run_name.as_deref());
+                    crate::logging::send(peer, message).await;
+                    continue;
+                }
+            }
             let message = match note {
-                Note::Phase(phase, run) => progress_message(phase, &run),
+                Note::Phase(phase, run) => {
+                    let message = progress_message(phase, &run);
+                    run_name = Some(run);
+                    message
+                }
                 Note::Output(chunk) => Some(output_message(&chunk)),
             };
             let Some(message) = message else { continue };
@@ -342,6 +369,7 @@ fn progress_forwarder(
                 Reporter::Request {
                     peer,
                     token: Some(token),
+                    ..
                 } => {
                     step += 1.0;
                     let param =
@@ -360,6 +388,28 @@ fn progress_forwarder(
         }
     };
     (progress, output, forward)
+}
+
+/// The log level of output printed while the code runs: standard error is where programs
+/// report what went wrong, so a client that asked for warnings only still sees it.
+#[allow(deprecated)] // SEP-2577 deprecates logging; see logging.rs
+fn output_level(chunk: &OutputChunk) -> LoggingLevel {
+    match chunk.stream {
+        Stream::Stdout => LoggingLevel::Info,
+        Stream::Stderr => LoggingLevel::Warning,
+    }
+}
+
+/// The log message of output printed while the code runs: the stream and the text as printed,
+/// logged under the run's name when a phase has named it.
+#[allow(deprecated)] // SEP-2577 deprecates logging; see logging.rs
+fn output_log_message(
+    chunk: &OutputChunk,
+    level: LoggingLevel,
+    run: Option<&str>,
+) -> LoggingMessageNotificationParam {
+    let data = serde_json::json!({ "stream": chunk.stream.as_str(), "text": chunk.text });
+    LoggingMessageNotificationParam::new(level, data).with_logger(run.unwrap_or("sandboxrun"))
 }
 
 /// The progress message of output printed while the code runs: the stream, then the text as

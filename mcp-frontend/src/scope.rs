@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+#[allow(deprecated)] // SEP-2577 deprecates logging; see logging.rs
+use rmcp::model::LoggingLevel;
 use rmcp::model::ProgressToken;
 use rmcp::{Peer, RoleServer};
 use tokio::sync::watch;
@@ -25,10 +27,15 @@ pub struct CallScope {
 
 /// Where a call's phases and output go while it runs.
 pub enum Reporter {
-    /// MCP progress notifications on the request, when it carries a progress token.
+    /// MCP notifications on the request: the output a run prints as log messages when the
+    /// client asked for log messages of its level (`log` names the least severe level it wants,
+    /// `logging.rs`), else as progress notifications; phases as progress notifications.
+    /// Progress needs a progress token.
     Request {
         peer: Peer<RoleServer>,
         token: Option<ProgressToken>,
+        #[allow(deprecated)]
+        log: Option<LoggingLevel>,
     },
     /// The status message of the MCP task the call runs as (`tasks/get` shows the latest).
     Task(watch::Sender<String>),

@@ -13,10 +13,13 @@ use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CacheScope, CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams,
-    GetTaskParams, GetTaskResult, Implementation, JsonObject, ListToolsResult,
-    PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig,
-    UpdateTaskParams,
+    CustomRequest, CustomResult, GetPromptRequestParams, GetPromptResponse, GetTaskParams,
+    GetTaskResult, Implementation, JsonObject, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ResultType, ServerCapabilities, ServerConfig, UpdateTaskParams,
 };
+#[allow(deprecated)] // SEP-2577 deprecates logging; see logging.rs
+use rmcp::model::{SetLevelRequestMethod, SetLevelRequestParams};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use sandboxrun_core::Tool;
@@ -80,6 +83,8 @@ pub struct SandboxRunServer {
     /// What the caller's access token allows when the transport carries no [`Grant`] per
     /// request: the token that opened a legacy SSE session.
     default_grant: Option<Grant>,
+    /// The log level this session set with `logging/setLevel` (`logging.rs`).
+    pub(crate) log_level: crate::logging::SessionLogLevel,
 }
 
 impl SandboxRunServer {
@@ -97,6 +102,7 @@ impl SandboxRunServer {
             shared,
             default_agent,
             default_grant: None,
+            log_level: Default::default(),
         }
     }
 
@@ -177,6 +183,38 @@ impl SandboxRunServer {
             .or(self.default_grant.as_ref())
             .cloned()
     }
+}
+
+/// What this server declares to every client. Prompts and resources: the lists are empty (this
+/// server offers tools), but a client that asks gets an empty list rather than an error.
+/// Logging: a run's output as log messages, for clients that ask for them (`logging.rs`).
+#[allow(deprecated)] // SEP-2577 deprecates logging; see logging.rs
+fn capabilities() -> ServerCapabilities {
+    ServerCapabilities::builder()
+        .enable_prompts()
+        .enable_resources()
+        .enable_tools()
+        .enable_logging()
+        .enable_tasks()
+        .build()
+}
+
+/// Whether a list result carries caching hints: only 2026-07-28 clients know them.
+fn cache_hints(context: &RequestContext<RoleServer>) -> bool {
+    crate::revision::stateless(context)
+}
+
+/// The caching hints of a list that is the same for every caller: it changes only when the
+/// server is restarted with other flags, and a fresh read is cheap, so clients keep no copy
+/// (`ttlMs: 0`) but any cache may hold one (`public`).
+macro_rules! shared_list_hints {
+    ($list:expr, $context:expr) => {
+        if cache_hints($context) {
+            $list.with_ttl_ms(0).with_cache_scope(CacheScope::Public)
+        } else {
+            $list
+        }
+    };
 }
 
 fn input_schema<T: ToolSpec>() -> Arc<JsonObject> {
@@ -262,16 +300,12 @@ impl SandboxRunServer {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SandboxRunServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(
-            ServerCapabilities::builder()
-                .enable_tools()
-                .enable_tasks()
-                .build(),
-        )
-        .with_server_info(
-            Implementation::new("sandboxrun", env!("CARGO_PKG_VERSION")).with_title("sandboxrun"),
-        )
-        .with_instructions(self.instructions())
+        ServerConfig::new(capabilities())
+            .with_server_info(
+                Implementation::new("sandboxrun", env!("CARGO_PKG_VERSION"))
+                    .with_title("sandboxrun"),
+            )
+            .with_instructions(self.instructions())
     }
 
     /// The tools this server offers, less those the caller's access token does not grant (a
@@ -295,16 +329,14 @@ impl ServerHandler for SandboxRunServer {
                     .is_none_or(|tool| grant.allows(tool))
             })
             .collect();
-        let cache_hints = context
-            .protocol_version()
-            .is_some_and(|version| version >= ProtocolVersion::V_2026_07_28);
+        let hints = cache_hints(&context);
         Ok(ListToolsResult {
             result_type: Some(ResultType::COMPLETE),
             tools,
             meta: None,
             next_cursor: None,
-            ttl_ms: cache_hints.then_some(0),
-            cache_scope: cache_hints.then_some(if grant.is_some() {
+            ttl_ms: hints.then_some(0),
+            cache_scope: hints.then_some(if grant.is_some() {
                 CacheScope::Private
             } else {
                 CacheScope::Public
@@ -367,6 +399,107 @@ impl ServerHandler for SandboxRunServer {
         self.tool_router.call(tcc).await
     }
 
+    /// `logging/setLevel` of a 2025-11-25 session: the output of its later calls comes as log
+    /// messages at this level and above. The 2026-07-28 revision removed the method (a request
+    /// names its level in `_meta`), so a stateless request is told it does not exist.
+    #[allow(deprecated)] // SEP-2577 deprecates logging; see logging.rs
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        if crate::revision::stateless(&context) {
+            return Err(ErrorData::method_not_found::<SetLevelRequestMethod>());
+        }
+        self.log_level.set(request.level);
+        Ok(())
+    }
+
+    /// A request rmcp could not read as a method it knows. For `logging/setLevel` in a session
+    /// that is a level that is not one of the eight, and the client is told which exist; anything
+    /// else is a method this server does not have.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        if request.method == "logging/setLevel" && !crate::revision::stateless(&context) {
+            let level = request
+                .params
+                .as_ref()
+                .and_then(|p| p.get("level"))
+                .map_or_else(|| "none".to_owned(), |l| l.to_string());
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "logging/setLevel needs params.level, one of debug, info, notice, warning, \
+                     error, critical, alert, emergency; got {level}"
+                ),
+                None,
+            ));
+        }
+        Err(ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            request.method,
+            None,
+        ))
+    }
+
+    /// No prompts: this server offers tools. An empty list, not "method not found", so that
+    /// clients that list everything they are offered work.
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, ErrorData> {
+        Ok(shared_list_hints!(ListPromptsResult::default(), &context))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        Err(ErrorData::invalid_params(
+            format!(
+                "unknown prompt `{}`: this server offers no prompts (prompts/list is empty); \
+                 it offers tools",
+                request.name
+            ),
+            None,
+        ))
+    }
+
+    /// No resources yet: an empty list (see [`Self::list_prompts`]).
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(shared_list_hints!(ListResourcesResult::default(), &context))
+    }
+
+    /// No resource templates yet: an empty list (see [`Self::list_prompts`]).
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        Ok(shared_list_hints!(
+            ListResourceTemplatesResult::default(),
+            &context
+        ))
+    }
+
+    /// Every URI is unknown: resource-not-found naming it (rmcp turns the code into -32602 for
+    /// 2026-07-28 clients, as SEP-2164 asks).
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        Err(resource_not_found(&request.uri))
+    }
+
     async fn get_task(
         &self,
         request: GetTaskParams,
@@ -394,10 +527,20 @@ impl ServerHandler for SandboxRunServer {
         request: UpdateTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.shared
-            .tasks
-            .update(&self.caller(&context), &request.task_id)
+        self.shared.tasks.update(
+            &self.caller(&context),
+            &request.task_id,
+            request.input_responses,
+        )
     }
+}
+
+/// The error of a resource this server does not have, naming its URI (SEP-2164: in `data`).
+pub(crate) fn resource_not_found(uri: &str) -> ErrorData {
+    ErrorData::resource_not_found(
+        format!("resource not found: {uri}; resources/list names the resources this server has"),
+        Some(serde_json::json!({ "uri": uri })),
+    )
 }
 
 #[cfg(test)]

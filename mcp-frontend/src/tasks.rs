@@ -17,8 +17,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rmcp::ErrorData;
-use rmcp::model::{CallToolResponse, CallToolResult, ContentBlock, CreateTaskResult, DetailedTask};
-use rmcp::task_manager::{TaskExit, TaskManager, TaskOptions};
+use rmcp::model::{
+    CallToolResponse, CallToolResult, ContentBlock, CreateTaskResult, DetailedTask, InputResponses,
+};
+use rmcp::task_manager::{TaskContext, TaskExit, TaskFuture, TaskManager, TaskOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -124,11 +126,8 @@ impl Tasks {
                 () = stop_on_request(&cancel) => unreachable!("never completes"),
             };
         }
-        let options = TaskOptions::new()
-            .with_ttl_ms(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX))
-            .with_poll_interval_ms(POLL_INTERVAL.as_millis() as u64)
-            .with_status_message(status.borrow().clone());
-        let task = self.manager.spawn(options, move |task| {
+        let options = self.options().with_status_message(status.borrow().clone());
+        let task = self.spawn_owned(agent, options, move |task| {
             Box::pin(async move {
                 // The manager drops this future when the task outlives its TTL: the call is
                 // stopped then too (a run awaiting approval stays for the person to decide).
@@ -155,6 +154,49 @@ impl Tasks {
             })
         });
         tracing::info!(%agent, task = %task.task_id, "the call goes on as a task");
+        CallToolResponse::Task(CreateTaskResult::new(task))
+    }
+
+    /// Starts `work` as a task of `agent` at once, without an inline window: for an operation
+    /// that is a task by nature (it waits for input the client sends with `tasks/update`, say).
+    /// Refused when the agent has the most tasks it may have.
+    // Only the tests use it so far; the conformance fixtures will.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn spawn(
+        &self,
+        agent: &str,
+        work: impl FnOnce(TaskContext) -> TaskFuture,
+    ) -> Result<CreateTaskResult, ErrorData> {
+        if self.count(agent) >= MAX_TASKS_PER_AGENT {
+            return Err(ErrorData::invalid_request(
+                format!(
+                    "{agent} has {MAX_TASKS_PER_AGENT} tasks, the most one agent may have; \
+                     wait for some to end (tasks are kept {} after that) or cancel some",
+                    humantime(self.ttl)
+                ),
+                None,
+            ));
+        }
+        let task = self.spawn_owned(agent, self.options(), work);
+        tracing::info!(%agent, task = %task.task_id, "task started");
+        Ok(CreateTaskResult::new(task))
+    }
+
+    /// The options of every task: this store's TTL and the suggested polling interval.
+    fn options(&self) -> TaskOptions {
+        TaskOptions::new()
+            .with_ttl_ms(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX))
+            .with_poll_interval_ms(POLL_INTERVAL.as_millis() as u64)
+    }
+
+    /// Spawns `work` in the manager and records `agent` as its owner.
+    fn spawn_owned(
+        &self,
+        agent: &str,
+        options: TaskOptions,
+        work: impl FnOnce(TaskContext) -> TaskFuture,
+    ) -> rmcp::model::Task {
+        let task = self.manager.spawn(options, work);
         self.owners
             .lock()
             .expect("task owners lock poisoned")
@@ -165,7 +207,7 @@ impl Tasks {
                     created: Instant::now(),
                 },
             );
-        CallToolResponse::Task(CreateTaskResult::new(task))
+        task
     }
 
     /// `tasks/get` for `agent`.
@@ -182,11 +224,17 @@ impl Tasks {
         self.manager.cancel_task(id)
     }
 
-    /// `tasks/update` for `agent`. No call of this server asks its client for input, so there is
-    /// never anything to deliver; the update is acknowledged for a task the agent owns.
-    pub fn update(&self, agent: &str, id: &str) -> Result<(), ErrorData> {
+    /// `tasks/update` for `agent`: the responses go to the input requests of the task that are
+    /// still outstanding (responses to anything else are ignored, as SEP-2663 says). The product's
+    /// tools ask for no input, so for their tasks this only acknowledges.
+    pub fn update(
+        &self,
+        agent: &str,
+        id: &str,
+        responses: InputResponses,
+    ) -> Result<(), ErrorData> {
         self.check_owner(agent, id)?;
-        self.manager.update_task(id, [])
+        self.manager.update_task(id, responses)
     }
 
     /// Tasks `agent` has in the store.

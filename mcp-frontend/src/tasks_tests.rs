@@ -110,7 +110,7 @@ async fn another_agent_cannot_see_cancel_or_update_a_task_nor_tell_it_exists() {
     for err in [
         tasks.get(MALLORY, &id).unwrap_err(),
         tasks.cancel(MALLORY, &id).unwrap_err(),
-        tasks.update(MALLORY, &id).unwrap_err(),
+        tasks.update(MALLORY, &id, Default::default()).unwrap_err(),
     ] {
         assert_eq!(err.code, unknown.code);
         assert_eq!(
@@ -123,7 +123,9 @@ async fn another_agent_cannot_see_cancel_or_update_a_task_nor_tell_it_exists() {
         !cancel.is_cancelled(),
         "another agent's cancel stops nothing"
     );
-    tasks.update(ALICE, &id).expect("the owner may update");
+    tasks
+        .update(ALICE, &id, Default::default())
+        .expect("the owner may update");
     release.cancel();
     assert_eq!(
         settled(&tasks, ALICE, &id).await.status(),
@@ -198,4 +200,68 @@ fn ttls_read_as_written() {
     assert_eq!(humantime(Duration::from_secs(3600)), "1h");
     assert_eq!(humantime(Duration::from_secs(1800)), "30m");
     assert_eq!(humantime(Duration::from_secs(90)), "90s");
+}
+
+/// A task that asks its client for input (`TaskContext::request_input`): the answer `tasks/update`
+/// delivers for the owner reaches it; another agent's update is refused like an unknown task's.
+#[tokio::test]
+async fn an_update_delivers_the_owners_answer_to_the_input_the_task_asked_for() {
+    let tasks = store();
+    let created = tasks
+        .spawn(ALICE, |task| {
+            Box::pin(async move {
+                let request = rmcp::model::InputRequest::ListRoots(Default::default());
+                let answer = task.request_input("roots", request).await?;
+                Ok(CallToolResult::success(vec![ContentBlock::text(
+                    answer["roots"][0]["uri"]
+                        .as_str()
+                        .unwrap_or("none")
+                        .to_owned(),
+                )]))
+            })
+        })
+        .expect("a task");
+    let id = created.task.task_id.clone();
+    for _ in 0..200 {
+        if tasks.get(ALICE, &id).unwrap().status() == rmcp::model::TaskStatus::InputRequired {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        tasks.get(ALICE, &id).unwrap().status(),
+        rmcp::model::TaskStatus::InputRequired
+    );
+    let answer: rmcp::model::InputResponses = [(
+        "roots".to_owned(),
+        serde_json::json!({"roots": [{"uri": "file:///w"}]}),
+    )]
+    .into();
+    assert!(tasks.update(MALLORY, &id, answer.clone()).is_err());
+    tasks.update(ALICE, &id, answer).expect("the owner answers");
+    let t = settled(&tasks, ALICE, &id).await;
+    match t.payload {
+        rmcp::model::TaskPayload::Completed { result } => {
+            assert_eq!(result["content"][0]["text"], "file:///w", "{result:?}");
+        }
+        other => panic!("completed expected, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn tasks_started_at_once_count_towards_the_agents_cap() {
+    let tasks = store();
+    let never =
+        || -> TaskFuture { Box::pin(std::future::pending::<Result<CallToolResult, TaskExit>>()) };
+    for _ in 0..MAX_TASKS_PER_AGENT {
+        tasks.spawn(ALICE, |_| never()).expect("under the cap");
+    }
+    let refused = tasks.spawn(ALICE, |_| never()).unwrap_err();
+    assert!(
+        refused.message.contains("the most one agent may have"),
+        "{refused:?}"
+    );
+    tasks
+        .spawn(MALLORY, |_| never())
+        .expect("another agent has its own cap");
 }

@@ -70,8 +70,8 @@ use crate::metrics::Metrics;
 use crate::policy::Policy;
 use crate::server::Shared;
 
-const KEY_A: &str = "fuzz-key-a-6b1d0c2f9e";
-const KEY_B: &str = "fuzz-key-b-3a7e5d4c1b";
+pub(super) const KEY_A: &str = "fuzz-key-a-6b1d0c2f9e";
+pub(super) const KEY_B: &str = "fuzz-key-b-3a7e5d4c1b";
 const AGENT_A: &str = "fuzz-a";
 const AGENT_B: &str = "fuzz-b";
 /// The default of `--max-body-bytes`.
@@ -253,7 +253,7 @@ fn keys() -> KeyStore {
 }
 
 /// A directory of this test's own (the policy file and the demo database).
-fn scratch_dir(test: &str) -> PathBuf {
+pub(super) fn scratch_dir(test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sandboxrun-fuzz-{}-{test}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
@@ -314,7 +314,7 @@ fn http_config(rate_per_minute: u32, burst: u32) -> HttpConfig {
 }
 
 /// One router and the sessions the cases refer to.
-struct Harness {
+pub(super) struct Harness {
     app: Router,
     shutdown: CancellationToken,
     /// Streamable HTTP sessions opened by agents A and B (2025-06-18).
@@ -337,7 +337,7 @@ impl Drop for Harness {
 }
 
 impl Harness {
-    async fn new(dir: &Path, rate_per_minute: u32, burst: u32) -> Self {
+    pub(super) async fn new(dir: &Path, rate_per_minute: u32, burst: u32) -> Self {
         let shared = shared_state(dir).await;
         let shutdown = CancellationToken::new();
         let app = router(
@@ -365,7 +365,7 @@ impl Harness {
 
     /// Sends the request `make` builds, again after a short pause while the (tight) rate limit
     /// answers 429: setup and usability checks are clean clients that wait their turn.
-    async fn send(&self, make: impl Fn() -> Request<Body>) -> Response<Body> {
+    pub(super) async fn send(&self, make: impl Fn() -> Request<Body>) -> Response<Body> {
         loop {
             let resp = tokio::time::timeout(ANSWER_BOUND, self.app.clone().oneshot(make()))
                 .await
@@ -379,7 +379,7 @@ impl Harness {
     }
 
     /// initialize + notifications/initialized; the session id.
-    async fn open_session(&self, key: &str, version: &str) -> String {
+    pub(super) async fn open_session(&self, key: &str, version: &str) -> String {
         let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": version, "capabilities": {},
             "clientInfo": {"name": "fuzz", "version": "1"}}});
@@ -539,7 +539,7 @@ impl Harness {
     }
 }
 
-fn clean_post(
+pub(super) fn clean_post(
     key: &str,
     session: Option<&str>,
     version: Option<&str>,
@@ -559,7 +559,7 @@ fn clean_post(
     b.body(Body::from(body.to_string())).expect("request")
 }
 
-async fn read_all(body: Body) -> Result<Bytes, String> {
+pub(super) async fn read_all(body: Body) -> Result<Bytes, String> {
     tokio::time::timeout(ANSWER_BOUND, axum::body::to_bytes(body, 64 << 20))
         .await
         .map_err(|_| format!("the body did not end within {ANSWER_BOUND:?}"))?
@@ -567,7 +567,7 @@ async fn read_all(body: Body) -> Result<Bytes, String> {
 }
 
 /// The JSON `data` of each event of an SSE body (events without data skipped).
-fn sse_data(body: &[u8]) -> Vec<Value> {
+pub(super) fn sse_data(body: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(body)
         .split("\n\n")
         .filter_map(|event| serde_json::from_str(&event_data(event)).ok())

@@ -17,6 +17,8 @@ pub mod sse;
 
 #[cfg(test)]
 mod fuzz_tests;
+#[cfg(test)]
+mod revision_tests;
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
