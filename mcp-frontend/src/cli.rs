@@ -193,6 +193,14 @@ pub struct HttpArgs {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body_bytes: usize,
+    /// Also serve the reference tools, resources and prompts the official MCP conformance suite
+    /// calls (`test_simple_text`, `test://static-text`, the tasks fixtures, ...), through the
+    /// same transports, credentials, limits and task store as the product's tools
+    /// (e2e/conformance/run.sh). A test server only: the flag exists in builds with the cargo
+    /// feature `conformance`, which no image enables.
+    #[cfg(feature = "conformance")]
+    #[arg(long)]
+    pub conformance_fixtures: bool,
     /// OAuth access tokens, next to API keys.
     #[command(flatten)]
     pub oauth: OAuthArgs,

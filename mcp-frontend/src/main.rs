@@ -5,6 +5,8 @@
 
 mod backend;
 mod cli;
+#[cfg(feature = "conformance")]
+mod conformance;
 mod embedded;
 mod grant;
 mod http;
@@ -64,13 +66,23 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Stdio { backend, agent } => {
             // The local user may target any environment (policy still judges each call).
-            let shared = shared_state(&backend, Default::default()).await?;
+            let shared = Arc::new(shared_state(&backend, Default::default()).await?);
             transport::serve_stdio(SandboxRunServer::new(shared, Some(agent))).await
         }
         Command::Serve { backend, http } => {
             let oauth = oauth_server(&http)?;
             let keys = load_keys(&http, &backend, oauth.as_deref()).await?;
-            let shared = shared_state(&backend, keys.environments()).await?;
+            #[allow(unused_mut)]
+            let mut shared = shared_state(&backend, keys.environments()).await?;
+            #[cfg(feature = "conformance")]
+            if http.conformance_fixtures {
+                tracing::warn!(
+                    "serving the MCP conformance suite's reference fixtures next to the tools: \
+                     a test server, not a product one"
+                );
+                shared.fixtures = Some(Arc::new(conformance::Fixtures::new()));
+            }
+            let shared = Arc::new(shared);
             let config = http::HttpConfig {
                 listen: http.listen,
                 keys,
@@ -92,7 +104,7 @@ async fn main() -> anyhow::Result<()> {
 async fn shared_state(
     args: &BackendArgs,
     environments: std::collections::HashMap<String, Vec<sandboxrun_core::Environment>>,
-) -> anyhow::Result<Arc<Shared>> {
+) -> anyhow::Result<Shared> {
     let calls = CallStore::new();
     let backend = match args.backend {
         BackendKind::Kube => {
@@ -123,7 +135,7 @@ async fn shared_state(
         timeout_seconds: args.default_timeout_seconds,
         ..Limits::default()
     };
-    Ok(Arc::new(Shared {
+    Ok(Shared {
         backend,
         policy: Policy::new(args.max_timeout_seconds, defaults),
         metrics: Arc::new(Metrics::new()),
@@ -133,7 +145,9 @@ async fn shared_state(
         in_flight: inflight::InFlight::new(args.max_calls_per_agent),
         environments,
         tasks: tasks::Tasks::new(args.task_ttl),
-    }))
+        #[cfg(feature = "conformance")]
+        fixtures: None,
+    })
 }
 
 /// The OAuth resource server, when an issuer is configured.

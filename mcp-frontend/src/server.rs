@@ -70,6 +70,10 @@ pub struct Shared {
     pub environments: std::collections::HashMap<String, Vec<sandboxrun_core::Environment>>,
     /// Calls followed as MCP tasks (every session's, and every stateless request's).
     pub tasks: crate::tasks::Tasks,
+    /// The conformance suite's reference tools, resources and prompts, when the server was
+    /// started with `--conformance-fixtures` (`conformance/`).
+    #[cfg(feature = "conformance")]
+    pub fixtures: Option<Arc<crate::conformance::Fixtures>>,
 }
 
 /// The MCP server. Cheap to clone: one per session.
@@ -572,6 +576,8 @@ mod tests {
             in_flight: crate::inflight::InFlight::new(8),
             environments: Default::default(),
             tasks: crate::tasks::Tasks::new(std::time::Duration::from_secs(3600)),
+            #[cfg(feature = "conformance")]
+            fixtures: None,
         };
         SandboxRunServer::new(Arc::new(shared), None)
     }

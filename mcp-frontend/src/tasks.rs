@@ -160,8 +160,7 @@ impl Tasks {
     /// Starts `work` as a task of `agent` at once, without an inline window: for an operation
     /// that is a task by nature (it waits for input the client sends with `tasks/update`, say).
     /// Refused when the agent has the most tasks it may have.
-    // Only the tests use it so far; the conformance fixtures will.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg_attr(not(feature = "conformance"), allow(dead_code))]
     pub fn spawn(
         &self,
         agent: &str,

@@ -106,7 +106,7 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
         None => mcp_config.disable_allowed_hosts(),
     };
     let streamable = StreamableHttpService::new(
-        move || Ok(SandboxRunServer::new(shared.clone(), None)),
+        move || Ok(handler(SandboxRunServer::new(shared.clone(), None))),
         Arc::new(LocalSessionManager::default()),
         mcp_config,
     );
@@ -140,6 +140,19 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
             explain_too_large,
         ))
         .with_state(state)
+}
+
+/// The handler of one Streamable HTTP session or stateless request: the product's.
+#[cfg(not(feature = "conformance"))]
+fn handler(server: SandboxRunServer) -> SandboxRunServer {
+    server
+}
+
+/// The handler of one Streamable HTTP session or stateless request: the product's, with the
+/// conformance suite's fixtures around it when the server was started with them.
+#[cfg(feature = "conformance")]
+fn handler(server: SandboxRunServer) -> crate::conformance::WithFixtures {
+    crate::conformance::WithFixtures::new(server)
 }
 
 const BARE_METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
