@@ -113,6 +113,13 @@ no_cluster_suites() {
   bounded 30 cargo test --workspace --locked --exclude sandboxrun-e2e
   step "MCP client compatibility: the official Python SDK and the MCP Inspector vs sandboxrun-mcp"
   bounded 20 "$REPO_ROOT/mcp-frontend/tests/clients/run.sh"
+  # The build with the suite's reference fixtures (cargo feature `conformance`) in a target
+  # directory of its own: in the shared one its binary would take the default build's path, and
+  # its lock would hold up the cluster suites' cargo commands.
+  step "the official MCP conformance suite, both requirement sets (e2e/conformance/run.sh)"
+  CARGO_TARGET_DIR="$TARGET/clippy" bounded 10 cargo clippy -p sandboxrun-mcp --features conformance --all-targets --locked -- -D warnings
+  CARGO_TARGET_DIR="$TARGET/conformance" bounded 15 cargo test -p sandboxrun-mcp --features conformance --locked --bin sandboxrun-mcp -- conformance::
+  CARGO_TARGET_DIR="$TARGET/conformance" bounded 20 "$REPO_ROOT/e2e/conformance/run.sh"
 }
 if [[ -n $INSTALL_ONLY ]]; then
   # Only the client tests' installs (Node 22 and oidc-provider, for e2e/oauth).

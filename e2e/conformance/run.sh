@@ -98,7 +98,7 @@ start() {
   "$bin" serve --listen 127.0.0.1:0 --api-keys-file "$WORK/keys.yaml" "$@" 2> "$log" &
   PIDS+=("$!")
   for i in $(seq 1 300); do
-    port="$(sed -n 's/.*serving MCP over HTTP addr=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log")"
+    port="$(sed -n 's/.*serving MCP over HTTP addr=127\.0\.0\.1:\([0-9]*\).*/\1/p' "$log" 2>/dev/null || true)"
     [[ -n $port ]] && break
     if ! kill -0 "${PIDS[-1]}" 2>/dev/null; then
       echo "run.sh: sandboxrun-mcp ($name) exited at start-up:" >&2
@@ -116,7 +116,7 @@ start() {
   PIDS+=("$!")
   local proxy_port=""
   for i in $(seq 1 150); do
-    proxy_port="$(head -1 "$WORK/$name-proxy.port")"
+    proxy_port="$(head -1 "$WORK/$name-proxy.port" 2>/dev/null || true)"
     [[ $proxy_port =~ ^[0-9]+$ ]] && break
     sleep 0.2
   done
@@ -148,11 +148,21 @@ suite() {
   # The suite writes a results/ directory of its own under the working directory when -o is not
   # given; -o is always given, and the working directory is WORK anyway.
   (cd "$WORK" && timeout --kill-after=10 "$seconds" \
-      "$NODE" "$SUITE" server --url "$URL" -o "$dir" "$@") || {
-    local rc=$?
-    [[ $rc -eq 124 || $rc -eq 137 ]] && echo "run.sh: the suite did not finish within $seconds s" >&2
-    return 0  # summarize decides from the checks; a killed run has missing scenarios
+      "$NODE" "$SUITE" server --url "$URL" -o "$dir" "$@") 2>&1 | tee -a "$dir.out" || {
+    local rc=${PIPESTATUS[0]}
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+      echo "run.sh: the suite did not finish within $seconds s" >&2
+      STATUS=1
+    fi
+    return 0  # otherwise summarize decides from the checks
   }
+}
+# expected DIR: how many scenarios the suite said it would run into DIR (its "Running ... (N
+# scenarios)" lines, or one per --scenario run), so a scenario that wrote no result fails too.
+expected() {
+  local n
+  n="$(sed -n 's/.*Running requirements [^ ]* (\([0-9]*\) scenarios).*/\1/p' "$1.out" | head -1)"
+  echo "${n:-$(grep -c '' "$1.scenarios" 2>/dev/null || echo 0)}"
 }
 summarize() {
   "$NODE" "$HERE/summarize.mjs" "$@" || STATUS=1
@@ -173,11 +183,13 @@ echo "== the default build, default flags" >&2
 start default "$DEFAULT_BIN"
 for scenario in server-initialize ping logging-set-level tools-list server-session-lifecycle \
     server-sse-multiple-streams server-sse-polling dns-rebinding-protection; do
+  echo "$scenario" >> "$OUT/default-2025-11-25.scenarios"
   suite "$SCENARIO_TIMEOUT" "$OUT/default-2025-11-25" --scenario "$scenario" \
     --spec-version 2025-11-25 --force
 done
 for scenario in server-stateless tools-list caching sep-2164-resource-not-found \
     server-sse-multiple-streams dns-rebinding-protection http-header-validation; do
+  echo "$scenario" >> "$OUT/default-2026-07-28.scenarios"
   suite "$SCENARIO_TIMEOUT" "$OUT/default-2026-07-28" --scenario "$scenario" \
     --spec-version 2026-07-28 --force
 done
@@ -191,4 +203,14 @@ summarize "tasks extension (fixtures, in the 2026-07-28 run)" "$OUT/requirements
   --only tasks-
 summarize "default build, 2025-11-25" "$OUT/default-2025-11-25" --fixtures-absent
 summarize "default build, 2026-07-28" "$OUT/default-2026-07-28" --fixtures-absent
+# Every scenario the suite was asked for wrote its results (a crashed or killed one does not).
+for run in requirements-2025-11-25 requirements-2026-07-28 default-2025-11-25 default-2026-07-28; do
+  want="$(expected "$OUT/$run")"
+  got="$(find "$OUT/$run" -mindepth 2 -maxdepth 2 -name checks.json | wc -l)"
+  echo "$run: results of $got scenarios, $want asked for"
+  if (( want == 0 || got < want )); then
+    echo "run.sh: $run: $((want - got)) scenarios wrote no results" >&2
+    STATUS=1
+  fi
+done
 exit "$STATUS"
