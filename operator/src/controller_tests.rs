@@ -144,7 +144,8 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
     let ctx = context(&api, None);
 
     // First reconciliation: decide (fresh read, the Allow recorded), then the Pod (its status
-    // is the one just written: no second read of the run).
+    // is the one just written: no second read of the run): the cold path recorded before the
+    // Pod is asked for, then the Pod recorded.
     let action = reconcile_as(cached(&api), &ctx).await;
     assert_eq!(
         api.take_requests(),
@@ -152,6 +153,7 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
             get_run(),
             patch_status(),
             get_pod(),
+            patch_status(),
             format!("POST /api/v1/namespaces/{NS}/pods"),
             patch_status(),
         ]
@@ -1369,4 +1371,46 @@ async fn a_run_of_other_limits_never_touches_a_pool() {
         "{requests:?}"
     );
     assert_eq!(api.status()["path"], "Cold");
+}
+
+#[tokio::test]
+async fn a_run_whose_cold_pod_was_asked_for_never_claims_a_warm_sandbox_beside_it() {
+    // The create's answer is lost (a 504: it may still commit, under the run's name), and then
+    // a warm sandbox is ready. Claiming it would give the run two sandboxes once the create
+    // commits (the fault suite saw it: a create held by its proxy committed after the retry had
+    // claimed a warm one).
+    let api = FakeApi::start(default_limits_run()).await;
+    let ctx = context_with_pool(&api);
+    api.with(|s| s.refuse_pods = Some(504));
+    let err = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    assert!(err.is_err(), "{err:?}");
+    assert_eq!(
+        api.status()["path"],
+        "Cold",
+        "recorded before the Pod was asked for"
+    );
+    api.take_requests();
+
+    api.with(|s| {
+        s.refuse_pods = None;
+        s.pool_pods = vec![pool_pod("default-aaaaa", "7")];
+    });
+    reconcile_as(cached(&api), &ctx).await;
+    let requests = api.take_requests();
+    assert!(
+        !requests
+            .iter()
+            .any(|r| r.contains("/pods/default-aaaaa") || r.contains("labelSelector")),
+        "no warm sandbox looked at or claimed: {requests:?}"
+    );
+    assert!(
+        requests.contains(&format!("POST /api/v1/namespaces/{NS}/pods")),
+        "{requests:?}"
+    );
+    let status = api.status();
+    assert_eq!(
+        (&status["podName"], &status["path"]),
+        (&json!(POD), &json!("Cold")),
+        "{status}"
+    );
 }

@@ -118,9 +118,14 @@ impl Reconcile<'_> {
                     );
                     return self.end(&prev, Some(Tool::Python), &outcome, None).await;
                 }
-                if let Some(claimed) = self.claim_warm(profile, &limits, files).await? {
+                // Cold once recorded cold: a Pod asked for earlier may still appear under the
+                // run's name (below), so no warm sandbox is claimed beside it.
+                if prev.path != Some(SandboxPath::Cold)
+                    && let Some(claimed) = self.claim_warm(profile, &limits, files).await?
+                {
                     return self.run_warm(&prev, &claimed, &limits, files).await;
                 }
+                let prev = self.record_cold(prev).await?;
                 self.create_pod(&prev, &limits, files, pod_name).await
             }
             Next::Progress(progress) => {
@@ -193,6 +198,25 @@ impl Reconcile<'_> {
         pod.and_then(pod::file_caps_of)
             .or_else(|| decided.map(|d| d.files))
             .unwrap_or_else(|| self.ctx.recorded(self.run, prev, Tool::Python).files)
+    }
+
+    /// Records that the run takes a cold sandbox, before its Pod is asked for. A create whose
+    /// answer never arrives (a timeout, a reconcile cut short, a connection lost) may still
+    /// commit later, under the run's name: the run must then never claim a warm sandbox too, or
+    /// it would own two (found by the fault suite: a create held 8 s by the fault proxy
+    /// committed after the retry had claimed a warm one). With the record, every later
+    /// reconcile and every later operator asks for the same Pod again (AlreadyExists is that
+    /// Pod) and waits for it. A run that waits for room in the quota stays cold too.
+    async fn record_cold(&self, prev: SandboxRunStatus) -> Result<SandboxRunStatus, Error> {
+        if prev.path == Some(SandboxPath::Cold) {
+            return Ok(prev);
+        }
+        let recorded = SandboxRunStatus {
+            path: Some(SandboxPath::Cold),
+            ..prev
+        };
+        self.apply(&recorded).await?;
+        Ok(recorded)
     }
 
     /// Creates the sandbox Pod, with the decision's limits (the requested ones, lowered to the
