@@ -489,3 +489,71 @@ rules:
     assert_eq!((r.row_count, r.truncated), (10, false));
     assert_eq!(r.rows.last().unwrap(), &vec![json!(10)]);
 }
+
+/// The schema resource's read on PostgreSQL: the reader role's catalog, filtered by a rule, is
+/// exactly the rule's tables and columns with their declared types; system catalogs stay out
+/// under `*`.
+#[tokio::test]
+async fn the_schema_view_of_a_rule_is_its_tables_and_columns() {
+    use sandboxrun_core::tools::sql_schema::view;
+    let Some(url) = postgres_url() else { return };
+    let dbs = databases(&url, 2);
+    let catalog = dbs
+        .catalog("main", Duration::from_secs(10))
+        .await
+        .expect("catalog");
+    assert!(!catalog.truncated);
+    let listed: SqlRules = serde_json::from_value(json!({
+        "databases": ["main"],
+        "tables": {"ledger": {"columns": ["id", "amount"]}, "public.audit_log": {"columns": ["actor"]}},
+        "maxLimit": 100
+    }))
+    .expect("rules");
+    let shown = view(&catalog, &listed, SqlDialect::Postgres, 1000);
+    let names: Vec<(String, Vec<(String, String)>)> = shown
+        .tables
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.columns
+                    .iter()
+                    .map(|c| (c.name.clone(), c.data_type.clone()))
+                    .collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            (
+                "audit_log".to_owned(),
+                vec![("actor".to_owned(), "text".to_owned())]
+            ),
+            (
+                "ledger".to_owned(),
+                vec![
+                    ("id".to_owned(), "integer".to_owned()),
+                    ("amount".to_owned(), "numeric".to_owned())
+                ]
+            ),
+        ]
+    );
+    assert_eq!(shown.max_rows, 100);
+    let any: SqlRules = serde_json::from_value(json!({
+        "databases": ["*"], "tables": {"*": {"columns": "*"}}
+    }))
+    .expect("rules");
+    let everything = view(&catalog, &any, SqlDialect::Postgres, 1000);
+    let tables: Vec<&str> = everything.tables.iter().map(|t| t.name.as_str()).collect();
+    assert!(
+        tables.contains(&"ledger") && tables.contains(&"audit_log"),
+        "{tables:?}"
+    );
+    assert!(
+        tables
+            .iter()
+            .all(|t| !t.starts_with("pg_") && !t.starts_with("information_schema.")),
+        "{tables:?}"
+    );
+}

@@ -232,16 +232,26 @@ fn input_files_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-/// A read-only SQL query.
+/// A read-only SQL query, or a read of what queries may read (`schema: true`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = kube::core::Rule::new(QUERY_OR_SCHEMA_RULE).message("set exactly one of query or schema: true"))]
 pub struct SqlSpec {
     /// Name of a database configured in the operator.
     #[schemars(length(min = 1, max = 253))]
     pub database: String,
-    /// The query; only read-only statements pass policy.
-    #[schemars(length(min = 1, max = 65536))]
+    /// The query; only read-only statements pass policy. Empty for a schema read.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 65536))]
     pub query: String,
+    /// Instead of a query: read the tables and columns the agent's queries may read in the
+    /// database, with their types (the MCP resource `sandboxrun://databases/{name}/schema`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub schema: bool,
 }
+
+/// A run's `spec.sql` asks for a query or for the schema, never both or neither.
+const QUERY_OR_SCHEMA_RULE: &str =
+    "(has(self.schema) && self.schema) != (has(self.query) && size(self.query) > 0)";
 
 /// A metrics query: an instant query (at `time`, default when it executes), or a range query
 /// when `range` is set.

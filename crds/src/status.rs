@@ -6,6 +6,7 @@ use kube::KubeSchema;
 use sandboxrun_core::files::{self, FileCaps, OmittedFile};
 use sandboxrun_core::limits::Limits;
 use sandboxrun_core::metrics::scope::MetricsRules;
+use sandboxrun_core::sql::SqlRules;
 use sandboxrun_core::{Environment, Phase, Tool, Verdict};
 
 use crate::approval::ApprovalRequest;
@@ -222,6 +223,10 @@ pub struct Grant {
     /// metric).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics: Option<MetricsRules>,
+    /// sql schema read: the deciding rule's `sql` settings, what the read shows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "sql_rules")]
+    pub schema: Option<SqlRules>,
 }
 
 impl Grant {
@@ -234,6 +239,7 @@ impl Grant {
             query: decision.rewritten_query.clone(),
             files: decision.files,
             metrics: decision.metrics.clone(),
+            schema: decision.schema.clone(),
         }
     }
 }
@@ -260,10 +266,22 @@ impl Decision {
             limits: grant.limits.clone(),
             max_rows: grant.max_rows,
             rewritten_query: grant.query.clone(),
+            schema: grant.schema.clone(),
             metrics: grant.metrics.clone(),
             files: grant.files,
         })
     }
+}
+
+/// Schema of a rule's `sql` settings in a grant, kept as policy wrote them (a column list is
+/// `"*"` or an array: no structural schema can say that, so the API server keeps it as is and
+/// the operator reads it back typed).
+fn sql_rules(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "The deciding rule's sql settings (tables, columns, row cap) a schema read shows.",
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
 }
 
 /// Schema of a free-form JSON value the API server keeps as is.

@@ -11,6 +11,7 @@ use sandboxrun_core::tools::ToolSpec;
 use sandboxrun_core::tools::metrics::{FetchMetrics, MetricsCall, MetricsOutput};
 use sandboxrun_core::tools::python::{PythonCall, PythonOutput, RunPython};
 use sandboxrun_core::tools::sql::{ExecuteSql, ExecuteSqlArgs, SqlOutput, SqlResult};
+use sandboxrun_core::tools::sql_schema::{self, SchemaArgs, SchemaOutput, SchemaResult, SqlSchema};
 use sandboxrun_core::{Environment, Limits, Phase, Verdict};
 
 use crate::{
@@ -120,6 +121,7 @@ impl ClusterTool for ExecuteSql {
             sql: Some(SqlSpec {
                 database: call.database.clone(),
                 query: call.query.clone(),
+                schema: false,
             }),
             ..spec(agent, call.environment, Limits::default())
         }
@@ -137,6 +139,44 @@ impl ClusterTool for ExecuteSql {
         match status.typed_result::<SqlResult>() {
             None => {}
             Some(Ok(result)) => out = out.with_result(result),
+            Some(Err(e)) => {
+                out.phase = Phase::Failed;
+                out.message = Some(unreadable(&e));
+            }
+        }
+        Some(out)
+    }
+}
+
+impl ClusterTool for SqlSchema {
+    fn spec(agent: &str, call: &SchemaArgs) -> SandboxRunSpec {
+        SandboxRunSpec {
+            sql: Some(SqlSpec {
+                database: call.database.clone(),
+                query: String::new(),
+                schema: true,
+            }),
+            ..spec(agent, sql_schema::ENVIRONMENT, Limits::default())
+        }
+    }
+
+    fn output(name: &str, status: &SandboxRunStatus, call: &SchemaArgs) -> Option<SchemaOutput> {
+        let phase = governed_phase(status)?;
+        let (verdict, rule, reason) = decision(status);
+        let mut out = SchemaOutput {
+            message: status.message.clone(),
+            ..SchemaOutput::decided(
+                &call.database,
+                name.to_owned(),
+                verdict,
+                &rule,
+                &reason,
+                phase,
+            )
+        };
+        match status.typed_result::<SchemaResult>() {
+            None => {}
+            Some(Ok(schema)) => out.schema = Some(schema),
             Some(Err(e)) => {
                 out.phase = Phase::Failed;
                 out.message = Some(unreadable(&e));

@@ -161,6 +161,36 @@ fn one_tool_is_accepted() {
 }
 
 #[test]
+fn an_sql_run_asks_for_a_query_or_for_the_schema_never_both_or_neither() {
+    const RULE: &str = "set exactly one of query or schema: true";
+    for (sql, ok) in [
+        (json!({"database": "db", "query": "select 1"}), true),
+        (json!({"database": "db", "schema": true}), true),
+        (
+            json!({"database": "db", "query": "select 1", "schema": false}),
+            true,
+        ),
+        (
+            json!({"database": "db", "query": "select 1", "schema": true}),
+            false,
+        ),
+        (
+            json!({"database": "db", "query": "", "schema": false}),
+            false,
+        ),
+        (json!({"database": "db", "query": ""}), false),
+        (json!({"database": "db"}), false),
+        (json!({"database": "db", "schema": false}), false),
+    ] {
+        let m = messages(&run(json!({ "sql": sql })), None);
+        assert_eq!(m.is_empty(), ok, "{sql}: {m:?}");
+        if !ok {
+            assert!(m.iter().any(|m| m == RULE), "{sql}: {m:?}");
+        }
+    }
+}
+
+#[test]
 fn no_tool_or_two_tools_are_rejected_with_a_readable_message() {
     for spec in [
         json!({}),

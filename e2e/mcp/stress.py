@@ -70,9 +70,18 @@ def refused_key() -> str:
     return hashlib.sha256(f"{KEY}:{REFUSED_AGENT}".encode()).hexdigest()
 
 
+# An agent with a rule narrower than everyone's (e2e/values-governance.yaml, e2e-sql-narrow):
+# the schema resource shows it less (e2e/mcp/test_resources_cluster.py).
+NARROW_AGENT = "e2e-narrow"
+
+
+def narrow_key() -> str:
+    return hashlib.sha256(f"{KEY}:{NARROW_AGENT}".encode()).hexdigest()
+
+
 def keys_values(n: int, base_agent: str) -> str:
-    """Helm values (JSON is YAML) with the base key, n load agents' keys and the refused
-    agent's key, hashed."""
+    """Helm values (JSON is YAML) with the base key, n load agents' keys, the refused agent's
+    and the narrow agent's keys, hashed."""
     sha = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
     keys = [{"agent": base_agent, "sha256": sha(KEY),
              "environments": ["sandbox", "staging", "production"]}]
@@ -80,6 +89,7 @@ def keys_values(n: int, base_agent: str) -> str:
              for i in range(n)]
     keys.append({"agent": REFUSED_AGENT, "sha256": sha(refused_key()),
                  "environments": ["production"]})
+    keys.append({"agent": NARROW_AGENT, "sha256": sha(narrow_key()), "environments": ["sandbox"]})
     return json.dumps({"frontend": {"apiKeys": keys}})
 
 

@@ -15,7 +15,9 @@ mod logging;
 mod metrics;
 mod pipeline;
 mod policy;
+mod resources;
 mod revision;
+mod run_files;
 mod scope;
 mod server;
 mod tasks;
@@ -145,6 +147,7 @@ async fn shared_state(
         in_flight: inflight::InFlight::new(args.max_calls_per_agent),
         environments,
         tasks: tasks::Tasks::new(args.task_ttl),
+        run_files: Default::default(),
         #[cfg(feature = "conformance")]
         fixtures: None,
     })

@@ -194,6 +194,11 @@ impl SandboxRunServer {
                 let text = T::error_text(&call, &output, &parse);
                 let value = serde_json::to_value(&output).unwrap_or(Value::Null);
                 let attachments = T::attachments(&output);
+                // Embedded, this process keeps the files for their agent to read again as
+                // resources; a cluster keeps them in the run's status.
+                if let crate::backend::Backend::Local(_) = shared.backend {
+                    shared.run_files.keep(&agent, &run_name, &attachments);
+                }
                 (Outcome::of(phase), tool_result(value, text, attachments))
             }
             Err(BackendError::Cancelled) => {

@@ -70,6 +70,8 @@ pub struct Shared {
     pub environments: std::collections::HashMap<String, Vec<sandboxrun_core::Environment>>,
     /// Calls followed as MCP tasks (every session's, and every stateless request's).
     pub tasks: crate::tasks::Tasks,
+    /// The files embedded runs returned, for their agents to read as resources.
+    pub run_files: crate::run_files::RunFiles,
     /// The conformance suite's reference tools, resources and prompts, when the server was
     /// started with `--conformance-fixtures` (`conformance/`).
     #[cfg(feature = "conformance")]
@@ -122,6 +124,10 @@ impl SandboxRunServer {
         let tools = [
             (RunPython::TOOL, RunPython::INSTRUCTIONS),
             (ExecuteSql::TOOL, ExecuteSql::INSTRUCTIONS),
+            (
+                ExecuteSql::TOOL,
+                sandboxrun_core::tools::sql_schema::INSTRUCTIONS,
+            ),
             (FetchMetrics::TOOL, FetchMetrics::INSTRUCTIONS),
         ];
         let mut text = INSTRUCTIONS_PREAMBLE.to_owned();
@@ -473,35 +479,32 @@ impl ServerHandler for SandboxRunServer {
         ))
     }
 
-    /// No resources yet: an empty list (see [`Self::list_prompts`]).
+    /// The schemas the caller may read and its kept run files (`resources.rs`).
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        Ok(shared_list_hints!(ListResourcesResult::default(), &context))
+        Ok(self.list_resources_for(&context).await)
     }
 
-    /// No resource templates yet: an empty list (see [`Self::list_prompts`]).
+    /// The schema and run file templates (`resources.rs`).
     async fn list_resource_templates(
         &self,
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        Ok(shared_list_hints!(
-            ListResourceTemplatesResult::default(),
-            &context
-        ))
+        Ok(shared_list_hints!(self.resource_templates(), &context))
     }
 
-    /// Every URI is unknown: resource-not-found naming it (rmcp turns the code into -32602 for
-    /// 2026-07-28 clients, as SEP-2164 asks).
+    /// A schema or a run file (`resources.rs`); any other URI is not found, naming it (rmcp
+    /// turns the code into -32602 for 2026-07-28 clients, as SEP-2164 asks).
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        Err(resource_not_found(&request.uri))
+        self.read_resource_for(&request.uri, &context).await
     }
 
     async fn get_task(
@@ -576,6 +579,7 @@ mod tests {
             in_flight: crate::inflight::InFlight::new(8),
             environments: Default::default(),
             tasks: crate::tasks::Tasks::new(std::time::Duration::from_secs(3600)),
+            run_files: Default::default(),
             #[cfg(feature = "conformance")]
             fixtures: None,
         };

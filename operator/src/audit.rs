@@ -6,12 +6,13 @@
 //! whether a person approved it, how it ended (phase, phase reason) and how long it took from
 //! creation. With the operator's JSON logs each line reads
 //! `{"timestamp":…,"level":"INFO","fields":{"message":"audit","run":…,"namespace":…,"agent":…,
-//! "tool":…,"environment":…,"verdict":…,"rule":…,"reason":…,"approved":…,"decided_by":…,
+//! "tool":…,"schema_read":…,"environment":…,"verdict":…,"rule":…,"reason":…,"approved":…,"decided_by":…,
 //! "approval_reason":…,"phase":…,"phase_reason":…,"duration_ms":…},"target":"audit"}`; keep
 //! `audit=info` in `RUST_LOG`. `approval_reason` is what the person who approved or denied the run
 //! gave as their reason (`spec.approval.reason`; empty when nobody decided or they gave none).
 //! `verdict` is the API's word (`Allow`, `Block`, `Escalate`: `Verdict::as_str`), `environment`
-//! and `tool` the resource's (`sandbox`, `python`).
+//! and `tool` the resource's (`sandbox`, `python`); `schema_read` is true for an sql run that read
+//! the schema resource (what the agent's queries may read) instead of running a query.
 //!
 //! The steps in between (decision, approval) are Kubernetes Events on the run and ordinary log
 //! lines; a run still awaiting approval has no audit line yet (it ends Rejected at the approval
@@ -70,6 +71,8 @@ pub fn record(
         namespace = %run.namespace().unwrap_or_default(),
         agent = %run.spec.agent,
         tool = tool.map_or("", Tool::as_str),
+        // An sql run that read what queries may read (the schema resource), not rows.
+        schema_read = run.spec.sql.as_ref().is_some_and(|s| s.schema),
         environment = run.spec.environment.as_str(),
         judged_in,
         verdict = decision.map_or("", |d| d.verdict.as_str()),

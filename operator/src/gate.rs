@@ -55,7 +55,11 @@ pub fn call_context(spec: &SandboxRunSpec, tool: Tool) -> CallContext {
     let mut call = CallContext::new(spec.agent.clone(), tool, spec.environment);
     call.limits = limits;
     if let Some(sql) = spec.sql.as_ref().filter(|_| tool == Tool::Sql) {
-        call = call.with_sql(sql.database.clone(), sql.query.clone());
+        call = if sql.schema {
+            call.with_schema_read(sql.database.clone())
+        } else {
+            call.with_sql(sql.database.clone(), sql.query.clone())
+        };
     }
     call
 }
@@ -94,6 +98,7 @@ pub fn allow_all(call: &CallContext) -> sandboxrun_core::Decision {
         limits: call.limits.clamped(),
         max_rows: call.rows.unwrap_or(DEFAULT_ROWS),
         rewritten_query: None,
+        schema: None,
         metrics: None,
         files: FileCaps::default(),
     }
@@ -112,6 +117,7 @@ pub fn block_all(call: &CallContext) -> sandboxrun_core::Decision {
         limits: call.limits.clamped(),
         max_rows: 0,
         rewritten_query: None,
+        schema: None,
         metrics: None,
         files: FileCaps::default(),
     }

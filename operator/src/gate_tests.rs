@@ -335,6 +335,7 @@ fn call_context_carries_limits_and_query() {
     s.sql = Some(SqlSpec {
         database: "demo".into(),
         query: "SELECT 1".into(),
+        schema: false,
     });
     let call = call_context(&s, Tool::Sql);
     assert_eq!(call.sql.unwrap().query, "SELECT 1");
@@ -362,6 +363,7 @@ fn chart_default_policy() {
             s.sql = Some(SqlSpec {
                 database: "demo".into(),
                 query: "SELECT 1".into(),
+                schema: false,
             });
         }
         policy.evaluate(&call_context(&s, tool)).verdict

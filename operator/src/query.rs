@@ -26,6 +26,7 @@ use sandboxrun_core::metrics::{
 };
 use sandboxrun_core::tools::metrics::{self as metrics_tool, Source};
 use sandboxrun_core::tools::sql::{self as sql_tool, Execution};
+use sandboxrun_core::tools::sql_schema;
 use sandboxrun_core::{Databases, Decision, Phase, Reason, Tool, Verdict};
 use serde_json::Value;
 use tracing::info;
@@ -134,6 +135,19 @@ pub async fn sql(
         return (refusal, None);
     }
     let decision = &recorded.decision;
+    if spec.schema {
+        // The catalog, filtered to what the recorded rule lets queries read.
+        let started = Timestamp::now();
+        let read = sql_schema::execute(databases, &spec.database, decision).await;
+        let (phase, reason, message) = sql_schema::outcome(decision, read.as_ref());
+        return match read {
+            None => (Outcome::of(phase, reason, message, None, now), None),
+            Some(read) => (
+                ran(phase, reason, message, started, Timestamp::now()),
+                read.as_ref().ok().map(to_status),
+            ),
+        };
+    }
     // Only the guard's rewritten query of the record runs (none: nothing runs), with the
     // record's row cap and limits.
     let execution = sql_tool::execute(databases, &spec.database, decision, recorded.approved).await;

@@ -152,6 +152,65 @@ async fn sql_runs_execute_the_rewritten_query_and_write_the_typed_result() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A schema read (`spec.sql.schema`) is decided like a query of its database and executed from
+/// the record: the catalog filtered by the deciding rule, typed in `status.result`; a database
+/// the rule does not cover reads nothing.
+#[tokio::test]
+async fn schema_runs_show_what_the_recorded_rule_lets_queries_read() {
+    use sandboxrun_core::tools::sql_schema::SchemaResult;
+    let (databases, dir) = demo_databases("schema").await;
+    let policy = embedded_policy();
+    let now = Timestamp::now();
+    let mut run = sql_run("sandbox", "demo", "");
+    if let Some(sql) = run.spec.sql.as_mut() {
+        sql.schema = true;
+    }
+    let recorded = recorded(&run, Some(&databases), Some(&policy));
+    assert_eq!(recorded.decision.verdict, Verdict::Allow);
+    assert!(
+        recorded.decision.schema.is_some(),
+        "{:?}",
+        recorded.decision
+    );
+    assert_eq!(recorded.decision.rewritten_query, None);
+    let (o, v) = sql(&run, Some(&databases), &recorded, now).await;
+    assert_eq!(
+        (o.phase, o.reason.as_str()),
+        (Phase::Succeeded, "QueryCompleted"),
+        "{}",
+        o.message
+    );
+    let schema: SchemaResult = typed(v).unwrap();
+    let tables: Vec<(&str, Vec<&str>)> = schema
+        .tables
+        .iter()
+        .map(|t| {
+            (
+                t.name.as_str(),
+                t.columns.iter().map(|c| c.name.as_str()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tables,
+        [("ledger", vec!["id", "account", "amount", "booked_at"])]
+    );
+
+    let mut elsewhere = sql_run("sandbox", "other", "");
+    if let Some(sql) = elsewhere.spec.sql.as_mut() {
+        sql.schema = true;
+    }
+    let (o, v) = as_recorded(&elsewhere, &databases, &policy, now).await;
+    assert_eq!(
+        (o.phase, o.reason.as_str()),
+        (Phase::Rejected, "PolicyBlocked"),
+        "{}",
+        o.message
+    );
+    assert_eq!(v, None);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[tokio::test]
 async fn sql_runs_without_databases_policy_or_query_are_rejected() {
     let now = Timestamp::now();

@@ -161,6 +161,10 @@ pub struct SqlRequest {
     /// The dialect of that database.
     #[serde(default)]
     pub dialect: SqlDialect,
+    /// A read of what queries may read in the database (its schema resource), not a query:
+    /// `query` is then empty and judged by no guard.
+    #[serde(default)]
+    pub schema: bool,
 }
 
 /// Everything policy looks at to judge one call.
@@ -214,6 +218,18 @@ impl CallContext {
             database: database.into(),
             query: query.into(),
             dialect: SqlDialect::Postgres,
+            schema: false,
+        });
+        self
+    }
+
+    /// The same call reading the schema of `database`: what its queries may read there.
+    pub fn with_schema_read(mut self, database: impl Into<String>) -> Self {
+        self.sql = Some(SqlRequest {
+            database: database.into(),
+            query: String::new(),
+            dialect: SqlDialect::Postgres,
+            schema: true,
         });
         self
     }
@@ -244,6 +260,10 @@ pub struct Decision {
     /// For a `python` call: the bounds on the files it returns (the rule's, or the global ones).
     #[serde(default)]
     pub files: FileCaps,
+    /// For an allowed schema read ([`SqlRequest::schema`]): the deciding rule's `sql` settings,
+    /// what the read shows (the tables and columns queries may read, the row cap).
+    #[serde(default)]
+    pub schema: Option<SqlRules>,
 }
 
 impl fmt::Display for Decision {
@@ -318,6 +338,7 @@ impl Policy {
                 limits: call.limits.clamped(),
                 max_rows: call.rows.unwrap_or(DEFAULT_ROWS).min(DEFAULT_ROWS),
                 rewritten_query: None,
+                schema: None,
                 metrics: None,
                 files: FileCaps::default(),
             };
@@ -351,6 +372,7 @@ impl Policy {
             limits,
             max_rows,
             rewritten_query: None,
+            schema: None,
             metrics: rule.metrics.clone(),
             files: rule
                 .python
@@ -385,6 +407,7 @@ impl Policy {
                 limits: decision.limits.clone(),
                 max_rows,
                 rewritten_query: None,
+                schema: None,
                 metrics: None,
                 files: FileCaps::default(),
             };
@@ -417,6 +440,20 @@ impl Policy {
             } else {
                 sql_rules
             };
+            if request.schema {
+                // Reading what a rule lets queries read is not reading data: a rule that
+                // escalates its queries to a person still shows its tables, so the model can
+                // write a query worth a person's time.
+                decision.verdict = Verdict::Allow;
+                if rule.verdict == Verdict::Escalate {
+                    decision.reason = format!(
+                        "{} (the schema is shown; each query under rule {} needs a person's approval)",
+                        decision.reason, rule.name
+                    );
+                }
+                decision.schema = Some(effective_rules.clone());
+                return decision;
+            }
             if let Err(violation) = sql::guard(&request.query, request.dialect, effective_rules) {
                 return block(violation.message_for_rule(&rule.name));
             }

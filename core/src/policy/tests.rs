@@ -246,3 +246,63 @@ fn store_keeps_the_last_good_policy() {
     assert_eq!(store.evaluate(&call).verdict, Verdict::Block);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A schema read is judged like a query of its database without a query: the first matching
+/// rule decides; its sql settings (capped by its row limit) are the decision's to show; an
+/// escalating rule still shows them (and says its queries need a person); a blocking rule, a
+/// rule without sql settings, a database the rule does not cover and no rule at all show nothing.
+#[test]
+fn a_schema_read_records_the_deciding_rules_sql_settings() {
+    let read = |agent: &str, env, db: &str| {
+        small().evaluate(&CallContext::new(agent, Tool::Sql, env).with_schema_read(db))
+    };
+    let d = read("analyst-01", Environment::Sandbox, "demo");
+    assert_eq!(
+        (d.verdict, d.rule.as_str()),
+        (Verdict::Allow, "analysts-sandbox")
+    );
+    let rules = d.schema.expect("the rule's sql settings");
+    assert_eq!(rules.max_limit, 50, "capped by the rule's rows");
+    assert!(rules.tables.contains_key("ledger"));
+    assert_eq!(d.rewritten_query, None);
+    for (agent, env, db) in [
+        ("analyst-01", Environment::Sandbox, "other"),
+        ("analyst-01", Environment::Production, "demo"),
+        ("someone", Environment::Sandbox, "demo"),
+    ] {
+        let d = read(agent, env, db);
+        assert_eq!(d.verdict, Verdict::Block, "{agent} {env:?} {db}: {d:?}");
+        assert_eq!(d.schema, None);
+    }
+    let p = Policy::from_yaml(
+        r#"
+rules:
+  - name: needs-a-person
+    agents: ["*"]
+    tools: [sql]
+    verdict: escalate
+    sql: {databases: [demo], tables: {ledger: {columns: [id]}}}
+  - {name: no-sql-section, agents: ["*"], tools: [python], verdict: allow}
+"#,
+        "<test>",
+    )
+    .unwrap();
+    let d = p
+        .evaluate(&CallContext::new("a", Tool::Sql, Environment::Sandbox).with_schema_read("demo"));
+    assert_eq!(
+        (d.verdict, d.rule.as_str()),
+        (Verdict::Allow, "needs-a-person")
+    );
+    assert!(
+        d.reason.contains("needs a person's approval"),
+        "{}",
+        d.reason
+    );
+    assert!(d.schema.is_some());
+    // The same rule still escalates every query.
+    let q = p.evaluate(
+        &CallContext::new("a", Tool::Sql, Environment::Sandbox)
+            .with_sql("demo", "SELECT id FROM ledger"),
+    );
+    assert_eq!(q.verdict, Verdict::Escalate);
+}

@@ -35,6 +35,7 @@
 //! Database URLs carry credentials: they are never logged, and every error and `Debug` output has
 //! the password replaced by `***`.
 
+pub mod catalog;
 pub mod demo;
 mod postgres;
 mod sqlite;
@@ -546,6 +547,31 @@ impl Databases {
                 r
             })
             .map_err(|e| entry.scrubber.scrub_error(e))
+    }
+
+    /// The catalog of `database`: every column of its tables and views the connection may see,
+    /// read within `statement_timeout` and [`catalog::MAX_CATALOG_COLUMNS`].
+    pub async fn catalog(
+        &self,
+        database: &str,
+        statement_timeout: Duration,
+    ) -> Result<catalog::Catalog, QueryError> {
+        let dialect = self
+            .dialect(database)
+            .ok_or_else(|| QueryError::UnknownDatabase {
+                name: database.to_owned(),
+                configured: self.names(),
+            })?;
+        let read = GuardedQuery {
+            sql: catalog::query(dialect),
+            tables: Vec::new(),
+            columns: Vec::new(),
+            limit: catalog::MAX_CATALOG_COLUMNS,
+        };
+        let result = self
+            .execute(database, &read, catalog::limits(statement_timeout))
+            .await?;
+        Ok(catalog::of(result))
     }
 }
 

@@ -287,7 +287,7 @@ fn last_name_part(name: &ObjectName) -> Option<&Ident> {
 }
 
 /// The rules in the form the checker looks things up in: names lowercased, table keys canonical.
-struct Compiled {
+pub(super) struct Compiled {
     dialect: SqlDialect,
     tables: HashMap<String, Option<Vec<String>>>,
     any_table: Option<Option<Vec<String>>>,
@@ -309,7 +309,7 @@ fn compile_columns(columns: &Columns) -> Option<Vec<String>> {
 }
 
 impl Compiled {
-    fn new(rules: &SqlRules, dialect: SqlDialect) -> Self {
+    pub(super) fn new(rules: &SqlRules, dialect: SqlDialect) -> Self {
         let default_schema = default_schema(dialect);
         let mut tables = HashMap::new();
         let mut any_table = None;
@@ -366,7 +366,7 @@ impl Compiled {
     }
 
     /// `table` or `schema.table`, with the default schema left out.
-    fn canonical(&self, parts: &[String]) -> R<String> {
+    pub(super) fn canonical(&self, parts: &[String]) -> R<String> {
         match parts {
             [table] => Ok(table.clone()),
             [schema, table] if schema == default_schema(self.dialect) => Ok(table.clone()),
@@ -380,7 +380,7 @@ impl Compiled {
     }
 
     /// The allowed columns of a table (`None`: all), or why it may not be read.
-    fn table_rule(&self, canonical: &str) -> R<Option<Vec<String>>> {
+    pub(super) fn table_rule(&self, canonical: &str) -> R<Option<Vec<String>>> {
         if let Some(cols) = self.tables.get(canonical) {
             return Ok(cols.clone());
         }

@@ -43,6 +43,7 @@ mod allow;
 mod check;
 mod cost;
 mod deny;
+mod readable;
 mod scan;
 
 use std::collections::BTreeMap;
@@ -54,6 +55,7 @@ use serde::{Deserialize, Serialize};
 pub use allow::{POSTGRES_FUNCTIONS, SQLITE_FUNCTIONS};
 pub use cost::{MAX_OPERAND_CHARS, MAX_PADDED_WIDTH, MAX_PADDING_TOTAL, MAX_PATTERN_CHARS};
 pub use deny::denied_function_patterns;
+pub use readable::Readable;
 
 /// The functions every rule allows for `dialect` (lowercase names), before its `functions`.
 pub fn default_functions(dialect: SqlDialect) -> &'static [&'static str] {

@@ -14,6 +14,7 @@ pub mod governed;
 pub mod metrics;
 pub mod python;
 pub mod sql;
+pub mod sql_schema;
 
 use std::future::Future;
 

@@ -14,6 +14,7 @@ fn decision(verdict: Verdict) -> Decision {
         limits: crate::limits::Limits::default(),
         max_rows: 1000,
         rewritten_query: None,
+        schema: None,
         metrics: None,
         files: crate::files::FileCaps::default(),
     }

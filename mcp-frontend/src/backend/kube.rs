@@ -127,6 +127,32 @@ impl KubeBackend {
         .await
     }
 
+    /// The files run `name` returned, when `agent` made it and it is still kept (`None`: no such
+    /// run of this agent, which is all another agent learns). A file whose status entry is not
+    /// base64 is left out.
+    pub async fn run_files(
+        &self,
+        agent: &str,
+        name: &str,
+        cancel: CancellationToken,
+    ) -> Result<Option<Vec<sandboxrun_core::OutputFile>>, BackendError> {
+        let run = tokio::select! {
+            run = self.api.get_opt(name) => run,
+            () = cancel.cancelled() => return Err(BackendError::Cancelled),
+        };
+        match run {
+            Ok(Some(run)) if run.spec.agent == agent => Ok(Some(
+                run.status
+                    .map(|s| s.files.iter().filter_map(|f| f.output()).collect())
+                    .unwrap_or_default(),
+            )),
+            Ok(_) => Ok(None),
+            Err(e) => Err(BackendError::Unavailable(format!(
+                "the run {name} could not be read from the Kubernetes API: {e}"
+            ))),
+        }
+    }
+
     /// Creates `run`, follows it until `read` returns a result, and cancels it when the caller
     /// goes away first.
     async fn create_and_follow<T>(

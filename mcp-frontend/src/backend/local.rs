@@ -22,6 +22,11 @@ impl LocalBackend {
         Self { embedded }
     }
 
+    /// The embedded resources calls run with (the policy, the databases).
+    pub fn embedded(&self) -> &Embedded {
+        &self.embedded
+    }
+
     /// Judges and runs one call.
     pub async fn call<T: ToolSpec>(
         &self,

@@ -289,6 +289,7 @@ async fn shared_state(dir: &Path) -> Arc<Shared> {
         calls,
         in_flight: InFlight::new(8),
         tasks: crate::tasks::Tasks::new(std::time::Duration::from_secs(3600)),
+        run_files: Default::default(),
         #[cfg(feature = "conformance")]
         fixtures: None,
         environments: keys().environments(),

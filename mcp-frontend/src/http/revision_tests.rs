@@ -131,26 +131,52 @@ fn the_server_declares_logging_prompts_and_resources() {
 }
 
 #[test]
-fn prompt_and_resource_lists_are_empty_with_caching_hints_for_2026_07_28() {
+fn the_lists_carry_caching_hints_for_2026_07_28() {
     run("lists", async |h| {
         let session = h.open_session(KEY_A, SESSION).await;
-        for (method, field) in [
-            ("prompts/list", "prompts"),
-            ("resources/list", "resources"),
-            ("resources/templates/list", "resourceTemplates"),
+        // No prompts; the demo database's schema (this server offers execute_sql; no run of
+        // the caller returned a file yet); both templates. Resources depend on the caller:
+        // private; the rest is the same for every caller.
+        for (method, field, scope) in [
+            ("prompts/list", "prompts", "public"),
+            ("resources/list", "resources", "private"),
+            ("resources/templates/list", "resourceTemplates", "public"),
         ] {
             let listed = in_session(h, &session, method, json!({})).await;
-            assert_eq!(listed["result"][field], json!([]), "{method}: {listed}");
+            let items = listed["result"][field]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let names: Vec<&str> = items
+                .iter()
+                .filter_map(|t| t["uriTemplate"].as_str().or(t["uri"].as_str()))
+                .collect();
+            let expected: &[&str] = match field {
+                "prompts" => &[],
+                "resources" => &["sandboxrun://databases/demo/schema"],
+                _ => &[
+                    crate::resources::SCHEMA_TEMPLATE,
+                    crate::resources::FILE_TEMPLATE,
+                ],
+            };
+            assert_eq!(names, expected, "{method}: {listed}");
             // 2025-11-25 has no caching hints.
             assert_eq!(listed["result"].get("ttlMs"), None, "{method}: {listed}");
 
-            let (status, listed) = stateless(h, method, json!({"_meta": meta(json!({}))})).await;
-            assert_eq!(status, StatusCode::OK, "{method}: {listed}");
-            assert_eq!(listed["result"][field], json!([]), "{method}: {listed}");
-            assert_eq!(listed["result"]["ttlMs"], 0, "{method}: {listed}");
+            let (status, stateless_listed) =
+                stateless(h, method, json!({"_meta": meta(json!({}))})).await;
+            assert_eq!(status, StatusCode::OK, "{method}: {stateless_listed}");
             assert_eq!(
-                listed["result"]["cacheScope"], "public",
-                "{method}: {listed}"
+                stateless_listed["result"][field], listed["result"][field],
+                "{method}: {stateless_listed}"
+            );
+            assert_eq!(
+                stateless_listed["result"]["ttlMs"], 0,
+                "{method}: {stateless_listed}"
+            );
+            assert_eq!(
+                stateless_listed["result"]["cacheScope"], scope,
+                "{method}: {stateless_listed}"
             );
         }
     });

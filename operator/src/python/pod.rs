@@ -647,6 +647,7 @@ mod tests {
         r.spec.sql = Some(SqlSpec {
             database: "db".into(),
             query: "select 1".into(),
+            schema: false,
         });
         assert_eq!(build(&r, &config()), Err(BuildError::NotPython));
         let mut r = run();
