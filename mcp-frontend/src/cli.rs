@@ -123,7 +123,7 @@ pub struct BackendArgs {
     /// per-run cgroup: a non-root user without a delegated cgroup v2 subtree). Off by default:
     /// the server then refuses to start and says why; with it a warning names what is not
     /// enforced.
-    #[arg(long, env = "SANDBOXRUN_ALLOW_WEAK_LIMITS")]
+    #[arg(long, env = "SANDBOXRUN_ALLOW_WEAK_LIMITS", value_parser = clap::builder::BoolishValueParser::new())]
     pub allow_weak_limits: bool,
     /// Local sandboxes kept started and waiting for one program each, so a run_python call with
     /// the default cpu, memory and pids skips the engine's start-up (each runs one program and
@@ -135,11 +135,11 @@ pub struct BackendArgs {
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
     /// Offer the execute_sql tool (read-only SQL checked by policy). Off by default.
-    #[arg(long, env = "SANDBOXRUN_ENABLE_SQL")]
+    #[arg(long, env = "SANDBOXRUN_ENABLE_SQL", value_parser = clap::builder::BoolishValueParser::new())]
     pub enable_sql: bool,
     /// Offer the fetch_metrics tool (PromQL, checked by policy): embedded over this server's
     /// own call counters; with --backend kube against the operator's Prometheus. Off by default.
-    #[arg(long, env = "SANDBOXRUN_ENABLE_METRICS")]
+    #[arg(long, env = "SANDBOXRUN_ENABLE_METRICS", value_parser = clap::builder::BoolishValueParser::new())]
     pub enable_metrics: bool,
     /// Policy file judging every call, run_python included (local backend; in a cluster the
     /// operator judges): YAML, see config/policy/policy.yaml. Default: a built-in policy

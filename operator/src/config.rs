@@ -17,7 +17,7 @@ pub struct Config {
     pub namespace: Option<String>,
 
     /// Watch SandboxRuns in every namespace instead of one (needs cluster-wide RBAC).
-    #[arg(long, env = "SANDBOXRUN_ALL_NAMESPACES", conflicts_with = "namespace")]
+    #[arg(long, env = "SANDBOXRUN_ALL_NAMESPACES", conflicts_with = "namespace", value_parser = clap::builder::BoolishValueParser::new())]
     pub all_namespaces: bool,
 
     /// RuntimeClass of sandbox Pods (gVisor by default).
@@ -61,7 +61,7 @@ pub struct Config {
     pub pod_ip: Option<String>,
 
     /// Run the controller only while holding the leader Lease.
-    #[arg(long, env = "SANDBOXRUN_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "SANDBOXRUN_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
     pub leader_election: bool,
 
     /// Name of the leader-election Lease.
@@ -91,7 +91,8 @@ pub struct Config {
     #[arg(
         long,
         env = "SANDBOXRUN_ALLOW_ALL_WITHOUT_POLICY",
-        conflicts_with = "policy_file"
+        conflicts_with = "policy_file",
+        value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub allow_all_without_policy: bool,
 
