@@ -96,7 +96,17 @@ export SANDBOXRUN_REQUIRE_PROMETHEUS=1
 # images' binaries: each crate compiles once, and once more for the lints. Before, selecting
 # packages one command at a time, a fresh run compiled much of the tree five times.
 cargo build --workspace --all-targets --locked
-export SANDBOXRUN_MCP_BIN="$TARGET/debug/sandboxrun-mcp"   # mcp-frontend/tests/clients/run.sh
+# The conformance suite's build (the frontend with the suite's fixtures, cargo feature
+# `conformance`), here in the shared target directory: every dependency has the same features in
+# both builds (the workspace's Cargo.toml), so only sandboxrun-mcp compiles again. Cargo writes both
+# binaries to one path: the fixtures' build is copied out, then the default one put back (no
+# compile). Before, built in a target directory of its own, it compiled the tree again: 8 of the
+# 47 minutes of a fresh run (e2e/BENCHMARKS.md).
+cargo build --workspace --locked --features sandboxrun-mcp/conformance --bin sandboxrun-mcp
+cp "$TARGET/debug/sandboxrun-mcp" "$TARGET/debug/sandboxrun-mcp-conformance"
+cargo build --workspace --all-targets --locked
+export SANDBOXRUN_MCP_BIN="$TARGET/debug/sandboxrun-mcp"   # the client tests' and run.sh's
+export SANDBOXRUN_MCP_CONFORMANCE_BIN="$TARGET/debug/sandboxrun-mcp-conformance"   # run.sh's
 
 # What needs no cluster: the lints, the unit and integration tests, the MCP clients against the
 # frontend. Measured on a fresh machine (e2e/BENCHMARKS.md, "The cluster harness"): the cluster's
@@ -113,13 +123,12 @@ no_cluster_suites() {
   bounded 30 cargo test --workspace --locked --exclude sandboxrun-e2e
   step "MCP client compatibility: the official Python SDK and the MCP Inspector vs sandboxrun-mcp"
   bounded 20 "$REPO_ROOT/mcp-frontend/tests/clients/run.sh"
-  # The build with the suite's reference fixtures (cargo feature `conformance`) in a target
-  # directory of its own: in the shared one its binary would take the default build's path, and
-  # its lock would hold up the cluster suites' cargo commands.
+  # The fixtures' own tests and lints (cargo feature `conformance`), then the suite against the
+  # two binaries built above.
   step "the official MCP conformance suite, both requirement sets (e2e/conformance/run.sh)"
-  CARGO_TARGET_DIR="$TARGET/clippy" bounded 10 cargo clippy -p sandboxrun-mcp --features conformance --all-targets --locked -- -D warnings
-  CARGO_TARGET_DIR="$TARGET/conformance" bounded 15 cargo test -p sandboxrun-mcp --features conformance --locked --bin sandboxrun-mcp -- conformance::
-  CARGO_TARGET_DIR="$TARGET/conformance" bounded 20 "$REPO_ROOT/e2e/conformance/run.sh"
+  CARGO_TARGET_DIR="$TARGET/clippy" bounded 10 cargo clippy --workspace --features sandboxrun-mcp/conformance --all-targets --locked -- -D warnings
+  bounded 15 cargo test --workspace --features sandboxrun-mcp/conformance --locked --bin sandboxrun-mcp -- conformance::
+  bounded 20 "$REPO_ROOT/e2e/conformance/run.sh"
 }
 if [[ -n $INSTALL_ONLY ]]; then
   # Only the client tests' installs (Node 22 and oidc-provider, for e2e/oauth).
