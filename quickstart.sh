@@ -27,27 +27,63 @@ CONFIG_DIR="${XDG_CONFIG_HOME:-$HOME/.config}/sandboxrun"
 MODE="${1:-serve}"
 export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$PATH"
 say() { printf 'quickstart: %s\n' "$*" >&2; }
+# One line that says why and what to do, before anything was installed or built.
+refuse() { say "$*"; exit 1; }
 as_root() { if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
+truthy() { [[ ${1,,} =~ ^(1|true|yes|on)$ ]]; }
+# SANDBOXRUN_MCP_BIN: a sandboxrun-mcp already built (the tests' own build); else it is built here.
+BIN="${SANDBOXRUN_MCP_BIN:-}"
 
+# Everything it needs, checked before anything is installed or built.
+[[ $MODE == serve || $MODE == stdio ]] || refuse "usage: ./quickstart.sh [stdio]"
+[[ "$(uname -s)" == Linux ]] || refuse "the embedded sandbox is Linux only (bubblewrap or gVisor, \
+and a cgroup per run); on $(uname -s) run it in a Linux VM, or install in a cluster: docs/install.md"
+# The sandbox's memory, process and CPU limits need a cgroup per run: root, or (cgroup v2 only)
+# a subtree root delegated to this user with the server started inside it. The server refuses to
+# start without one (and says so); said here, before the minutes of building.
+if [[ $EUID -ne 0 ]] && ! truthy "${SANDBOXRUN_ALLOW_WEAK_LIMITS:-0}"; then
+  weak="or accept per-process limits only (memory per process, no CPU limit): SANDBOXRUN_ALLOW_WEAK_LIMITS=1 ./quickstart.sh"
+  if [[ ! -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    refuse "as $(id -un) the sandbox cannot limit memory, processes and CPU: this machine's \
+cgroups are v1, which only root can create; run sudo ./quickstart.sh, $weak"
+  elif [[ ! -w /sys/fs/cgroup/sandboxrun ]] || ! grep -q '^0::/sandboxrun/' /proc/self/cgroup; then
+    refuse "as $(id -un) the sandbox cannot limit memory, processes and CPU: no cgroup is \
+delegated to this user (see \"A cgroup for a non-root user\" in docs/laptop.md); run sudo ./quickstart.sh, $weak"
+  fi
+fi
+[[ -n $BIN ]] || command -v cargo >/dev/null ||
+  refuse "Rust is needed to build the server: install it from https://rustup.rs, then run ./quickstart.sh again"
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+ROOTFS="$CACHE/rootfs/sandbox-python"
+DATA_ROOTFS="$CACHE/rootfs/sandbox-python-data"
+needs_root=()
+((${#missing[@]})) && needs_root+=("installing ${missing[*]}")
+[[ -f $ROOTFS/.sandboxrun-rootfs ]] || needs_root+=("debootstrap of the sandbox's root file system")
+if [[ ${SANDBOXRUN_DATA_PROFILE:-1} != 0 && ! -f $DATA_ROOTFS/.sandboxrun-rootfs ]]; then
+  needs_root+=("debootstrap of the data profile's root file system")
+fi
+if ((${#missing[@]})) && ! command -v apt-get >/dev/null; then
+  refuse "please install ${missing[*]} with your package manager, then run ./quickstart.sh again"
+fi
+if ((${#needs_root[@]})) && [[ $EUID -ne 0 ]] && ! command -v sudo >/dev/null; then
+  refuse "$(printf '%s, ' "${needs_root[@]}" | sed 's/, $//') needs root once and sudo is \
+not installed: install sudo, or run ./quickstart.sh as root"
+fi
 if ((${#missing[@]})); then
-  command -v apt-get >/dev/null || { say "please install: ${missing[*]}"; exit 1; }
   say "installing ${missing[*]}"
   as_root apt-get update -qq
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >&2
 fi
-command -v cargo >/dev/null || { say "Rust is needed: https://rustup.rs"; exit 1; }
 
 if command -v go >/dev/null; then
   say "gVisor (runsc): building or reusing the cached build"
-  "$REPO_ROOT/e2e/cluster/build.sh" gvisor
+  "$REPO_ROOT/e2e/cluster/build.sh" gvisor >&2   # stdout is MCP's in stdio mode
 else
   say "Go not found: skipping gVisor, the sandbox will use bubblewrap"
 fi
 
-ROOTFS="$CACHE/rootfs/sandbox-python"
 if [[ ! -f $ROOTFS/.sandboxrun-rootfs ]]; then
   say "building the sandbox's Python root file system (debootstrap needs root once)"
   as_root env SANDBOXRUN_CACHE="$CACHE" "$REPO_ROOT/images/build.sh" sandbox-python >&2
@@ -55,7 +91,6 @@ if [[ ! -f $ROOTFS/.sandboxrun-rootfs ]]; then
   [[ $EUID -eq 0 ]] || as_root chown -R "$(id -u):$(id -g)" "$CACHE"
 fi
 
-DATA_ROOTFS="$CACHE/rootfs/sandbox-python-data"
 if [[ ${SANDBOXRUN_DATA_PROFILE:-1} != 0 && ! -f $DATA_ROOTFS/.sandboxrun-rootfs ]]; then
   say "building the data profile's root file system (numpy, pandas, scipy, matplotlib)"
   as_root env SANDBOXRUN_CACHE="$CACHE" "$REPO_ROOT/images/build.sh" sandbox-python-data >&2
@@ -63,9 +98,11 @@ if [[ ${SANDBOXRUN_DATA_PROFILE:-1} != 0 && ! -f $DATA_ROOTFS/.sandboxrun-rootfs
   [[ $EUID -eq 0 ]] || as_root chown -R "$(id -u):$(id -g)" "$CACHE"
 fi
 
-say "building sandboxrun-mcp"
-(cd "$REPO_ROOT" && cargo build --release --locked -p sandboxrun-mcp >&2)
-BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/sandboxrun-mcp"
+if [[ -z $BIN ]]; then
+  say "building sandboxrun-mcp"
+  (cd "$REPO_ROOT" && cargo build --release --locked -p sandboxrun-mcp >&2)
+  BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/sandboxrun-mcp"
+fi
 
 if [[ $MODE == stdio ]]; then
   exec "$BIN" stdio --backend local --enable-sql --enable-metrics --rootfs "$ROOTFS" \

@@ -48,11 +48,13 @@ for app in "${APPS[@]}"; do
   TAGS[$app]=$tag
 done
 
+# The images imported above (localhost/sandboxrun/NAME), not the release's from its registry.
 helm_args=(--namespace "$RELEASE_NAMESPACE" --create-namespace --wait --timeout 3m
-  --set-string "operator.image.tag=${TAGS[operator]}")
+  --set global.imageRegistry=localhost/sandboxrun --set-string sandbox.image.tag=dev
+  --set-string sandbox.dataImage.tag=dev --set-string "operator.image.tag=${TAGS[operator]}")
 [[ -n ${TAGS[mcp]:-} ]] && helm_args+=(--set-string "frontend.image.tag=${TAGS[mcp]}")
 # Helm installs a chart's crds/ only on first install and never upgrades them, so a changed
-# SandboxRun schema would be silently pruned on an upgrade: apply it first, as the README says.
+# SandboxRun schema would be silently pruned on an upgrade: apply it first, as docs/install.md says.
 log "kubectl apply --server-side -f charts/sandboxrun/crds/"
 kubectl apply --server-side --force-conflicts -f charts/sandboxrun/crds/ >&2
 log "helm upgrade --install $RELEASE charts/sandboxrun ${helm_args[*]} $*"

@@ -45,18 +45,23 @@ bounded() {
   if ((rc == 124 || rc == 137)); then echo "did not finish within $minutes minutes: $*" >&2; fi
   return "$rc"
 }
-# The crates download while Go builds the cluster (on a fresh machine, network next to CPU).
-# Measured: compiling the workspace beside the Go builds and the images as well (niced) made a
-# fresh run 6 minutes slower, not faster: the three saturate this 2-core machine, so they run
-# one after another.
+# What waits on the network runs beside the Go builds of the cluster, which keep both cores busy:
+# the crates' download, the client tests' installs (npm and PyPI; run.sh --print-inspector only
+# installs), and the images' root file systems, which wait mostly on downloads and dpkg (7 of the
+# 22 minutes of dependencies on a fresh machine when they ran after the Go builds; fresh run of
+# 2026-12-03, e2e/BENCHMARKS.md). Measured before that: compiling the workspace beside the Go
+# builds and the images made a fresh run 6 minutes slower, not faster (three CPU-bound jobs on two
+# cores), so the workspace compiles after them.
 background cargo-fetch cargo fetch --locked
-"$REPO_ROOT/e2e/cluster/build.sh" etcd containerd gvisor netpol tools kubernetes
-# Traefik (the Ingress tests' controller) compiles while the images' root file systems are
-# assembled, which waits mostly on downloads and dpkg. Waited for before the cluster needs it.
-background traefik "$REPO_ROOT/e2e/cluster/build.sh" traefik
-"$REPO_ROOT/images/build.sh"
-"$REPO_ROOT/images/build.sh" rootfs sandbox-python "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs/sandbox-python"
-"$REPO_ROOT/images/build.sh" rootfs sandbox-python-data "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs/sandbox-python-data"
+background client-installs "$REPO_ROOT/mcp-frontend/tests/clients/run.sh" --print-inspector
+build_images() {
+  "$REPO_ROOT/images/build.sh"
+  "$REPO_ROOT/images/build.sh" rootfs sandbox-python "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs/sandbox-python"
+  "$REPO_ROOT/images/build.sh" rootfs sandbox-python-data "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/rootfs/sandbox-python-data"
+}
+background images build_images
+"$REPO_ROOT/e2e/cluster/build.sh" etcd containerd gvisor netpol tools kubernetes traefik
+await images
 # Both local sandbox engines exist on this machine: their tests must run, not skip.
 export SANDBOXRUN_REQUIRE_ENGINES=gvisor,bubblewrap
 # The data profile's root file system was unpacked above: its tests must run, not skip.
@@ -64,8 +69,11 @@ export SANDBOXRUN_REQUIRE_DATA_PROFILE=1
 await cargo-fetch
 
 if [[ -z $INSTALL_ONLY ]]; then
-step "checks: cargo fmt (clippy runs beside the cluster's suites, below)"
+step "checks: cargo fmt (clippy runs beside the cluster's suites, below); the docs' links; the README's snippets; quickstart.sh as a new non-root user"
 cargo fmt --all -- --check
+python3 "$REPO_ROOT/e2e/docs/check_links.py"
+python3 "$REPO_ROOT/e2e/docs/snippets.py" --check
+bounded 2 "$REPO_ROOT/e2e/quickstart/test-nonroot.sh"
 
 step "Helm chart: helm lint, helm template validated against the Kubernetes schemas (e2e/chart/validate.sh)"
 "$REPO_ROOT/e2e/chart/validate.sh"
@@ -130,17 +138,11 @@ no_cluster_suites() {
   bounded 15 cargo test --workspace --features sandboxrun-mcp/conformance --locked --bin sandboxrun-mcp -- conformance::
   bounded 20 "$REPO_ROOT/e2e/conformance/run.sh"
 }
-if [[ -n $INSTALL_ONLY ]]; then
-  # Only the client tests' installs (Node 22 and oidc-provider, for e2e/oauth).
-  "$REPO_ROOT/mcp-frontend/tests/clients/run.sh" --collect-only -q >/dev/null
-elif [[ ${E2E_SKIP_CLUSTER:-} == 1 ]]; then
+await client-installs   # Node 22 and oidc-provider, for e2e/oauth; the SDK, for the e2e clients
+if [[ ${E2E_SKIP_CLUSTER:-} == 1 && -z $INSTALL_ONLY ]]; then
   no_cluster_suites
-  kill "${BG_PID[traefik]}" 2>/dev/null || true   # not needed without a cluster (a rerun finishes it)
   exit 0
-else
-  # Their installs first, in the foreground: the cluster's OAuth server runs on the Node 22 they
-  # install (e2e/oauth/start.sh).
-  "$REPO_ROOT/mcp-frontend/tests/clients/run.sh" --collect-only -q >/dev/null
+elif [[ -z $INSTALL_ONLY ]]; then
   step "lints, unit tests and the MCP clients: in the background, beside the cluster (their log comes at the end)"
   background no-cluster niced no_cluster_suites
 fi
@@ -192,7 +194,6 @@ step "the operator's databases Secret: the test PostgreSQL, read-only role, at t
 "$REPO_ROOT/e2e/postgres/databases-secret.sh" "$SANDBOXRUN_TEST_POSTGRES_URL"
 
 step "a real ingress controller: Traefik on the node, TLS with a test CA (e2e/ingress/start.sh)"
-await traefik
 ingress_output="$("$REPO_ROOT/e2e/ingress/start.sh")"
 export INGRESS_URL INGRESS_CA
 INGRESS_URL="$(sed -n 's/^INGRESS_URL=//p' <<<"$ingress_output")"
@@ -374,3 +375,8 @@ if ((no_cluster_rc != 0)); then
   echo "the lints, the unit tests or the MCP clients failed (above)"
   exit 1
 fi
+
+step "the release: e2e/release.sh to an OCI registry here, installed from it with the README's commands (e2e/release/install-test.sh)"
+# After the client tests (the README's laptop snippet serves on port 8000, as does this one's
+# port-forward) and after the chart's uninstall (one release per cluster).
+bounded 20 "$REPO_ROOT/e2e/release/install-test.sh"

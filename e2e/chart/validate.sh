@@ -93,7 +93,23 @@ refuse "/operator/image/tag" --set operator.image.tag=909742933179
 refuse "/frontend/image/tag" --set frontend.enabled=true --set frontend.apiKeys[0].agent=a \
   --set frontend.apiKeys[0].sha256=$(printf x | sha256sum | cut -d' ' -f1) --set frontend.image.tag=1234
 "$HELM" template sandboxrun "$CHART" "${kube[@]}" --set-string operator.image.tag=909742933179 |
-  grep -q 'image: "localhost/sandboxrun/operator:909742933179"' || die "--set-string tag not rendered as given"
+  grep -q 'image: "ghcr.io/sandboxrun/operator:909742933179"' || die "--set-string tag not rendered as given"
+# Every image of the defaults is the release's: from global.imageRegistry, tagged with the chart's
+# appVersion (which is its version); a mirror is that one value; no `dev` image anywhere.
+version="$(sed -n 's/^version: //p' "$CHART/Chart.yaml")"
+app_version="$(sed -n 's/^appVersion: "\(.*\)"$/\1/p' "$CHART/Chart.yaml")"
+[[ $version == "$app_version" ]] || die "Chart.yaml: version $version but appVersion $app_version"
+all_images=(--set frontend.enabled=true --set frontend.apiKeys[0].agent=a
+  --set frontend.apiKeys[0].sha256=$(printf x | sha256sum | cut -d' ' -f1) --set warmPool.data.replicas=1)
+images_of() {   # the image references a rendering names, one per line
+  "$HELM" template sandboxrun "$CHART" "${kube[@]}" "${all_images[@]}" "$@" |
+    sed -n 's/^ *image: "\{0,1\}\([^"]*\)"\{0,1\}$/\1/p; s/^ *- --sandbox-image\(-data\)\{0,1\}=\(.*\)$/\2/p' | sort -u
+}
+want="$(printf 'ghcr.io/sandboxrun/%s:'"$version"'\n' mcp operator sandbox-python sandbox-python-data | sort -u)"
+[[ "$(images_of)" == "$want" ]] || die "the defaults' images are not the release's:
+$(images_of)"
+[[ "$(images_of --set global.imageRegistry=mirror.example.com/m)" == "${want//ghcr.io\/sandboxrun/mirror.example.com\/m}" ]] ||
+  die "global.imageRegistry does not move every image"
 # The Grafana dashboard's ConfigMap carries the chart's JSON file unchanged, and it is JSON.
 python3 -m json.tool "$CHART/dashboards/sandboxrun.json" >/dev/null || die "dashboards/sandboxrun.json is not JSON"
 "$HELM" template sandboxrun "$CHART" "${kube[@]}" -f "$CHART/ci/all-features-values.yaml" "${monitoring[@]}" \

@@ -32,7 +32,7 @@ started=$SECONDS
 "$CLUSTER_DIR/build.sh"
 "$REPO_ROOT/images/build.sh" >&2
 
-mkdir -p "$STATE_DIR"/{pids,logs,pki,etcd,kubelet,cni/net.d,cni/cache,containerd/root,bin,runsc-logs} "$RUN_DIR"
+mkdir -p "$STATE_DIR"/{pids,logs,pki,etcd,kubelet,cni/net.d,cni/cache,containerd/root,containerd/certs.d,bin,runsc-logs} "$RUN_DIR"
 
 # ---------------------------------------------------------------------------------------------
 # Host preparation. Record every host setting we change so down.sh can restore it.

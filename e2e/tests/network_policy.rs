@@ -28,7 +28,7 @@
 //! addressed to the node are delivered locally without passing there. Where the API server runs
 //! off the node (every managed cluster) its traffic is forwarded and the policy applies; the node's
 //! own ports (kubelet, NodePorts) stay reachable from a Pod with a network stack whatever the
-//! policy says. The README's security section says the same.
+//! policy says. docs/install.md ("Which layer keeps a sandbox off the network") says the same.
 //!
 //! Needs the local harness (`e2e/cluster/up.sh`), run as root on its node: the test makes network
 //! namespaces and listeners there. It removes the chart's policies for a few seconds each, so it

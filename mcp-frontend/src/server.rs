@@ -377,10 +377,14 @@ impl ServerHandler for SandboxRunServer {
                 None,
             ));
         }
-        // A client that follows tasks gets one for a call that takes a while (tasks.rs).
-        if context
-            .client_capabilities()
-            .is_some_and(|caps| caps.supports_tasks())
+        // A client that follows tasks gets one for a call that takes a while (tasks.rs), in the
+        // revision that defines server-directed tasks (2026-07-28): under the initialize
+        // handshake the extension is not negotiated, and clients that declare it there anyway
+        // (the MCP Inspector) take only a call's result on its request.
+        if crate::revision::stateless(&context)
+            && context
+                .client_capabilities()
+                .is_some_and(|caps| caps.supports_tasks())
         {
             let agent = self.caller(&context);
             let args = request.arguments.unwrap_or_default();

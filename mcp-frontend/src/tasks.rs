@@ -1,5 +1,8 @@
-//! MCP tasks: the `io.modelcontextprotocol/tasks` extension (SEP-2663). A client that declares
-//! the extension can follow a long call without holding a request open: a call still running
+//! MCP tasks: the `io.modelcontextprotocol/tasks` extension (SEP-2663), in the 2026-07-28
+//! revision (stateless requests), which defines server-directed tasks: there a client that
+//! declares the extension on a request can follow a long call without holding it open. (Under
+//! the initialize handshake the extension is not negotiated: a client that declares it there
+//! anyway, as the MCP Inspector does, gets the result on its request.) A call still running
 //! after [`INLINE_WINDOW`] goes on in the background and the client gets a task instead of the
 //! result. It polls `tasks/get` (the status message says what the call is doing: the run's
 //! phase, an approval wait naming the run a person must approve, the last line the code

@@ -3,6 +3,23 @@
 {{- printf "%s-operator" .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* An image's reference, from (list IMAGE $): <registry>/<repository>:<tag>, the registry
+global.imageRegistry unless the image names one, the tag the chart's appVersion unless given;
+empty when the image has no repository. */}}
+{{- define "sandboxrun.image" -}}
+{{- $image := index . 0 -}}
+{{- $root := index . 1 -}}
+{{- if $image.repository -}}
+{{- $registry := $image.registry | default ($root.Values.global | default dict).imageRegistry -}}
+{{- $tag := $image.tag | default $root.Chart.AppVersion | toString -}}
+{{- if $registry -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) $image.repository $tag -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Labels every object of the chart carries. */}}
 {{- define "sandboxrun.labels" -}}
 app.kubernetes.io/name: sandboxrun

@@ -101,3 +101,13 @@ def limited_server(binary, key_file, tmp_path_factory):
 
 def auth(agent: str = "analyst-01") -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[agent]}"}
+
+
+async def call_print(session) -> None:
+    """Initialize a client session and call run_python once through it: `print(6 * 7)` prints 42.
+    (For the tests of documented client configurations: each must reach the server and run code.)"""
+    init = await session.initialize()
+    assert init.server_info.name == "sandboxrun"
+    result = await session.call_tool("run_python", {"code": "print(6 * 7)"})
+    assert not result.is_error, result
+    assert result.structured_content["stdout"] == "42\n", result.structured_content

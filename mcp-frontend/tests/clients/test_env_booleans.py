@@ -1,4 +1,4 @@
-"""Boolean environment variables as people write them (the README and quickstart.sh write
+"""Boolean environment variables as people write them (docs/laptop.md and quickstart.sh write
 `SANDBOXRUN_ALLOW_WEAK_LIMITS=1`): `1`, `yes`, `on`, `true` in any case turn a switch on; `0`, `no`, `off`,
 `false` leave it off; anything else stops the server at start-up with a message
 naming the variable's accepted values. Checked through the official Python SDK over stdio: the

@@ -46,3 +46,16 @@ def test_inspector_lists_and_calls(transport, binary, http_server):
     assert result["isError"] is False
     assert result["structuredContent"]["stdout"] == "42\n"
     assert result["structuredContent"]["exitCode"] == 0
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http", "sse"])
+def test_a_call_longer_than_the_task_window_comes_back_as_its_result(transport, binary, http_server):
+    # The Inspector declares the tasks extension under the initialize handshake too, but takes only
+    # a tool's result there: a call past the two-second task window (mcp-frontend/src/tasks.rs)
+    # must still come back as its result, not as a task it cannot follow.
+    target = targets(binary, http_server)[transport]
+    result = inspector(*target, "--method", "tools/call", "--tool-name", "run_python",
+                       "--tool-arg", "code=import time; time.sleep(3); print(6*7)")
+    assert "error" not in result, result
+    assert result["isError"] is False, result
+    assert result["structuredContent"]["stdout"] == "42\n"

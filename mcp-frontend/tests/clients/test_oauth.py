@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
+import sys
+
 import anyio
 import httpx2
 import jwt
@@ -43,6 +45,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 
 from conftest import KEYS, Server, auth, free_port
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "e2e" / "docs"))
+from snippets import snippet  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("SANDBOXRUN_CACHE", Path.home() / ".cache" / "sandboxrun"))
@@ -306,6 +311,10 @@ class MemoryStorage:
 # 1. The SDK's OAuth client, from nothing to a session.
 
 def test_sdk_oauth_client_goes_from_a_bare_401_to_a_session(oauth_server, auth_server):
+    # docs/clients.md's OAuth configuration: a URL and no credential; the client signs in.
+    documented = json.loads(snippet("clients-oauth"))["mcpServers"]["sandboxrun"]
+    assert documented == {"url": "https://mcp.example.com/mcp"}, documented
+    url = documented["url"].replace("https://mcp.example.com", oauth_server.base)
     storage = MemoryStorage()
     results: list[AuthorizationCodeResult] = []
     authorization_urls: list[str] = []
@@ -333,7 +342,7 @@ def test_sdk_oauth_client_goes_from_a_bare_401_to_a_session(oauth_server, auth_s
 
     async def main():
         async with httpx2.AsyncClient(auth=provider, timeout=60, event_hooks={"response": [record]}) as client, \
-                streamable_http_client(f"{oauth_server.base}/mcp", http_client=client) as streams, \
+                streamable_http_client(url, http_client=client) as streams, \
                 ClientSession(streams[0], streams[1]) as s:
             init = await s.initialize()
             assert init.server_info.name == "sandboxrun"
