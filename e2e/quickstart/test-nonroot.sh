@@ -18,9 +18,13 @@ id "$USER_NAME" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$USE
 HOME_DIR="$(getent passwd "$USER_NAME" | cut -d: -f6)"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
-# The user must be able to read the checkout (a clone under /root would not be).
-runuser -u "$USER_NAME" -- test -r "$REPO_ROOT/quickstart.sh" ||
-  die "$USER_NAME cannot read $REPO_ROOT/quickstart.sh"
+# The user's own checkout: this one's tracked files as they are now (CI's clone may be where
+# another user cannot read, e.g. under /root).
+mkdir "$WORK/checkout"
+(cd "$REPO_ROOT" && git ls-files -z | tar --null -T - -cf -) | tar -xf - -C "$WORK/checkout"
+chmod -R a+rX "$WORK"
+CHECKOUT="$WORK/checkout"
+runuser -u "$USER_NAME" -- test -x "$CHECKOUT/quickstart.sh" || die "$USER_NAME cannot run $CHECKOUT/quickstart.sh"
 
 # case_ NAME EXPECTED_REGEX [VAR=VALUE...]: one run with a fresh home and a minimal environment,
 # with the arguments in ARGS (none by default).
@@ -31,7 +35,7 @@ case_() {
   shift 2
   find "$HOME_DIR" -mindepth 1 -delete
   local rc=0
-  (cd "$REPO_ROOT" && runuser -u "$USER_NAME" -- env -i HOME="$HOME_DIR" USER="$USER_NAME" \
+  (cd "$CHECKOUT" && runuser -u "$USER_NAME" -- env -i HOME="$HOME_DIR" USER="$USER_NAME" \
     PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin LANG=C.UTF-8 "$@" ./quickstart.sh "${ARGS[@]}" \
     >"$WORK/out" 2>"$WORK/err" </dev/null) || rc=$?
   [[ $rc == 1 ]] || die "$name: exit status $rc, not 1; stderr: $(cat "$WORK/err")"
