@@ -31,6 +31,10 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+# The alerts watched here fire on any test's failing calls and waiting approvals: this module runs
+# alone, after the rest of the suite (e2e/run-tests.sh).
+pytestmark = pytest.mark.quiet_cluster
+
 URL = os.environ["MCP_URL"]
 KEY = os.environ["MCP_API_KEY"]
 KUBECTL = os.environ.get("KUBECTL", "kubectl")

@@ -280,6 +280,7 @@ def test_a_production_call_is_rejected_after_a_denial():
     assert f"{whoami()} denied it" in run["status"]["message"], run["status"]["message"]
 
 
+@pytest.mark.waits
 def test_an_unanswered_production_call_returns_awaiting_approval_then_times_out():
     c = call("SELECT id FROM ledger WHERE id = 7", "production")
     # The call waited for the approval wait, with progress naming the run, then said so.
