@@ -61,11 +61,6 @@ build_images() {
 }
 background images build_images
 "$REPO_ROOT/e2e/cluster/build.sh" etcd containerd gvisor netpol tools kubernetes
-# Traefik (the ingress controller, 7 CPU-minutes from an empty Go cache) is only needed by the
-# Ingress tests, which run late: it compiles at the lowest priority on what the CPU has to spare
-# (the cluster's suites leave it half idle, fresh run of 2026-12-03 in e2e/BENCHMARKS.md), instead
-# of 4 minutes of the dependencies step. start_ingress waits for it.
-background traefik-build nice -n 19 "$REPO_ROOT/e2e/cluster/build.sh" traefik
 await images
 # Both local sandbox engines exist on this machine: their tests must run, not skip.
 export SANDBOXRUN_REQUIRE_ENGINES=gvisor,bubblewrap
@@ -151,6 +146,13 @@ elif [[ -z $INSTALL_ONLY ]]; then
   step "lints, unit tests and the MCP clients: in the background, beside the cluster (their log comes at the end)"
   background no-cluster niced no_cluster_suites
 fi
+
+# Traefik (the ingress controller, 7 CPU-minutes from an empty Go cache) is only needed by the
+# Ingress tests, which run late: it compiles at the lowest priority on what the cluster's suites
+# leave of the CPU (a quarter to half of it: fresh runs of 2026-12-03 and -04, e2e/BENCHMARKS.md),
+# not in the dependencies step, where it took 4 minutes, nor beside the workspace's compile, which
+# it slowed by a minute even at nice 19. start_ingress waits for it.
+background traefik-build nice -n 19 "$REPO_ROOT/e2e/cluster/build.sh" traefik
 
 step "local cluster: e2e/cluster/up.sh"
 # A second Prometheus on the node's bridge address, which the operator's Pod can reach.
@@ -273,7 +275,7 @@ mapfile -t E2E_TESTS < <(e2e_tests)
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" MCP_AGENT="$MCP_AGENT" \
   bounded 40 cargo test --workspace --locked --no-fail-fast "${E2E_TESTS[@]}" -- --test-threads=2
 
-step "the frontend in the cluster, through its NodePort and through the Ingress, with the official Python MCP SDK"
+step "the frontend in the cluster, through its NodePort, with the official Python MCP SDK"
 # Most of its time is spent waiting on the cluster, some tests on a clock (marked `waits`: a call
 # quiet for 90 s, an approval left to time out). Those run each in a process of its own beside the
 # rest; the alerts' tests (marked `quiet_cluster`), which any other test's failing calls or waiting
@@ -411,13 +413,14 @@ bounded 20 "$TARGET"/debug/scale 500 2000 --idle-seconds 5 --operator "$TARGET"/
 grep -q "the API server serves streaming lists" "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log" || {
   tail -20 "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log"; echo "the operator did not use a streaming list"; exit 1; }
 
-step "the frontend through a real ingress controller (Traefik, e2e/ingress/start.sh) with the official Python MCP SDK"
-start_ingress
-mcp_suite_part ingress || { echo "the Ingress tests failed (above)"; exit 1; }
-
 step "NetworkPolicy enforced (kube-network-policies): sandbox and frontend Pods with a network stack, each block paired with its control"
 # One at a time: each takes one of the chart's policies away for its control.
 bounded 20 cargo test --workspace --locked --test network_policy -- --ignored --test-threads=1
+
+step "the frontend through a real ingress controller (Traefik, e2e/ingress/start.sh) with the official Python MCP SDK"
+# As late as it can be (before the lifecycle removes the release): Traefik has had the most time.
+start_ingress
+mcp_suite_part ingress || { echo "the Ingress tests failed (above)"; exit 1; }
 
 step "the chart's lifecycle: helm upgrade with a new policy keeps in-flight runs; helm uninstall (last)"
 # Run one at a time and in this order: the second one removes the release.

@@ -1,7 +1,7 @@
 # sandboxrun runner: the only program the sandbox container starts.
 #
 # Invoked without any shell as
-#     python3 -I -S -c <this file> OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS
+#     python3 -I -S -c <this file> OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS [PRELOAD]
 # with the program on stdin, framed as
 #     `<code bytes> <timeout> <output bytes> <input bytes> <output files> <output file bytes>\n`
 #     `<CODE as UTF-8><input section>`
@@ -51,6 +51,24 @@
 #   envelope on a fresh line, so nothing can write after it.
 # The operator parses the LAST line of the container log that is an envelope; with the doors
 # closed, the only writer of that log is the runner.
+#
+# Preloading. PRELOAD (a profile's libraries, comma-separated module names: core/src/files.rs,
+# Profile::preloaded_modules) is imported by the runner before it reads its program, so a warm
+# sandbox pays the imports while it idles (`import pandas` is about 1 s natively, 2 s under gVisor)
+# and the code's own imports find the modules loaded: the child inherits them with the fork. Three
+# conditions keep that safe and make the child a faithful `python3 -I -c`:
+# - no thread but the runner's own may exist at the fork (a fork keeps only the forking thread,
+#   so a thread pool would be lost and its locks left held): BLAS and OpenMP get one thread each
+#   (more than the sandbox's CPU quota would serve anyway), and the runner counts its threads
+#   after the imports;
+# - no shared writable mapping may exist (the child could write into memory the runner reads):
+#   the runner reads its own memory map after the imports;
+# - nothing the imports print reaches the runner's stdout, the result channel: descriptor 1
+#   points at stderr while they run. (Descriptors they open are closed in the child with the
+#   rest; the runner's memory is out of reach: it is not dumpable.)
+# If a condition fails, the runner refuses to run the code (exit 125, no envelope). A module that
+# fails to import is reported on stderr and left to the code, whose own import then fails the way
+# it would have anyway.
 #
 # The network barrier. Under a runtime with a network stack (runc, Kata: the Pod has a real
 # interface), the Pod's deny-all NetworkPolicy is the only thing between the code and the network,
@@ -379,6 +397,8 @@ MAX_OUTPUT_FILE_BYTES = 384 * 1024
 # runner's own tests, which run it on a host, move it (SANDBOXRUN_RUNNER_TMP): a sandbox's
 # environment is set by the operator or the local driver, never by the code.
 TMP = "/tmp"
+# The runner's stdout, the result channel (the container log), as a descriptor of its own.
+RESULT_FD = 1
 # Most names of left-out files reported (core/src/files.rs: MAX_OMITTED).
 MAX_OMITTED = 50
 # Bounds on listing outputs/ (code may leave any number of entries there, and under gVisor every
@@ -768,6 +788,78 @@ def print_not_run(reason, message):
     sys.stdout.buffer.flush()
 
 
+def receive_program():
+    """read_program, then the confirmation: it tells whoever sent the program (the operator, over
+    the Pod's attach stream) that all of it arrived, so it can hang up; it is not an envelope, so
+    result readers skip it. Written to the descriptor directly: while a preload runs, the stdout
+    object points elsewhere."""
+    program = read_program()
+    if program is not None:
+        size = len(program[0].encode("utf-8", "surrogateescape"))
+        os.write(RESULT_FD, b"sandboxrun-program-received %d\n" % size)
+    return program
+
+
+class ProgramReader(threading.Thread):
+    """receive_program beside a preload."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.program = None
+
+    def run(self):
+        self.program = receive_program()
+
+
+def preload(modules, reader):
+    """Imports `modules` (PRELOAD) for the code to inherit, then waits for `reader`; returns why
+    the code may not run in this process's child, or None."""
+    for name in modules:
+        if not name or not all(part.isidentifier() for part in name.split(".")):
+            reader.join()
+            return "PRELOAD names a module that is not a dotted name: %r" % (name,)
+    # Before the imports, which read them: one BLAS/OpenMP thread (none besides the caller's), the
+    # matplotlib backend for files, its cache in the sandbox's /tmp.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "1"
+    os.environ["MPLBACKEND"] = "Agg"
+    os.environ["MPLCONFIGDIR"] = os.path.join(TMP, ".matplotlib")
+    import site
+
+    # The system site-packages, where `python3 -I` finds the image's libraries (-S skipped it).
+    site.main()
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        for name in modules:
+            try:
+                __import__(name)
+            except BaseException as exc:
+                sys.stderr.write("runner: preloading %s failed: %r\n" % (name, exc))
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    reader.join()
+    try:
+        # The reader's thread ends a moment after join() returns.
+        for _ in range(1000):
+            threads = os.listdir("/proc/self/task")
+            if len(threads) == 1:
+                break
+            time.sleep(0.001)
+        with open("/proc/self/maps") as maps:
+            shared = [line.strip() for line in maps if line.split()[1][1:4:2] == "ws"]
+    except OSError as exc:
+        return "cannot check the process after preloading: %r" % (exc,)
+    if len(threads) != 1:
+        return "preloading left %d threads running (a fork keeps one)" % len(threads)
+    if shared:
+        return "preloading left a shared writable mapping: " + shared[0]
+    return None
+
+
 def make_unreachable():
     """Makes this process non-dumpable; returns why not, or None on success."""
     try:
@@ -807,8 +899,8 @@ def restore_signals(replaced):
 
 
 def main(argv):
-    if len(argv) != 4:
-        sys.stderr.write("usage: runner OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS < framed program\n")
+    if len(argv) not in (4, 5):
+        sys.stderr.write("usage: runner OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS [PRELOAD] < framed program\n")
         return 2
     global TMP
     cap = int(argv[1])
@@ -830,7 +922,21 @@ def main(argv):
         sys.stderr.flush()
         print_not_run("isolationNotInForce", barrier)
         return ISOLATION_NOT_IN_FORCE
-    program = read_program()
+    modules = argv[4].split(",") if len(argv) == 5 and argv[4] else []
+    unsafe = None
+    if modules:
+        global RESULT_FD
+        # The preload points descriptor 1 at stderr for a while; the child closes this copy.
+        RESULT_FD = os.dup(1)
+        # The program is received (and confirmed) while the imports run: a sandbox started for
+        # its run gets its program as soon as it starts, and the sender should not wait seconds
+        # for imports to hear that all of it arrived. The reader is gone before the fork.
+        reader = ProgramReader()
+        reader.start()
+        unsafe = preload(modules, reader)
+        program = reader.program
+    else:
+        program = receive_program()
     if program is None:
         return NO_PROGRAM
     code, run_timeout, run_cap, inputs, max_files, max_file_bytes = program
@@ -839,16 +945,15 @@ def main(argv):
     if run_timeout is not None:
         timeout = min(timeout, run_timeout)
         cap = min(cap, run_cap)
-    # Tells whoever sent the program (the operator, over the Pod's attach stream) that all of it
-    # arrived, so it can hang up; it is not an envelope, so result readers skip it.
-    sys.stdout.buffer.write(b"sandboxrun-program-received %d\n" % len(code.encode("utf-8", "surrogateescape")))
-    sys.stdout.buffer.flush()
 
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     if why is not None:
         sys.stderr.write("runner: refusing to run the code: its result could be forged: " + why + "\n")
+        return UNPROTECTED
+    if unsafe is not None:
+        sys.stderr.write("runner: refusing to run the code: " + unsafe + "\n")
         return UNPROTECTED
     why = place_inputs(inputs)
     if why is not None:

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::files::{FileCaps, InputFile, OmittedFile, RunnerFile};
+use crate::files::{FileCaps, InputFile, OmittedFile, Profile, RunnerFile};
 use crate::limits::Limits;
 
 /// The runner program (Python, standard library only), passed to `python3 -c`.
@@ -18,14 +18,16 @@ pub const RUNNER_SCRIPT: &str = include_str!("runner.py");
 /// The protocol version this crate reads and the runner writes (`"sandboxrun": 1`).
 pub const ENVELOPE_VERSION: u64 = 1;
 
-/// The sandbox container's full command line:
-/// `python3 -I -S -c RUNNER OUTPUT_BYTES PIDS TIMEOUT_SECONDS`.
+/// The command line of a sandbox of `profile`:
+/// `python3 -I -S -c RUNNER OUTPUT_BYTES PIDS TIMEOUT_SECONDS [PRELOAD]`.
 /// `-I` ignores the environment and the user site, `-S` skips `site` so nothing from the image
-/// is imported before the runner. The code is not in it: it goes to stdin ([`program_frame`]),
-/// so it never travels in a command line or a Pod spec, and its size is not bounded by the 128
-/// KiB an argv string may hold.
-pub fn runner_argv(limits: &Limits) -> Vec<String> {
-    vec![
+/// is imported before the runner; PRELOAD, the profile's
+/// [`Profile::preloaded_modules`](crate::Profile::preloaded_modules) comma-separated, is what the
+/// runner imports itself before it reads the program (absent for a profile with none). The code
+/// is not in it: it goes to stdin ([`program_frame`]), so it never travels in a command line or a
+/// Pod spec, and its size is not bounded by the 128 KiB an argv string may hold.
+pub fn runner_argv(limits: &Limits, profile: Profile) -> Vec<String> {
+    let mut argv = vec![
         "python3".to_owned(),
         "-I".to_owned(),
         "-S".to_owned(),
@@ -34,7 +36,12 @@ pub fn runner_argv(limits: &Limits) -> Vec<String> {
         limits.output_bytes.to_string(),
         limits.pids.to_string(),
         limits.timeout_seconds.to_string(),
-    ]
+    ];
+    let preload = profile.preloaded_modules();
+    if !preload.is_empty() {
+        argv.push(preload.join(","));
+    }
+    argv
 }
 
 /// What a sandbox runs: the code, the input files placed before it starts, and the caps on the
@@ -457,10 +464,21 @@ mod tests {
             timeout_seconds: 9,
             ..Limits::default()
         };
-        let argv = runner_argv(&limits);
+        let argv = runner_argv(&limits, Profile::Minimal);
         assert_eq!(argv[..4], ["python3", "-I", "-S", "-c"]);
         assert_eq!(argv[4], RUNNER_SCRIPT);
         assert_eq!(argv[5..], ["123", "7", "9"]);
+        // The data profile's libraries follow, for the runner to import while it waits.
+        let argv = runner_argv(&limits, Profile::Data);
+        assert_eq!(
+            argv[5..],
+            [
+                "123",
+                "7",
+                "9",
+                "numpy,pandas,matplotlib,matplotlib.pyplot,scipy"
+            ]
+        );
     }
 
     #[test]

@@ -1125,15 +1125,20 @@ async fn the_code_cannot_forge_or_hide_its_result() {
     }
 }
 
-/// Waits until `sandbox` has `n` armed sandboxes waiting.
+/// Waits until `sandbox` has `n` armed sandboxes of the minimal profile waiting.
 async fn wait_armed(sandbox: &LocalSandbox, n: usize) {
+    wait_armed_of(sandbox, Profile::Minimal, n).await;
+}
+
+/// Waits until `sandbox` has `n` armed sandboxes of `profile` waiting.
+async fn wait_armed_of(sandbox: &LocalSandbox, profile: Profile, n: usize) {
     let until = Instant::now() + Duration::from_secs(60);
-    while sandbox.armed() != n {
+    while sandbox.armed(profile) != n {
         assert!(
             Instant::now() < until,
-            "{}: {} armed, not {n}",
+            "{}: {} armed of {profile}, not {n}",
             sandbox.isolation(),
-            sandbox.armed()
+            sandbox.armed(profile)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1155,7 +1160,7 @@ async fn armed_sandboxes_serve_one_call_each_with_its_own_limits_and_leave_nothi
         })
         .await
         .unwrap();
-        sandbox.arm(2);
+        sandbox.arm(Profile::Minimal, 2);
         wait_armed(&sandbox, 2).await;
         // One program each: what the first leaves in /tmp, the second does not see.
         let first = run(
@@ -1194,7 +1199,7 @@ async fn armed_sandboxes_serve_one_call_each_with_its_own_limits_and_leave_nothi
         let cold = run(&sandbox, "print(2)", &other).await;
         assert_eq!(cold.result.stdout, "2\n", "{isolation}: {cold:?}");
         assert_eq!(
-            sandbox.armed(),
+            sandbox.armed(Profile::Minimal),
             2,
             "{isolation}: an armed sandbox ran other limits"
         );
@@ -1406,6 +1411,67 @@ async fn the_data_profile_reads_a_csv_with_pandas_and_returns_a_matplotlib_chart
                 .contains("No module named 'pandas'"),
             "{isolation}"
         );
+    }
+}
+
+#[tokio::test]
+async fn a_data_sandbox_has_its_stack_loaded_before_the_code_starts_armed_or_not() {
+    let _serial = serial().await;
+    // What the code finds at its first line, then BLAS (one thread, inherited across the fork)
+    // and the backend at work, and the code's process still single-threaded.
+    let code = "import sys\n\
+        print(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot', 'scipy') if m in sys.modules))\n\
+        import os, matplotlib, numpy as np\n\
+        a = np.arange(250000, dtype=float).reshape(500, 500)\n\
+        print(matplotlib.get_backend().lower(), bool(np.isclose(np.trace(a @ a.T), (a * a).sum())))\n\
+        print(len(os.listdir('/proc/self/task')))\n";
+    let expected = "['matplotlib.pyplot', 'numpy', 'pandas', 'scipy']\nagg True\n1\n";
+    let isolations: Vec<Isolation> = engines().iter().map(|(i, _)| *i).collect();
+    for isolation in isolations {
+        let preference = match isolation {
+            Isolation::Gvisor => Preference::Gvisor,
+            Isolation::Bubblewrap => Preference::Bubblewrap,
+        };
+        let sandbox = LocalSandbox::detect(LocalSandboxConfig {
+            preference,
+            runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
+            ..LocalSandboxConfig::default()
+        })
+        .await
+        .unwrap();
+        if !data_profile_available(&sandbox) {
+            return;
+        }
+        // Started for its call (other limits than the armed ones).
+        let cold = Limits {
+            memory: "300Mi".into(),
+            ..limits()
+        };
+        let run = sandbox
+            .run(&Program::code(code), Profile::Data, &cold, None)
+            .await
+            .unwrap();
+        let env = run.envelope.expect("an envelope");
+        assert_eq!(env.stdout, expected, "{isolation}: {}", env.stderr);
+        // Armed: the imports were paid while it waited. The target back to 0 (the one waiting
+        // stays), so that the call's taking it shows: none waits after it.
+        sandbox.arm(Profile::Data, 1);
+        wait_armed_of(&sandbox, Profile::Data, 1).await;
+        sandbox.arm(Profile::Data, 0);
+        let run = sandbox
+            .run(&Program::code(code), Profile::Data, &limits(), None)
+            .await
+            .unwrap();
+        let env = run.envelope.expect("an envelope");
+        assert_eq!(env.stdout, expected, "{isolation}: {}", env.stderr);
+        assert_eq!(
+            sandbox.armed(Profile::Data),
+            0,
+            "{isolation}: the call did not take the armed sandbox"
+        );
+        drop(sandbox);
+        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
+        assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
     }
 }
 

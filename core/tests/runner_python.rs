@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use sandboxrun_core::files::OmitReason;
 use sandboxrun_core::runner::ISOLATION_NOT_IN_FORCE_EXIT;
 use sandboxrun_core::{
-    CANARY_ENV, FileCaps, InputFile, Limits, NO_PROGRAM_EXIT, NotRunReason, Program, RunnerResult,
-    parse_envelope, program_frame, runner_argv,
+    CANARY_ENV, FileCaps, InputFile, Limits, NO_PROGRAM_EXIT, NotRunReason, Profile, Program,
+    RunnerResult, parse_envelope, program_frame, runner_argv,
 };
 
 fn run(code: &str, output_bytes: u32) -> (RunnerResult, Output) {
@@ -29,7 +29,7 @@ fn run(code: &str, output_bytes: u32) -> (RunnerResult, Output) {
 /// this host, whose network no NetworkPolicy guards: the canary is `none` (the barrier's own
 /// tests below set theirs).
 fn runner(limits: &Limits, stdin: &[u8]) -> Output {
-    let argv = runner_argv(limits);
+    let argv = runner_argv(limits, Profile::Minimal);
     let mut command = Command::new(&argv[0]);
     command.args(&argv[1..]).env(CANARY_ENV, "none");
     run_command(command, stdin)
@@ -153,6 +153,69 @@ fn the_code_runs_as_main_as_python_dash_c_would() {
     let (r, _) = run("x = (", 65_536);
     assert_eq!(r.exit_code, 1);
     assert!(r.stderr.contains("SyntaxError"), "{}", r.stderr);
+}
+
+/// The runner with PRELOAD `preload` (a profile's argument; the data profile's libraries are not
+/// on this host, so standard modules stand in: the data profile's own run is in local_engines.rs),
+/// given `code`.
+fn run_preloading(preload: &str, code: &str) -> Output {
+    let limits = Limits::default();
+    let mut argv = runner_argv(&limits, Profile::Minimal);
+    argv.push(preload.to_owned());
+    let mut command = Command::new(&argv[0]);
+    command.args(&argv[1..]).env(CANARY_ENV, "none");
+    run_command(command, &program_frame(&Program::code(code), &limits))
+}
+
+#[test]
+fn preloaded_modules_are_loaded_when_the_code_starts_and_it_still_starts_as_python_dash_c() {
+    let out = run_preloading(
+        "json,email.mime.text,this",
+        "import sys\nprint(sorted(m for m in ('json', 'email.mime.text', 'this') if m in sys.modules))\n\
+         print(__name__, sorted(k for k in globals() if not k.startswith('__')), sys.argv)",
+    );
+    let log = String::from_utf8_lossy(&out.stdout);
+    let r = parse_envelope(&log).unwrap();
+    assert_eq!(r.exit_code, 0, "{}", r.stderr);
+    assert_eq!(
+        r.stdout,
+        "['email.mime.text', 'json', 'this']\n__main__ ['sys'] ['-c']\n"
+    );
+    // `this` prints the Zen of Python when imported: on the runner's stderr, never on its stdout
+    // (the result channel), and not in the code's output either.
+    assert!(!log.contains("Beautiful is better"), "{log}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Beautiful is better"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_module_that_fails_to_preload_is_left_to_the_code() {
+    let out = run_preloading("json,no_such_module_here", "import no_such_module_here");
+    let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    assert_eq!(r.exit_code, 1);
+    assert!(r.stderr.contains("ModuleNotFoundError"), "{}", r.stderr);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("preloading no_such_module_here failed"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_preload_that_is_not_a_module_name_runs_nothing() {
+    for preload in ["os;print(1)", "json,,os", "../x", "json, os"] {
+        let out = run_preloading(preload, "print('ran')");
+        assert_eq!(out.status.code(), Some(125), "{preload}: {out:?}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("ran"),
+            "{out:?}"
+        );
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("not a dotted name"),
+            "{preload}: {out:?}"
+        );
+    }
 }
 
 #[test]
@@ -813,7 +876,7 @@ fn runner_with_canary(
     code: &str,
 ) -> (std::process::Child, std::path::PathBuf) {
     let limits = Limits::default();
-    let argv = runner_argv(&limits);
+    let argv = runner_argv(&limits, Profile::Minimal);
     let mut command = Command::new(&argv[0]);
     command.args(&argv[1..]);
     match canary {
@@ -940,7 +1003,7 @@ fn a_sandbox_with_only_loopback_needs_no_canary() {
     let mut command = Command::new("unshare");
     command
         .args(["--user", "--map-root-user", "--net", "--"])
-        .args(runner_argv(&limits))
+        .args(runner_argv(&limits, Profile::Minimal))
         .env_remove(CANARY_ENV);
     let out = run_command(
         command,

@@ -29,7 +29,8 @@ avail_kib=$(df -Pk "$(dirname "$STATE_DIR")" | awk 'NR==2 {print $4}')
 
 started=$SECONDS
 "$CLUSTER_DIR/install-deps.sh"
-"$CLUSTER_DIR/build.sh"
+# The cluster's own components (Traefik, the Ingress tests' controller, is e2e/ingress/start.sh's).
+"$CLUSTER_DIR/build.sh" etcd containerd gvisor netpol tools kubernetes
 "$REPO_ROOT/images/build.sh" >&2
 
 mkdir -p "$STATE_DIR"/{pids,logs,pki,etcd,kubelet,cni/net.d,cni/cache,containerd/root,containerd/certs.d,bin,runsc-logs} "$RUN_DIR"

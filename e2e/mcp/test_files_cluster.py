@@ -58,6 +58,23 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
+def test_a_data_call_finds_numpy_pandas_matplotlib_and_scipy_loaded_at_its_first_line():
+    # The runner imports them before it reads the program (core/src/runner.py, PRELOAD), warm
+    # Pod of the chart's data pool or cold alike; the code's process inherits them with the fork.
+    code = ("import sys, os\n"
+            "print(sorted(m for m in ('numpy', 'pandas', 'matplotlib.pyplot', 'scipy')"
+            " if m in sys.modules))\n"
+            "import matplotlib\n"
+            "print(matplotlib.get_backend().lower(), len(os.listdir('/proc/self/task')))\n")
+    result = anyio.run(call, {"code": code, "profile": "data"})
+    assert result.is_error is False, result
+    sc = result.structured_content
+    assert sc["stdout"] == "['matplotlib.pyplot', 'numpy', 'pandas', 'scipy']\nagg 1\n", sc
+    run = kubectl_json("-n", NAMESPACE, "get", "sandboxrun", sc["runName"])
+    assert run["spec"]["python"]["profile"] == "data"
+    assert run["status"]["phase"] == "Succeeded", run["status"]
+
+
 def test_the_data_profile_turns_an_input_csv_into_a_chart_image():
     result = anyio.run(call, {
         "code": CHART, "profile": "data", "timeoutSeconds": 120,

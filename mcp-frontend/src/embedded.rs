@@ -66,8 +66,14 @@ async fn detect_sandbox(args: &BackendArgs) -> anyhow::Result<LocalSandbox> {
             .unwrap_or_else(LocalSandboxConfig::default_state_dir),
     };
     let sandbox = LocalSandbox::detect(config).await?;
-    sandbox.arm(args.armed_sandboxes);
-    tracing::info!(isolation = %sandbox.isolation(), armed = args.armed_sandboxes, "local sandbox ready");
+    sandbox.arm(Profile::Minimal, args.armed_sandboxes);
+    sandbox.arm(Profile::Data, args.armed_data_sandboxes);
+    tracing::info!(
+        isolation = %sandbox.isolation(),
+        armed = args.armed_sandboxes,
+        armed_data = args.armed_data_sandboxes,
+        "local sandbox ready"
+    );
     // Named on the command line but not usable: the person who named it should hear so (the
     // default's absence is only logged, by the driver).
     if args.data_rootfs.is_some()

@@ -173,9 +173,11 @@ pub fn profile_hash(pool: &SandboxPool, operator: &SandboxConfig) -> String {
     let config = sandbox_config(pool, operator);
     let limits = pool.spec.sandbox_limits();
     pod::short_hash(&format!(
-        "{}|{}|{}|{}|{}|{}|{}|{}",
+        "{}|{}|{}|{}|{}|{}|{}|{}|{}",
         config.runtime_class,
         config.image,
+        // What the runner imports while it idles (a change replaces the idle sandboxes).
+        pool.spec.profile.preloaded_modules().join(","),
         config.tmp_size,
         limits.cpu,
         limits.memory,
@@ -236,6 +238,7 @@ pub fn build(pool: &SandboxPool, operator: &SandboxConfig) -> Option<Pod> {
     Some(pod::sandbox_pod(
         metadata,
         &sandbox_config(pool, operator),
+        pool.spec.profile,
         &limits,
         deadline,
         &pool.spec.cpu_request,

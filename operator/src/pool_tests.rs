@@ -3,6 +3,7 @@
 
 use super::*;
 use sandboxrun_api::SandboxPoolSpec;
+use sandboxrun_core::Profile;
 use serde_json::json;
 
 const T0: &str = "2026-12-01T08:00:00Z";
@@ -158,6 +159,29 @@ fn the_plan_fills_trims_and_replaces() {
             create: 0,
             delete: vec!["x".into(), "b".into(), "a".into()]
         }
+    );
+}
+
+#[test]
+fn a_data_pool_sandbox_runs_the_data_image_and_imports_its_stack_while_it_waits() {
+    let mut p = pool(1);
+    p.spec.profile = Profile::Data;
+    let built = build(&p, &operator()).unwrap();
+    let c = &built.spec.unwrap().containers[0];
+    assert_eq!(
+        c.image.as_deref(),
+        Some("localhost/sandboxrun/sandbox-python-data:dev")
+    );
+    // The runner's PRELOAD, after its three ceilings; the minimal profile's argv has none.
+    let argv = c.command.as_ref().unwrap();
+    assert_eq!(
+        argv[5..],
+        [
+            "1048576",
+            "64",
+            "600",
+            "numpy,pandas,matplotlib,matplotlib.pyplot,scipy"
+        ]
     );
 }
 

@@ -55,6 +55,7 @@ mod rootfs;
 mod seccomp;
 mod statedir;
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
 use std::os::fd::{AsRawFd, RawFd};
@@ -389,11 +390,12 @@ struct Inner {
     weak_limits: Option<String>,
     /// Whether the driver runs as root (runsc needs `--rootless` otherwise).
     root: bool,
-    /// Sandboxes started ahead of their calls, waiting for one program each ([`LocalSandbox::arm`]).
-    armed: std::sync::Mutex<Armed>,
+    /// Sandboxes started ahead of their calls, waiting for one program each, per profile
+    /// ([`LocalSandbox::arm`]).
+    armed: std::sync::Mutex<BTreeMap<Profile, Armed>>,
 }
 
-/// The armed sandboxes of a [`LocalSandbox`].
+/// The armed sandboxes of one profile of a [`LocalSandbox`].
 #[derive(Debug, Default)]
 struct Armed {
     /// How many to keep.
@@ -603,12 +605,7 @@ impl LocalSandbox {
         output: Option<OutputFn>,
     ) -> Result<LocalRun, LocalSandboxError> {
         let limits = limits.clamped();
-        // Armed sandboxes are of the minimal profile: the data stack is for the calls that ask.
-        let armed = match profile {
-            Profile::Minimal => self.take_armed(&limits),
-            Profile::Data => None,
-        };
-        let started = match armed {
+        let started = match self.take_armed(&limits, profile) {
             Some(armed) => armed,
             None => self.start(&limits, profile)?,
         };
@@ -629,34 +626,54 @@ impl LocalSandbox {
         }
     }
 
-    /// Keeps `n` sandboxes started and waiting for one program each (0: none), with the same
-    /// isolation as a sandbox started for its call: a call whose cpu, memory and pids are the
-    /// defaults ([`Limits::default`]) takes one and skips the engine's start-up; its timeout and
-    /// output cap are applied when it takes it (the runner gets them with the program). Each
-    /// runs one program and is destroyed. Only with per-run cgroups: without them a process's
-    /// limits are fixed when it starts.
-    pub fn arm(&self, n: usize) {
+    /// Keeps `n` sandboxes of `profile` started and waiting for one program each (0: none),
+    /// with the same isolation as a sandbox started for its call: a call of that profile whose
+    /// cpu, memory and pids are the defaults ([`Limits::default`]) takes one and skips the
+    /// engine's start-up and the profile's imports (the runner preloads them while it waits:
+    /// [`Profile::preloaded_modules`]); its timeout and output cap are applied when it takes it
+    /// (the runner gets them with the program). Each runs one program and is destroyed. Only
+    /// with per-run cgroups (without them a process's limits are fixed when it starts), and
+    /// only for a profile this machine has.
+    pub fn arm(&self, profile: Profile, n: usize) {
         if !self.inner.cgroups {
             if n > 0 {
                 tracing::info!("no armed sandboxes: they need a cgroup per run");
             }
             return;
         }
-        self.inner.armed.lock().expect("not poisoned").target = n;
+        if let Err(why) = self.profile_available(profile) {
+            if n > 0 {
+                tracing::info!(%profile, "no armed sandboxes of this profile: {why}");
+            }
+            return;
+        }
+        self.inner
+            .armed
+            .lock()
+            .expect("not poisoned")
+            .entry(profile)
+            .or_default()
+            .target = n;
         self.refill();
     }
 
-    /// How many armed sandboxes wait now.
-    pub fn armed(&self) -> usize {
-        self.inner.armed.lock().expect("not poisoned").ready.len()
+    /// How many armed sandboxes of `profile` wait now.
+    pub fn armed(&self, profile: Profile) -> usize {
+        self.inner
+            .armed
+            .lock()
+            .expect("not poisoned")
+            .get(&profile)
+            .map_or(0, |armed| armed.ready.len())
     }
 
-    /// An armed sandbox for a call with `limits`, if one waits and fits.
-    fn take_armed(&self, limits: &Limits) -> Option<Started> {
+    /// An armed sandbox of `profile` for a call with `limits`, if one waits and fits.
+    fn take_armed(&self, limits: &Limits, profile: Profile) -> Option<Started> {
         if !armed_fits(limits) {
             return None;
         }
-        let mut armed = self.inner.armed.lock().expect("not poisoned");
+        let mut all = self.inner.armed.lock().expect("not poisoned");
+        let armed = all.get_mut(&profile)?;
         while !armed.ready.is_empty() {
             let mut candidate = armed.ready.remove(0);
             // One that died while it waited (killed from outside) is dropped, and cleaned up.
@@ -667,33 +684,39 @@ impl LocalSandbox {
         None
     }
 
-    /// Starts armed sandboxes up to the target, in the background.
+    /// Starts armed sandboxes of every profile up to its target, in the background.
     fn refill(&self) {
-        let missing = {
-            let mut armed = self.inner.armed.lock().expect("not poisoned");
-            let missing = armed
-                .target
-                .saturating_sub(armed.ready.len() + armed.starting);
-            armed.starting += missing;
-            missing
-        };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.inner.armed.lock().expect("not poisoned").starting -= missing;
             return;
         };
-        for _ in 0..missing {
-            let this = self.clone();
-            // Off the caller's path: starting an engine forks and writes cgroup files.
-            runtime.spawn_blocking(move || {
-                let started = this.start(&armed_limits(), Profile::Minimal);
-                let mut armed = this.inner.armed.lock().expect("not poisoned");
-                armed.starting -= 1;
-                match started {
-                    Ok(s) if armed.ready.len() < armed.target => armed.ready.push(s),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "cannot arm a sandbox"),
-                }
-            });
+        let missing: Vec<(Profile, usize)> = {
+            let mut all = self.inner.armed.lock().expect("not poisoned");
+            all.iter_mut()
+                .map(|(profile, armed)| {
+                    let missing = armed
+                        .target
+                        .saturating_sub(armed.ready.len() + armed.starting);
+                    armed.starting += missing;
+                    (*profile, missing)
+                })
+                .collect()
+        };
+        for (profile, missing) in missing {
+            for _ in 0..missing {
+                let this = self.clone();
+                // Off the caller's path: starting an engine forks and writes cgroup files.
+                runtime.spawn_blocking(move || {
+                    let started = this.start(&armed_limits(), profile);
+                    let mut all = this.inner.armed.lock().expect("not poisoned");
+                    let armed = all.entry(profile).or_default();
+                    armed.starting -= 1;
+                    match started {
+                        Ok(s) if armed.ready.len() < armed.target => armed.ready.push(s),
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, %profile, "cannot arm a sandbox"),
+                    }
+                });
+            }
         }
     }
 
@@ -716,7 +739,7 @@ impl LocalSandbox {
             value: limits.cpu.clone(),
             example: "500m",
         })?;
-        let argv = runner_argv(&limits);
+        let argv = runner_argv(&limits, profile);
         let id = new_id();
         let mut cleanup = Cleanup::default();
         if inner.cgroups {

@@ -35,7 +35,8 @@ def pct(values: list[float], p: float) -> float:
 
 async def main(n: int, args: list[str]) -> None:
     env = {k: v for k, v in os.environ.items()
-           if k in ("KUBECONFIG", "SANDBOXRUN_CACHE", "HOME", "SANDBOXRUN_ARMED_SANDBOXES")}
+           if k in ("KUBECONFIG", "SANDBOXRUN_CACHE", "HOME", "SANDBOXRUN_ARMED_SANDBOXES",
+                    "SANDBOXRUN_ARMED_DATA_SANDBOXES")}
     params = StdioServerParameters(command=BIN, args=["stdio", *args], env=env)
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()

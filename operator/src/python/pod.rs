@@ -272,6 +272,7 @@ pub fn build_with_limits(
     Ok(sandbox_pod(
         metadata,
         &config,
+        profile,
         &limits,
         deadline,
         &limits.cpu,
@@ -292,6 +293,7 @@ pub fn limits_annotation(limits: &Limits) -> BTreeMap<String, String> {
 pub fn sandbox_pod(
     metadata: ObjectMeta,
     config: &SandboxConfig,
+    profile: Profile,
     limits: &Limits,
     active_deadline_seconds: i64,
     cpu_request: &str,
@@ -312,7 +314,7 @@ pub fn sandbox_pod(
         // No shell parses anything, and the code is not here: the runner waits for it on stdin,
         // which the operator writes once over the Pod's attach stream (stdinOnce closes it when
         // that session ends, so nobody can send a second program).
-        command: Some(runner_argv(limits)),
+        command: Some(runner_argv(limits, profile)),
         stdin: Some(true),
         stdin_once: Some(true),
         tty: Some(false),
