@@ -590,9 +590,16 @@ mod tests {
             image_of(&pod).as_deref(),
             Some("localhost/sandboxrun/sandbox-python-data:dev")
         );
-        // Isolated alike: only the image differs.
+        // Isolated alike: only the image differs, and the runner's last argument, the
+        // libraries it imports while it waits.
         let mut same = pod.clone();
-        same.spec.as_mut().unwrap().containers[0].image = image_of(&minimal);
+        let container = &mut same.spec.as_mut().unwrap().containers[0];
+        container.image = image_of(&minimal);
+        let preload = container.command.as_mut().unwrap().pop();
+        assert_eq!(
+            preload.as_deref(),
+            Some("numpy,pandas,matplotlib,matplotlib.pyplot,scipy")
+        );
         assert_eq!(same, minimal);
         // Without an image for the profile, no Pod.
         let none = SandboxConfig {
