@@ -413,14 +413,16 @@ bounded 20 "$TARGET"/debug/scale 500 2000 --idle-seconds 5 --operator "$TARGET"/
 grep -q "the API server serves streaming lists" "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log" || {
   tail -20 "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log"; echo "the operator did not use a streaming list"; exit 1; }
 
+step "the frontend through a real ingress controller (Traefik, e2e/ingress/start.sh) with the official Python MCP SDK"
+# Late, for Traefik's compile, but before NetworkPolicy: in a dry run after it (2026-12-04) the
+# approval test's call never came back through the ingress although its run had succeeded (not
+# explained yet; the NetworkPolicy suite takes the frontend's policy away and back).
+start_ingress
+mcp_suite_part ingress || { echo "the Ingress tests failed (above)"; exit 1; }
+
 step "NetworkPolicy enforced (kube-network-policies): sandbox and frontend Pods with a network stack, each block paired with its control"
 # One at a time: each takes one of the chart's policies away for its control.
 bounded 20 cargo test --workspace --locked --test network_policy -- --ignored --test-threads=1
-
-step "the frontend through a real ingress controller (Traefik, e2e/ingress/start.sh) with the official Python MCP SDK"
-# As late as it can be (before the lifecycle removes the release): Traefik has had the most time.
-start_ingress
-mcp_suite_part ingress || { echo "the Ingress tests failed (above)"; exit 1; }
 
 step "the chart's lifecycle: helm upgrade with a new policy keeps in-flight runs; helm uninstall (last)"
 # Run one at a time and in this order: the second one removes the release.
