@@ -1125,6 +1125,22 @@ async fn the_code_cannot_forge_or_hide_its_result() {
     }
 }
 
+/// A driver of its own on `isolation` (not the shared one of [`engines`]): for tests that arm
+/// sandboxes, which dropping it destroys.
+async fn own_sandbox(isolation: Isolation) -> LocalSandbox {
+    let preference = match isolation {
+        Isolation::Gvisor => Preference::Gvisor,
+        Isolation::Bubblewrap => Preference::Bubblewrap,
+    };
+    LocalSandbox::detect(LocalSandboxConfig {
+        preference,
+        runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
+        ..LocalSandboxConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
 /// Waits until `sandbox` has `n` armed sandboxes of the minimal profile waiting.
 async fn wait_armed(sandbox: &LocalSandbox, n: usize) {
     wait_armed_of(sandbox, Profile::Minimal, n).await;
@@ -1149,17 +1165,7 @@ async fn armed_sandboxes_serve_one_call_each_with_its_own_limits_and_leave_nothi
     let _serial = serial().await;
     let isolations: Vec<Isolation> = engines().iter().map(|(i, _)| *i).collect();
     for isolation in isolations {
-        let preference = match isolation {
-            Isolation::Gvisor => Preference::Gvisor,
-            Isolation::Bubblewrap => Preference::Bubblewrap,
-        };
-        let sandbox = LocalSandbox::detect(LocalSandboxConfig {
-            preference,
-            runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
-            ..LocalSandboxConfig::default()
-        })
-        .await
-        .unwrap();
+        let sandbox = own_sandbox(isolation).await;
         sandbox.arm(Profile::Minimal, 2);
         wait_armed(&sandbox, 2).await;
         // One program each: what the first leaves in /tmp, the second does not see.
@@ -1428,17 +1434,7 @@ async fn a_data_sandbox_has_its_stack_loaded_before_the_code_starts_armed_or_not
     let expected = "['matplotlib.pyplot', 'numpy', 'pandas', 'scipy']\nagg True\n1\n";
     let isolations: Vec<Isolation> = engines().iter().map(|(i, _)| *i).collect();
     for isolation in isolations {
-        let preference = match isolation {
-            Isolation::Gvisor => Preference::Gvisor,
-            Isolation::Bubblewrap => Preference::Bubblewrap,
-        };
-        let sandbox = LocalSandbox::detect(LocalSandboxConfig {
-            preference,
-            runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
-            ..LocalSandboxConfig::default()
-        })
-        .await
-        .unwrap();
+        let sandbox = own_sandbox(isolation).await;
         if !data_profile_available(&sandbox) {
             return;
         }
