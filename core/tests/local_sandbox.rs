@@ -1258,17 +1258,7 @@ async fn what_a_killed_driver_left_behind_is_removed_at_the_next_detect() {
         .join(format!("sbr-{}-1-000000001", std::process::id()));
     std::fs::create_dir_all(&ours).unwrap();
     let (isolation, _) = &engines()[0];
-    let preference = match isolation {
-        Isolation::Gvisor => Preference::Gvisor,
-        Isolation::Bubblewrap => Preference::Bubblewrap,
-    };
-    LocalSandbox::detect(LocalSandboxConfig {
-        preference,
-        runsc: std::env::var_os("SANDBOXRUN_TEST_RUNSC").map(Into::into),
-        ..LocalSandboxConfig::default()
-    })
-    .await
-    .unwrap();
+    own_sandbox(*isolation).await;
     for dir in &planted {
         assert!(!dir.exists(), "{} is still there", dir.display());
     }
