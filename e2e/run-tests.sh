@@ -242,7 +242,9 @@ MCP_PYTHON="${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python"
 keys_values="$(mktemp --suffix=.yaml)"
 MCP_API_KEY="$MCP_API_KEY" "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/stress.py" keys 100 "$MCP_AGENT" > "$keys_values"
 # Images from the dev binaries built above: a release build would add 7 minutes to CI for the
-# same code (the documented benchmarks in e2e/BENCHMARKS.md build release).
+# same code (the documented benchmarks in e2e/BENCHMARKS.md build release). The chart's pools
+# follow demand by default; here they keep the sizes the suites give them (bench_warm.py scales
+# them), and the test of sizing by demand makes a pool of its own (e2e/tests/warm_pools.rs).
 SANDBOXRUN_CARGO_PROFILE=dev SANDBOXRUN_PREBUILT=1 "$REPO_ROOT/e2e/install.sh" --set frontend.enabled=true --set frontend.service.type=NodePort \
   --set frontend.service.nodePort=$MCP_NODE_PORT -f "$keys_values" \
   --set "frontend.allowedHosts={localhost,127.0.0.1,10.244.0.1}" -f "$oauth_values" \
@@ -250,6 +252,7 @@ SANDBOXRUN_CARGO_PROFILE=dev SANDBOXRUN_PREBUILT=1 "$REPO_ROOT/e2e/install.sh" -
   --set operator.prometheus.environment=sandbox \
   --set "sandbox.allowedRuntimeClasses={runc}" \
   --set ingress.enabled=true --set ingress.className=traefik \
+  --set warmPool.maxReplicas=null --set warmPool.data.maxReplicas=null \
   --set "ingress.hosts={localhost}" --set ingress.tls.secretName=sandboxrun-ingress-tls \
   -f "$REPO_ROOT/e2e/values-governance.yaml" ${E2E_VALUES:+-f "$E2E_VALUES"}
 kubectl -n sandboxrun-system get pods -o wide

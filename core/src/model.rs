@@ -217,8 +217,11 @@ pub enum Reason {
     ImageUnavailable,
     /// The API server refused the sandbox Pod for good.
     PodCreationFailed,
-    /// The namespace's quota has no room for the sandbox Pod yet; the run waits.
-    WaitingForQuota,
+    /// The run waits in its namespace's fair queue for a sandbox (`status.queuePosition`).
+    Queued,
+    /// No sandbox could start the run within the time it may wait for one: refused, nothing
+    /// executed, to be retried after `status.retryAfterSeconds`.
+    NoCapacity,
     /// The sandbox Pod was created and waits to start.
     PodCreated,
     /// The run claimed an idle, started sandbox of a SandboxPool.
@@ -278,7 +281,8 @@ impl Reason {
             Reason::PodFailed => "PodFailed",
             Reason::ImageUnavailable => "ImageUnavailable",
             Reason::PodCreationFailed => "PodCreationFailed",
-            Reason::WaitingForQuota => "WaitingForQuota",
+            Reason::Queued => "Queued",
+            Reason::NoCapacity => "NoCapacity",
             Reason::PodCreated => "PodCreated",
             Reason::WarmSandboxClaimed => "WarmSandboxClaimed",
             Reason::ContainerStarted => "ContainerStarted",

@@ -16,6 +16,8 @@ use crate::run::{cpu_rule, memory_rule};
 pub const CONDITION_READY: &str = "Ready";
 /// Default of [`SandboxPoolSpec::max_idle_seconds`]: an idle sandbox is replaced after an hour.
 pub const DEFAULT_MAX_IDLE_SECONDS: u32 = 3_600;
+/// Default of [`SandboxPoolSpec::scale_down_delay_seconds`].
+pub const DEFAULT_SCALE_DOWN_DELAY_SECONDS: u32 = 300;
 /// Default of [`SandboxPoolSpec::cpu_request`].
 pub const DEFAULT_CPU_REQUEST: &str = "50m";
 /// Largest number of idle sandboxes one pool keeps.
@@ -68,11 +70,30 @@ pub const MAX_REPLICAS: i32 = 100;
     )
 )]
 #[x_kube(validation = kube::core::Rule::new("quantity(self.cpuRequest).compareTo(quantity(self.cpu)) <= 0").message("cpuRequest must not exceed cpu (a request above the limit is refused for every Pod)"))]
+#[x_kube(validation = kube::core::Rule::new("!has(self.minReplicas) || (has(self.maxReplicas) && self.minReplicas <= self.maxReplicas)").message("minReplicas needs maxReplicas, and must not exceed it"))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxPoolSpec {
-    /// How many idle, started sandboxes to keep (0: none; the pool is off).
+    /// How many idle, started sandboxes to keep (0: none; the pool is off). With
+    /// `maxReplicas` the operator sets it from demand, within `minReplicas` and `maxReplicas`
+    /// (leave it out then: it is the operator's).
+    #[serde(default)]
     #[schemars(range(min = 0, max = 100))]
     pub replicas: i32,
+    /// Fewest idle sandboxes the operator sizes the pool to (with `maxReplicas`; default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub min_replicas: Option<i32>,
+    /// Most idle sandboxes the operator sizes the pool to. Set, the operator follows demand:
+    /// `replicas` becomes the most runs that wanted a sandbox of this pool within one start
+    /// time of its sandboxes over the last `scaleDownDelaySeconds`, within the bounds. Unset,
+    /// `replicas` is left as set (by hand, or by an HPA or KEDA on the scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_replicas: Option<i32>,
+    /// How long a burst of demand keeps a pool that follows demand large.
+    #[serde(default = "default_scale_down_delay")]
+    #[schemars(range(min = 10, max = 86_400))]
+    pub scale_down_delay_seconds: u32,
     /// The sandbox profile: `minimal` (the standard library only; the default) or `data`
     /// (numpy, pandas, scipy, matplotlib). Its sandboxes run the operator's image of that
     /// profile (unless `image` is set) and serve only runs of that profile.
@@ -129,6 +150,9 @@ fn default_pids() -> u32 {
 }
 fn default_max_idle() -> u32 {
     DEFAULT_MAX_IDLE_SECONDS
+}
+fn default_scale_down_delay() -> u32 {
+    DEFAULT_SCALE_DOWN_DELAY_SECONDS
 }
 
 impl SandboxPoolSpec {
@@ -188,6 +212,9 @@ pub struct SandboxPoolStatus {
     /// The label selector of the pool's idle sandboxes (for the scale subresource, HPA, KEDA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<String>,
+    /// Why a pool that follows demand has its size (with `maxReplicas`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_reason: Option<String>,
     /// Why the last attempt to add a sandbox failed, until one succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_refill_error: Option<String>,

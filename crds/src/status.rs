@@ -91,6 +91,18 @@ pub struct SandboxRunStatus {
     /// The SandboxPool a warm sandbox came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// When the python run joined its namespace's queue for a sandbox (the quota had no room):
+    /// it may wait there for the operator's `--max-queue-wait-seconds` from then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_at: Option<Time>,
+    /// Its place in that queue while it waits (1: the next to get a sandbox); updated as it
+    /// moves up, when the change is large or it is near the front.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u32>,
+    /// A run refused for capacity (reason `NoCapacity`): after how many seconds a new call may
+    /// expect a sandbox in time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_seconds: Option<u32>,
     /// Machine-readable reason of the current phase (for example `OOMKilled`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

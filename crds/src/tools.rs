@@ -111,6 +111,7 @@ impl ClusterTool for RunPython {
             message: status.message.clone(),
             files,
             files_omitted,
+            retry_after_seconds: status.retry_after_seconds,
         })
     }
 }

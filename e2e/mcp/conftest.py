@@ -21,8 +21,9 @@ def pytest_configure(config):
         "markers", "waits: mostly waits on a clock (a quiet call, an approval's timeout); "
         "run in a process of its own beside the rest of the suite")
     config.addinivalue_line(
-        "markers", "quiet_cluster: watches cluster-wide alerts that other tests' failing calls "
-        "and waiting approvals would fire; run alone, after the rest")
+        "markers", "quiet_cluster: needs the cluster to itself (watches cluster-wide alerts "
+        "that other tests' failing calls and waiting approvals would fire, or takes the runs "
+        "namespace's room away); run alone, after the rest")
     config.addinivalue_line(
         "markers", "ingress: through the ingress controller, which is built beside the suites; "
         "run once it is up")

@@ -42,6 +42,25 @@ impl TestPool {
         Self::create_spec(client, prefix, json!({"replicas": replicas, "pids": pids})).await
     }
 
+    /// Creates a pool that follows demand: `min` to `max` sandboxes, a burst keeping it large
+    /// for `delay_seconds`; it starts at `min`.
+    pub async fn create_autoscaled(
+        client: &Client,
+        prefix: &str,
+        pids: u32,
+        (min, max): (i32, i32),
+        delay_seconds: u32,
+    ) -> Result<Self> {
+        let spec = json!({"replicas": min, "minReplicas": min, "maxReplicas": max,
+                          "scaleDownDelaySeconds": delay_seconds, "pids": pids});
+        Self::create_spec(client, prefix, spec).await
+    }
+
+    /// The pool as the API server has it now.
+    pub async fn get(&self) -> Result<SandboxPool> {
+        Ok(pools(&self.client).get(&self.name).await?)
+    }
+
     /// Creates a pool of sandboxes under `runtime_class` instead of the operator's own. No run
     /// ever claims one (a run matches only pools of the operator's runtime class), so its idle
     /// sandboxes are Pods the operator made that only a test reaches into.

@@ -219,6 +219,14 @@ async fn operator_can_do_what_it_needs() -> Result<()> {
             "status",
             RUNS_NAMESPACE,
         ),
+        // A pool that follows demand: its replicas, through the scale subresource only.
+        (
+            "patch",
+            "sandboxrun.dev",
+            "sandboxpools",
+            "scale",
+            RUNS_NAMESPACE,
+        ),
         ("watch", "sandboxrun.dev", "sandboxruns", "", RUNS_NAMESPACE),
         (
             "delete",

@@ -253,3 +253,54 @@ async fn a_warm_run_ends_exactly_once_when_the_operator_is_killed_in_flight() ->
     ensure!(lines.len() == 1, "audit lines: {lines:?}");
     pool.delete().await
 }
+
+#[tokio::test]
+async fn a_pool_that_follows_demand_grows_under_a_burst_and_shrinks_back_when_idle() -> Result<()> {
+    let client = client().await?;
+    // One idle sandbox at least, four at most; a burst keeps it large for 10 s.
+    let pool = TestPool::create_autoscaled(&client, "e2e-pool-demand", 57, (1, 4), 10).await?;
+    pool.wait_ready(1).await?;
+    // Five runs at once: one takes the idle sandbox, four find the pool empty and start cold,
+    // and the pool grows to its maximum to meet the next burst.
+    let burst: Vec<SandboxRun> = (0..5)
+        .map(|i| pool.run(&format!("import time\ntime.sleep(1)\nprint({i})")))
+        .collect();
+    let names = futures::future::try_join_all(burst.iter().map(|r| create(&client, r))).await?;
+    // Grown to its maximum, and its status says why (written a moment after the size).
+    let (mut grown, mut held_to_max, mut why) = (0, false, None::<String>);
+    let deadline = Instant::now() + FILL_TIMEOUT;
+    while grown < 4 || !held_to_max {
+        ensure!(
+            Instant::now() < deadline,
+            "the pool stayed at {grown} under a burst of 5 ({why:?})"
+        );
+        let now = pool.get().await?;
+        grown = grown.max(now.spec.replicas);
+        why = now.status.and_then(|s| s.scale_reason);
+        held_to_max |= why
+            .as_deref()
+            .is_some_and(|r| r.contains("its maxReplicas"));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    for name in &names {
+        let st = status(&wait_terminal(&client, name, RUN_TIMEOUT).await?);
+        ensure!(st.phase == Some(Phase::Succeeded), "{st:?}");
+    }
+    // Idle: once the burst is older than the delay, back to its minimum. (Whether all four
+    // sandboxes started before that depends on the machine's speed: not checked.)
+    let deadline = Instant::now() + FILL_TIMEOUT;
+    loop {
+        let now = pool.get().await?;
+        if now.spec.replicas == 1 && pool.idle().await?.len() == 1 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "still at {} idle sandboxes ({:?})",
+            now.spec.replicas,
+            now.status.and_then(|s| s.scale_reason)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    pool.delete().await
+}

@@ -304,7 +304,7 @@ pub fn attachment_block(attachment: Attachment) -> ContentBlock {
 
 /// What the forwarder sends, in the order it happened.
 enum Note {
-    Phase(Phase, String),
+    Phase(Phase, String, Option<String>),
     Output(OutputChunk),
 }
 
@@ -330,15 +330,19 @@ fn progress_forwarder(
     let (progress, output): (ProgressFn, Option<OutputFn>) = if collect {
         let out = tx.clone();
         (
-            Arc::new(move |phase, run| {
-                let _ = tx.send(Note::Phase(phase, run.to_owned()));
+            Arc::new(move |phase, run, detail| {
+                let _ = tx.send(Note::Phase(
+                    phase,
+                    run.to_owned(),
+                    detail.map(str::to_owned),
+                ));
             }),
             Some(Arc::new(move |chunk| {
                 let _ = out.send(Note::Output(chunk));
             })),
         )
     } else {
-        (Arc::new(|_, _| {}), None)
+        (Arc::new(|_, _, _| {}), None)
     };
     let forward = async move {
         let mut step = 0.0;
@@ -362,8 +366,8 @@ fn progress_forwarder(
                 }
             }
             let message = match note {
-                Note::Phase(phase, run) => {
-                    let message = progress_message(phase, &run);
+                Note::Phase(phase, run, detail) => {
+                    let message = progress_message(phase, &run, detail.as_deref());
                     run_name = Some(run);
                     message
                 }
@@ -425,9 +429,13 @@ fn output_message(chunk: &OutputChunk) -> String {
 
 /// The progress message of a phase: the phase first (clients may match on it), then what it
 /// means; an approval names the run a person has to approve.
-fn progress_message(phase: Phase, run: &str) -> Option<String> {
+fn progress_message(phase: Phase, run: &str, detail: Option<&str>) -> Option<String> {
     Some(match phase {
-        Phase::Pending => "Pending: preparing the sandbox".to_owned(),
+        // The operator's word on a run waiting for a sandbox: its place, its expected wait.
+        Phase::Pending => match detail {
+            Some(detail) => format!("Pending: {detail}"),
+            None => "Pending: preparing the sandbox".to_owned(),
+        },
         Phase::Running => "Running: the code is executing".to_owned(),
         Phase::AwaitingApproval => format!(
             "AwaitingApproval: {run} waits for a person to approve it \
@@ -445,16 +453,22 @@ mod tests {
 
     #[test]
     fn progress_while_awaiting_approval_names_the_run() {
-        let m = progress_message(Phase::AwaitingApproval, "run-x7k2q").unwrap();
+        let m = progress_message(Phase::AwaitingApproval, "run-x7k2q", None).unwrap();
         // Clients match on the phase first, then find the run a person must approve.
         assert!(m.starts_with("AwaitingApproval: run-x7k2q "), "{m}");
         assert!(m.contains("spec.approval.approved"), "{m}");
         assert!(
-            progress_message(Phase::Pending, "run-x")
+            progress_message(Phase::Pending, "run-x", None)
                 .unwrap()
                 .starts_with("Pending: ")
         );
-        assert_eq!(progress_message(Phase::Succeeded, "run-x"), None);
+        assert_eq!(progress_message(Phase::Succeeded, "run-x", None), None);
+        // A run waiting for a sandbox: the operator's word on its place.
+        let queued = "waiting for a sandbox: the namespace's quota or its nodes have no room for another one; number 3 in the queue";
+        assert_eq!(
+            progress_message(Phase::Pending, "run-x", Some(queued)).unwrap(),
+            format!("Pending: {queued}")
+        );
     }
 
     #[test]

@@ -238,7 +238,7 @@ impl SandboxRunServer {
             .call::<SqlSchema>(
                 &agent,
                 call,
-                Arc::new(|_, _| {}),
+                Arc::new(|_, _, _| {}),
                 None,
                 context.ct.child_token(),
                 Some(std::time::Duration::ZERO),

@@ -135,6 +135,13 @@ pub struct Config {
     )]
     pub max_stored_runs: u32,
 
+    /// How long a python run may wait in its namespace's queue for room for a sandbox (the
+    /// ResourceQuota has none): one expected to wait longer is refused at once (`NoCapacity`,
+    /// with a retry hint), one still waiting then is refused then. Keep it below the frontend's
+    /// --kube-grace-seconds, which must also cover the sandbox's start.
+    #[arg(long, env = "SANDBOXRUN_MAX_QUEUE_WAIT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub max_queue_wait_seconds: u64,
+
     /// Reconciliations in flight at once. Without a bound a relist of 10,000 runs starts
     /// 10,000 of them together: their futures alone took 45 MB at the peak (heaptrack), and a
     /// restart with many runs in flight would send their API requests all at once.

@@ -86,6 +86,10 @@ pub struct Context {
     pub pool_claims: crate::pool::Claims,
     /// Warm claims whose outcome is unknown, by run uid (`pool.rs`, settled in `python/warm.rs`).
     pub claims_in_doubt: crate::pool::ClaimsInDoubt,
+    /// When runs wanted a sandbox of each pool (`pool_scale.rs`; shared with the pools').
+    pub pool_demand: crate::pool_scale::Demand,
+    /// The queues of runs waiting for room for a sandbox (`admission.rs`).
+    pub admission: crate::admission::Admission,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
     /// Terminal statuses whose write failed, by run uid, with their audit line still to write:
@@ -137,6 +141,8 @@ impl Context {
             pools: kube::runtime::reflector::store().0,
             pool_claims: crate::pool::Claims::default(),
             claims_in_doubt: Default::default(),
+            pool_demand: crate::pool_scale::Demand::default(),
+            admission: crate::admission::Admission::new(crate::admission::DEFAULT_ALLOWANCE),
             failures: Mutex::default(),
             unaudited: Mutex::default(),
             audit_written: Mutex::default(),
@@ -169,6 +175,12 @@ impl Context {
     }
 
     /// The same context, claiming warm sandboxes from the pools in `pools`.
+    /// The same context, letting a run wait `allowance` for room for its sandbox.
+    pub fn with_queue_allowance(mut self, allowance: Duration) -> Self {
+        self.admission = crate::admission::Admission::new(allowance);
+        self
+    }
+
     pub fn with_pools(
         mut self,
         pools: kube::runtime::reflector::Store<sandboxrun_api::SandboxPool>,
@@ -564,7 +576,9 @@ impl<'a> Reconcile<'a> {
         status: &SandboxRunStatus,
         resource_version: Option<String>,
     ) -> Result<(), Error> {
-        self.apply_status(status, resource_version).await
+        self.apply_status(status, resource_version)
+            .await
+            .map(|_| ())
     }
 
     /// The terminal status of `outcome`, built on `prev`.
@@ -598,22 +612,40 @@ impl<'a> Reconcile<'a> {
         outcome: &Outcome,
         pod: Option<&str>,
     ) -> Result<Action, Error> {
+        self.finish_over(status, outcome, pod, None).await
+    }
+
+    /// [`Self::finish`]; `written` is the run's resourceVersion after this reconcile's own last
+    /// status write, when it made one (`apply_recorded`): the run as it is now, so it is not
+    /// read again (the warm path saves a round trip on the call's path).
+    pub async fn finish_over(
+        &self,
+        status: SandboxRunStatus,
+        outcome: &Outcome,
+        pod: Option<&str>,
+        written: Option<String>,
+    ) -> Result<Action, Error> {
         // A run ends once: one terminal status, one audit line, even when this reconcile started
         // from a cached copy that predates a terminal status written by the previous one.
-        let fresh = self.runs.get_opt(&self.name).await?;
-        if let Some(done) = fresh
-            .as_ref()
-            .and_then(|r| r.status.clone())
-            .filter(is_terminal)
-        {
-            return self.finished(&done).await;
-        }
+        let read_at = match written {
+            Some(rv) => Some(rv),
+            None => {
+                let fresh = self.runs.get_opt(&self.name).await?;
+                if let Some(done) = fresh
+                    .as_ref()
+                    .and_then(|r| r.status.clone())
+                    .filter(is_terminal)
+                {
+                    return self.finished(&done).await;
+                }
+                fresh.and_then(|r| r.metadata.resource_version)
+            }
+        };
         // The status first: the Pod (and its log) must outlive the only record of the result.
-        // Only over the run as just read: a replica that lost its lease with this very end in
-        // flight (held by a slow API server, say) may still deliver it after the new leader
-        // ended the run; its late write then fails the precondition instead of ending the run a
-        // second time with a second audit line.
-        let read_at = fresh.and_then(|r| r.metadata.resource_version);
+        // Only over the run as read (or as written): a replica that lost its lease with this
+        // very end in flight (held by a slow API server, say) may still deliver it after the new
+        // leader ended the run; its late write then fails the precondition instead of ending
+        // the run a second time with a second audit line.
         // Written with its audit line owed: if this process dies before the line is out, the
         // next one to reconcile the run writes it (`finished`).
         let mut status = status;
@@ -652,6 +684,11 @@ impl<'a> Reconcile<'a> {
             .expect("not poisoned")
             .remove(&self.uid());
         self.ctx.feeds.forget(&self.uid());
+        if status.tool == Some(Tool::Python) {
+            // Out of the queue if it waited there; its sandbox, if it had one, is freed below.
+            let run = ObjectRef::new(&self.name).within(&self.ns);
+            self.ctx.admission.ended(&run, &self.uid(), self.now);
+        }
         info!(run = %self.name, phase = %outcome.phase, reason = %outcome.reason, "run finished");
         self.record_end(&status, outcome.phase, &outcome.reason);
         self.audit_recorded().await;
@@ -847,6 +884,12 @@ impl<'a> Reconcile<'a> {
     /// Writes the whole status with server-side apply: fields the operator stops setting are
     /// removed.
     pub async fn apply(&self, status: &SandboxRunStatus) -> Result<(), Error> {
+        self.apply_status(status, None).await.map(|_| ())
+    }
+
+    /// [`Self::apply`], returning the run's resourceVersion after the write: the run as it is
+    /// now, for a later write of this reconcile to be conditional on (see [`Self::finish_over`]).
+    pub async fn apply_recorded(&self, status: &SandboxRunStatus) -> Result<Option<String>, Error> {
         self.apply_status(status, None).await
     }
 
@@ -854,7 +897,7 @@ impl<'a> Reconcile<'a> {
         &self,
         status: &SandboxRunStatus,
         resource_version: Option<String>,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<String>, Error> {
         let mut patch = json!({
             "apiVersion": SandboxRun::api_version(&()),
             "kind": SandboxRun::kind(&()),
@@ -863,14 +906,15 @@ impl<'a> Reconcile<'a> {
         if let Some(rv) = resource_version {
             patch["metadata"] = json!({ "resourceVersion": rv });
         }
-        self.runs
+        let written = self
+            .runs
             .patch_status(
                 &self.name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
             .await?;
-        Ok(())
+        Ok(written.metadata.resource_version)
     }
 
     /// Deletes a Pod; one that is already gone is fine.
@@ -1043,6 +1087,7 @@ pub async fn run(
     Controller::for_stream(trigger, reader)
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         .owns(pods, pod_watch)
+        .reconcile_on(ctx.admission.wakeups())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {

@@ -557,9 +557,7 @@ async fn a_conflict_on_the_quota_is_retried_not_read_as_an_existing_pod() {
     assert_eq!(api.status()["phase"], "Pending");
 }
 
-#[tokio::test]
-async fn an_exhausted_quota_makes_the_run_wait_with_a_reason() {
-    let api = FakeApi::start(run_json(python())).await;
+fn refuse_pods_for_quota(api: &FakeApi) {
     api.with(|s| {
         s.refuse_pods_with = Some((
             403,
@@ -568,28 +566,63 @@ async fn an_exhausted_quota_makes_the_run_wait_with_a_reason() {
              limits.cpu=500m, used: limits.cpu=2, limited: limits.cpu=2",
         ))
     });
+}
+
+#[tokio::test]
+async fn an_exhausted_quota_puts_the_run_in_the_queue_until_there_is_room() {
+    let api = FakeApi::start(run_json(python())).await;
+    refuse_pods_for_quota(&api);
     let ctx = context(&api, None);
-    // Before: Failed/PodCreationFailed at once. Now: Pending, WaitingForQuota, retried soon.
+    // Before: Failed/PodCreationFailed at once; then Pending, WaitingForQuota, each run retrying
+    // on its own. Now: Pending, Queued, with its place, and asked again soon as the head.
     let action = reconcile_as(cached(&api), &ctx).await;
     let status = api.status();
     assert_eq!(
-        (&status["phase"], &status["reason"]),
-        (&json!("Pending"), &json!("WaitingForQuota")),
+        (
+            &status["phase"],
+            &status["reason"],
+            &status["queuePosition"]
+        ),
+        (&json!("Pending"), &json!("Queued"), &json!(1)),
         "{status}"
     );
-    assert!(
-        status["message"]
-            .as_str()
-            .unwrap()
-            .contains("exceeded quota")
-    );
-    assert!(action != Action::await_change());
+    assert!(status["queuedAt"].is_string(), "{status}");
+    let message = status["message"].as_str().unwrap();
+    assert!(message.contains("number 1 in the queue"), "{message}");
+    assert_eq!(action, Action::requeue(crate::admission::HEAD_RETRY));
     // The next reconcile (no Pod, no Pod name) tries to create it again, not "Pod deleted".
     api.with(|s| s.refuse_pods_with = None);
     reconcile_as(cached(&api), &ctx).await;
     assert!(api.with(|s| s.pod.is_some()));
-    assert_eq!(api.status()["phase"], "Pending");
-    assert_eq!(api.status()["reason"], "PodCreated");
+    let status = api.status();
+    assert_eq!(status["phase"], "Pending");
+    assert_eq!(status["reason"], "PodCreated");
+    // Out of the queue; when it began waiting stays on the record.
+    assert!(status.get("queuePosition").is_none(), "{status}");
+    assert!(status["queuedAt"].is_string(), "{status}");
+}
+
+#[tokio::test]
+async fn a_run_that_waited_its_allowance_is_refused_with_a_hint_and_nothing_run() {
+    let api = FakeApi::start(run_json(python())).await;
+    refuse_pods_for_quota(&api);
+    let ctx = Arc::try_unwrap(context(&api, None))
+        .ok()
+        .expect("not shared yet");
+    let ctx = Arc::new(ctx.with_queue_allowance(std::time::Duration::ZERO));
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.status()["reason"], "Queued");
+    reconcile_as(cached(&api), &ctx).await;
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Rejected"), &json!("NoCapacity")),
+        "{status}"
+    );
+    assert_eq!(status["retryAfterSeconds"], 1, "{status}");
+    let message = status["message"].as_str().unwrap();
+    assert!(message.contains("retry in 1 s"), "{message}");
+    assert!(api.with(|s| s.pod.is_none()), "nothing ran");
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! sandboxrun-operator: reconciles SandboxRuns into single-use sandbox Pods.
 
+mod admission;
 mod audit;
 mod canary;
 mod config;
@@ -13,6 +14,7 @@ mod metrics;
 mod outcome;
 mod policy;
 mod pool;
+mod pool_scale;
 mod python;
 mod query;
 #[cfg(test)]
@@ -213,7 +215,10 @@ async fn main() -> anyhow::Result<()> {
         .with_databases(databases)
         .with_prometheus(prometheus, config.prometheus_environment)
         .with_identity(identity.clone())
-        .with_pools(pool_store),
+        .with_pools(pool_store)
+        .with_queue_allowance(std::time::Duration::from_secs(
+            config.max_queue_wait_seconds,
+        )),
     );
 
     let pool_ctx = Arc::new(pool::PoolContext {
@@ -221,6 +226,7 @@ async fn main() -> anyhow::Result<()> {
         sandbox: ctx.sandbox.clone(),
         metrics: ctx.metrics.clone(),
         claims: ctx.pool_claims.clone(),
+        demand: ctx.pool_demand.clone(),
     });
 
     let run_quota = match (&config.run_count_quota, config.max_stored_runs, namespace) {

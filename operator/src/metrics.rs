@@ -96,6 +96,10 @@ pub struct Metrics {
     /// Requests to the Kubernetes API by verb. Per run: divide its rate by that of
     /// `tool_calls_total` (e2e/BENCHMARKS.md has the query).
     pub api_requests: Family<VerbLabels, Counter>,
+    /// Python runs that found no room for a sandbox and joined their namespace's queue.
+    pub queued: Counter,
+    /// Python runs refused for capacity (`NoCapacity`): no sandbox could start them in time.
+    pub capacity_refusals: Counter,
     /// Warm-sandbox claims by pool and result (hit, miss).
     pub warm_claims: Family<ClaimLabels, Counter>,
     /// Time to claim a warm sandbox (list the pool's idle Pods, claim one), seconds.
@@ -209,6 +213,18 @@ impl Default for Metrics {
             2.5, 5.0, 10.0, 30.0,
         ]);
         let api_requests = Family::<VerbLabels, Counter>::default();
+        let queued = Counter::default();
+        let capacity_refusals = Counter::default();
+        registry.register(
+            "queued_runs",
+            "Python runs that found no room for a sandbox and waited in the queue",
+            queued.clone(),
+        );
+        registry.register(
+            "capacity_refusals",
+            "Python runs refused because no sandbox could start them within the queue's allowance (NoCapacity)",
+            capacity_refusals.clone(),
+        );
         let warm_claims = Family::<ClaimLabels, Counter>::default();
         let warm_claim =
             Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]);
@@ -288,6 +304,8 @@ impl Default for Metrics {
             program_feed,
             reconcile_duration,
             api_requests,
+            queued,
+            capacity_refusals,
             warm_claims,
             warm_claim,
             pool_ready,

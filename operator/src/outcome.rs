@@ -133,6 +133,8 @@ pub fn base(
         // How the run got its sandbox stays true to its end.
         path: prev.path,
         pool: prev.pool.clone(),
+        // So does when it began waiting for one.
+        queued_at: prev.queued_at.clone(),
         ..Default::default()
     }
 }

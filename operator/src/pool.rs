@@ -28,6 +28,7 @@ use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::outcome::set_condition;
+use crate::pool_scale;
 use crate::python::pod::{
     self, ACTIVE_DEADLINE_GRACE_SECONDS, CONTAINER, LABEL_MANAGED_BY, LABEL_TOOL, MANAGER,
     SandboxConfig,
@@ -59,6 +60,9 @@ pub struct PoolContext {
     pub metrics: Arc<Metrics>,
     /// Claims the run controller made and the pools' status does not count yet.
     pub claims: Claims,
+    /// When runs wanted a sandbox of each pool (`pool_scale.rs`): the size of those that follow
+    /// demand.
+    pub demand: crate::pool_scale::Demand,
 }
 
 /// A claim whose answer never came: the request timed out, its connection broke, or the
@@ -382,7 +386,45 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
     let profile = profile_hash(&pool, &ctx.sandbox);
     let now = Timestamp::now();
     let sorted = sort(&listed.items, &profile, pool.spec.max_idle_seconds, now);
-    let plan = plan(&sorted, pool.spec.replicas);
+    let pool_key = key(&ns, &name);
+    // The version the status write is conditional on: the one read, or the one our own scale
+    // write made (its claim count is still the one read).
+    let mut read_at = pool.metadata.resource_version.clone();
+    let (replicas, scale_reason) = match pool_scale::Bounds::of(&pool) {
+        Some(bounds) => {
+            let ready: Vec<&Pod> = listed
+                .items
+                .iter()
+                .filter(|p| {
+                    p.metadata
+                        .name
+                        .as_ref()
+                        .is_some_and(|n| sorted.ready.contains(n))
+                })
+                .collect();
+            let start = pool_scale::start_time(&ready);
+            let peak = ctx.demand.peak(
+                &ObjectRef::from_obj(pool.as_ref()),
+                start,
+                bounds.scale_down_delay,
+                now,
+            );
+            let size = pool_scale::desired(bounds, peak);
+            if size != pool.spec.replicas {
+                info!(pool = %name, from = pool.spec.replicas, to = size, peak, "sizing the pool to its demand");
+                // Through the scale subresource, as an autoscaler would.
+                let api: Api<SandboxPool> = Api::namespaced(ctx.client.clone(), &ns);
+                let scale = json!({ "spec": { "replicas": size } });
+                let scaled = api
+                    .patch_scale(&name, &PatchParams::default(), &Patch::Merge(&scale))
+                    .await?;
+                read_at = scaled.metadata.resource_version;
+            }
+            (size, Some(pool_scale::reason(bounds, peak, start, size)))
+        }
+        None => (pool.spec.replicas, None),
+    };
+    let plan = plan(&sorted, replicas);
     for (doomed, why) in &sorted.doomed {
         info!(pool = %name, pod = %doomed, why = %why, "replacing an idle sandbox");
     }
@@ -425,7 +467,6 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
         .count();
     let idle = sorted.ready.len() + sorted.starting.len() - deleted_live + created;
     let starting = idle - ready;
-    let pool_key = key(&ns, &name);
     ctx.metrics.set_pool_ready(&pool_key, ready);
 
     let prev = pool.status.clone().unwrap_or_default();
@@ -436,6 +477,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
         starting_replicas: i32::try_from(starting).unwrap_or(i32::MAX),
         claimed_total: prev.claimed_total + claimed,
         selector: Some(selector),
+        scale_reason,
         last_refill_error: refill_error.clone().or_else(|| {
             // Kept until a sandbox could be added again.
             (created == 0 && plan.create > 0)
@@ -445,7 +487,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
         observed_generation: pool.metadata.generation,
         conditions: prev.conditions.clone(),
     };
-    let want = pool.spec.replicas.max(0);
+    let want = replicas.max(0);
     let (is_ready, reason, message) = if want == 0 {
         (
             true,
@@ -484,7 +526,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
         let patch = json!({
             "apiVersion": SandboxPool::api_version(&()),
             "kind": SandboxPool::kind(&()),
-            "metadata": {"resourceVersion": pool.metadata.resource_version},
+            "metadata": {"resourceVersion": read_at},
             "status": status,
         });
         match api
@@ -507,11 +549,16 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
             }
         }
     }
-    // Starting sandboxes report through their Pods' watch; age is only seen by looking.
+    // Starting sandboxes report through their Pods' watch; age is only seen by looking, and so
+    // is a burst growing old enough for a pool that follows demand to shrink.
+    let resync = match pool_scale::Bounds::of(&pool) {
+        Some(bounds) => pool_scale::shrink_check(bounds, replicas, RESYNC),
+        None => RESYNC,
+    };
     Ok(Action::requeue(if refill_error.is_some() {
-        Duration::from_secs(10)
+        Duration::from_secs(10).min(resync)
     } else {
-        RESYNC
+        resync
     }))
 }
 
@@ -571,6 +618,8 @@ pub async fn run(
             let pool = owner.or_else(|| pod.annotations().get(FROM_POOL_ANNOTATION).cloned())?;
             Some(ObjectRef::<SandboxPool>::new(&pool).within(&ns))
         })
+        // A run that found a pool empty: the pool grows now, not at its next resync.
+        .reconcile_on(ctx.demand.wakeups())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {

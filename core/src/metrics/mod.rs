@@ -444,7 +444,9 @@ pub fn parse_time(text: &str) -> Result<Timestamp, String> {
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let t = text.trim();
     let parsed = match t.parse::<f64>() {
-        Ok(secs) if secs.is_finite() && secs > 0.0 => Some(Duration::from_secs_f64(secs)),
+        // `try_`: a finite number of seconds may still be more than a Duration holds (1e300),
+        // and `from_secs_f64` panics on it (found by the HTTP fuzz test).
+        Ok(secs) if secs.is_finite() && secs > 0.0 => Duration::try_from_secs_f64(secs).ok(),
         Ok(_) => None,
         Err(_) => promql_parser::util::parse_duration(t)
             .ok()
@@ -499,6 +501,19 @@ mod tests {
         assert_eq!(parse_duration("15").unwrap(), Duration::from_secs(15));
         assert!(parse_duration("0").is_err());
         assert!(parse_duration("-5").is_err());
+        // More seconds than a Duration holds: an error, never a panic.
+        for huge in ["1e300", "1e20", "99999999999999999999"] {
+            assert!(parse_duration(huge).is_err(), "{huge}");
+        }
+        for odd in [
+            "999999999999999999y",
+            "9223372036854775807s",
+            "1e400",
+            "NaN",
+            "inf",
+        ] {
+            let _ = parse_duration(odd);
+        }
         assert!(parse_duration("soon").unwrap_err().contains("30s"));
     }
 

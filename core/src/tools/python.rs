@@ -315,6 +315,11 @@ pub struct PythonOutput {
     /// that is not a plain file name).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files_omitted: Vec<OmittedFile>,
+    /// A call refused for capacity (reason `NoCapacity`: no sandbox could start it in time):
+    /// after how many seconds a new call may expect one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "u32")]
+    pub retry_after_seconds: Option<u32>,
 }
 
 impl PythonOutput {
@@ -337,6 +342,7 @@ impl PythonOutput {
             message: Some(c.message),
             files: c.files,
             files_omitted: c.files_omitted,
+            retry_after_seconds: None,
         }
     }
 
@@ -354,6 +360,7 @@ impl PythonOutput {
             message: Some(message),
             files: Vec::new(),
             files_omitted: Vec::new(),
+            retry_after_seconds: None,
         }
     }
 

@@ -245,6 +245,7 @@ fn output(phase: Phase) -> PythonOutput {
         message: None,
         files: Vec::new(),
         files_omitted: Vec::new(),
+        retry_after_seconds: None,
     }
 }
 

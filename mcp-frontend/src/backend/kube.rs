@@ -170,7 +170,7 @@ impl KubeBackend {
         self.create(&run).await?;
         subscription.created();
         tracing::info!(run = %name, agent = %agent, "created SandboxRun");
-        (follow.progress)(Phase::Pending, &name);
+        (follow.progress)(Phase::Pending, &name, None);
         // From here on the run exists: whatever ends this future (cancellation, a dropped
         // request, a shutdown) cancels it unless a result was read or it awaits approval.
         let guard = CancelOnDrop::new(self.api.clone(), name.clone());
@@ -298,11 +298,13 @@ impl KubeBackend {
                 (progress.clone(), reported_running.clone(), name.to_owned());
             move || {
                 if !reported.swap(true, Ordering::Relaxed) {
-                    progress(Phase::Running, &name);
+                    progress(Phase::Running, &name, None);
                 }
             }
         };
         let mut log: Option<LogFollower> = None;
+        // The place in the queue for a sandbox last reported.
+        let mut queue_position: Option<u32> = None;
         // The result to return when the approval wait is over, while the run awaits approval.
         let mut awaiting: Option<T> = None;
         let wait_over = tokio::time::sleep(approval_wait);
@@ -317,7 +319,7 @@ impl KubeBackend {
                     return awaiting.take().ok_or_else(|| deleted(name));
                 }
                 _ = heartbeat.tick(), if awaiting.is_some() => {
-                    progress(Phase::AwaitingApproval, name);
+                    progress(Phase::AwaitingApproval, name, None);
                     continue;
                 }
             };
@@ -376,6 +378,13 @@ impl KubeBackend {
             }
             if status.phase == Some(Phase::Running) {
                 report_running();
+            } else if status.phase == Some(Phase::Pending)
+                && status.queue_position.is_some()
+                && status.queue_position != queue_position
+            {
+                // Waiting for a sandbox: the caller hears its place each time it moves.
+                queue_position = status.queue_position;
+                progress(Phase::Pending, name, status.message.as_deref());
             }
         }
         Err(BackendError::Unavailable(format!(

@@ -37,8 +37,8 @@ impl LocalBackend {
         cancel: CancellationToken,
     ) -> Result<T::Output, BackendError> {
         let run_name = format!("local-{}", uuid::Uuid::new_v4().simple());
-        progress(Phase::Pending, &run_name);
-        progress(Phase::Running, &run_name);
+        progress(Phase::Pending, &run_name, None);
+        progress(Phase::Running, &run_name, None);
         // Dropping the executor's future kills its sandbox or query, so losing the race to
         // `cancel` leaves nothing running.
         tokio::select! {

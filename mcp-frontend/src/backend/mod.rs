@@ -15,10 +15,11 @@ use sandboxrun_core::{OutputFn, Phase};
 use tokio_util::sync::CancellationToken;
 
 /// Receives the non-terminal phases a run passes through (Pending, Running, and
-/// AwaitingApproval while a call waits for a person) with the run's name, so the tool can turn
-/// them into MCP progress notifications. Pending and Running are reported at most once each, in
-/// order; AwaitingApproval repeats while the wait lasts.
-pub type ProgressFn = Arc<dyn Fn(Phase, &str) + Send + Sync>;
+/// AwaitingApproval while a call waits for a person) with the run's name and, for a run that
+/// waits in the queue for a sandbox, the operator's word on its place, so the tool can turn
+/// them into MCP progress notifications. Pending comes first, again each time a queued run's
+/// place changes; Running at most once; AwaitingApproval repeats while the wait lasts.
+pub type ProgressFn = Arc<dyn Fn(Phase, &str, Option<&str>) + Send + Sync>;
 
 /// Why a backend could not produce a result. A result with a failed phase (non-zero exit,
 /// timeout, rejection) is not an error: it is the tool's output.

@@ -6,6 +6,7 @@ pub mod feed;
 pub mod log;
 pub mod phase;
 pub mod pod;
+pub mod queue;
 pub mod warm;
 
 use jiff::SignedDuration;
@@ -22,6 +23,7 @@ use crate::pool::FROM_POOL_ANNOTATION;
 
 use self::feed::{FeedState, OwnedProgram};
 use self::phase::{Exited, Next, Progress};
+use self::queue::Turn;
 use crate::controller::{Error, Reconcile, is_terminal, until};
 use crate::outcome::Outcome;
 
@@ -33,6 +35,15 @@ impl Reconcile<'_> {
         mut prev: SandboxRunStatus,
         decided: Option<Decision>,
     ) -> Result<Action, Error> {
+        // A run waiting in the queue that never asked for a Pod has none to read: its turn is
+        // all there is to look at (every few seconds while it waits, for many runs at once).
+        let mut admitted = false;
+        if decided.is_none() && queue::waiting_without_pod(&prev) {
+            match self.turn(prev).await? {
+                Turn::Go(next) => (prev, admitted) = (*next, true),
+                Turn::Done(action) => return Ok(action),
+            }
+        }
         // A warm sandbox has its pool's name for it; a cold one is named after the run.
         let pod_name = prev
             .pod_name
@@ -41,6 +52,14 @@ impl Reconcile<'_> {
         // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod (a
         // Pod of a deleted run of the same name may still be there, even in the first reconcile).
         let pod = self.pods.get_opt(&pod_name).await?;
+        // A Pod no node has room for: the cluster is full, whatever the quota says, and runs
+        // after this one wait in the queue until it is placed (admission.rs).
+        if let Some(p) = pod.as_ref().filter(|p| pod::belongs_to(p, self.run)) {
+            let stuck = phase::unschedulable(p);
+            self.ctx
+                .admission
+                .scheduling(&self.run_ref(), &self.uid(), stuck, self.now);
+        }
         // The reconcile that took the decision has just written the status: it is current.
         let first = decided.is_some() && prev.pod_name.is_none();
         if let Some(stale) = pod.as_ref().filter(|p| !pod::belongs_to(p, self.run)) {
@@ -118,11 +137,21 @@ impl Reconcile<'_> {
                     );
                     return self.end(&prev, Some(Tool::Python), &outcome, None).await;
                 }
+                // Its turn: nobody waits for a sandbox, or it heads the queue.
+                if !admitted {
+                    match self.turn(prev).await? {
+                        Turn::Go(next) => prev = *next,
+                        Turn::Done(action) => return Ok(action),
+                    }
+                }
                 // Cold once recorded cold: a Pod asked for earlier may still appear under the
                 // run's name (below), so no warm sandbox is claimed beside it.
                 if prev.path != Some(SandboxPath::Cold)
                     && let Some(claimed) = self.claim_warm(profile, &limits, files).await?
                 {
+                    self.ctx
+                        .admission
+                        .admitted(&self.run_ref(), &self.uid(), self.now);
                     return self.run_warm(&prev, &claimed, &limits, files).await;
                 }
                 let prev = self.record_cold(prev).await?;
@@ -233,6 +262,7 @@ impl Reconcile<'_> {
         match self.pods.create(&PostParams::default(), &desired).await {
             Ok(_) => {
                 info!(run = %self.name, namespace = %self.ns, pod = %pod_name, "created sandbox pod");
+                ctx.admission.admitted(&self.run_ref(), &self.uid(), now);
                 // Counted here, once per Pod: a lagging cache can show "no phase" again.
                 ctx.metrics.entered(Phase::Pending);
                 ctx.events.pod_created(run, pod_name).await;
@@ -241,10 +271,10 @@ impl Reconcile<'_> {
             // owner is checked when it is read). Any other 409 (a conflict on the namespace's
             // ResourceQuota object, say) is not a Pod: retried.
             Err(kube::Error::Api(e)) if e.code == 409 && e.reason == "AlreadyExists" => {}
-            // The namespace's quota has no room now: the cluster is busy, not wrong. Wait, with
-            // the reason in the status, until the run's own deadline.
+            // The namespace's quota has no room now: the cluster is busy, not wrong. The run
+            // waits in the queue for its turn (queue.rs).
             Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("exceeded quota") => {
-                return self.wait_for_quota(prev, limits, &e.message).await;
+                return self.no_room(prev, &e.message).await;
             }
             // Refused for good (admission, quota, Pod Security, unknown RuntimeClass): retrying
             // would fail the same way.
@@ -287,49 +317,6 @@ impl Reconcile<'_> {
             );
         }
         Ok(action)
-    }
-
-    /// A run whose Pod the quota refused: Pending with reason `WaitingForQuota`, retried every
-    /// few seconds until the run's deadline counted from its creation; then it fails with the
-    /// quota's message.
-    async fn wait_for_quota(
-        &self,
-        prev: &SandboxRunStatus,
-        limits: &Limits,
-        message: &str,
-    ) -> Result<Action, Error> {
-        let created = self
-            .run
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map_or(self.now, |t| t.0);
-        let deadline = created_deadline(limits, created);
-        if self.now >= deadline {
-            let outcome = Outcome::of(
-                Phase::Failed,
-                Reason::PodCreationFailed,
-                format!(
-                    "the namespace's quota had no room for the sandbox Pod until the run's \
-                     deadline: {message}"
-                ),
-                None,
-                self.now,
-            );
-            return self.end(prev, Some(Tool::Python), &outcome, None).await;
-        }
-        let mut status = prev.clone();
-        status.phase = Some(Phase::Pending);
-        status.reason = Some(Reason::WaitingForQuota.as_str().to_owned());
-        status.message = Some(format!(
-            "waiting for room in the namespace's quota: {message}"
-        ));
-        status.tool = Some(Tool::Python);
-        status.observed_generation = self.generation;
-        if &status != prev {
-            self.apply(&status).await?;
-        }
-        Ok(Action::requeue(QUOTA_RETRY.min(until(deadline, self.now))))
     }
 
     /// The run's program: its Python code and input files (none for a run that has no python
@@ -421,9 +408,6 @@ impl Reconcile<'_> {
 
 /// When the operator stops waiting for a Pod it just created: its timeout, the start-up grace of
 /// `activeDeadlineSeconds` and the operator's slack, from now.
-/// How often a run waiting for quota tries again.
-const QUOTA_RETRY: std::time::Duration = std::time::Duration::from_secs(3);
-
 fn created_deadline(limits: &Limits, now: jiff::Timestamp) -> jiff::Timestamp {
     let seconds = i64::from(limits.timeout_seconds + pod::ACTIVE_DEADLINE_GRACE_SECONDS)
         + phase::OPERATOR_DEADLINE_SLACK_SECONDS;

@@ -81,6 +81,21 @@ fn ts(t: &Option<Time>) -> Option<Timestamp> {
     t.as_ref().map(|t| t.0)
 }
 
+/// Whether the scheduler found no node for `pod` (its `PodScheduled` condition is False with
+/// reason `Unschedulable`): the nodes, not the quota, have no room for another sandbox.
+pub fn unschedulable(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        })
+}
+
 fn sandbox_container(pod: &Pod) -> Option<&ContainerStatus> {
     pod.status
         .as_ref()?
@@ -112,7 +127,7 @@ pub fn next(status: &SandboxRunStatus, pod: Option<&Pod>, limits: &Limits, now: 
     let Some(pod) = pod else {
         // The status says a Pod was created (it names one), so a missing Pod was deleted by
         // someone (or lost with its node) before the result was recorded. A Pending run without
-        // a Pod name waits for room in the quota: its Pod was never created.
+        // a Pod name waits for its turn in the queue for room: its Pod was never created.
         return if matches!(status.phase, Some(Phase::Pending | Phase::Running))
             && status.pod_name.is_some()
         {

@@ -74,7 +74,11 @@ pub fn candidates<'a>(
     let mut names: Vec<String> = pools
         .into_iter()
         .filter(|p| p.namespace().as_deref() == Some(run_namespace))
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && p.spec.replicas > 0)
+        // A pool that follows demand is a candidate at 0 too: a run that misses it grows it.
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none()
+                && (p.spec.replicas > 0 || p.spec.max_replicas.is_some_and(|m| m > 0))
+        })
         .filter(|p| pool::same_isolation(p, operator) && p.spec.fits(profile, limits))
         .filter_map(|p| p.metadata.name.clone())
         .collect();
@@ -172,6 +176,7 @@ impl Reconcile<'_> {
                 // that wait for room in the quota would otherwise list it every few seconds each.
                 ctx.metrics
                     .warm_claim_result(&pool::key(&self.ns, &name), false);
+                ctx.pool_demand.missed(&self.ns, &name, &uid, self.now);
                 continue;
             }
             let profile = pool::profile_hash(pool_obj, &ctx.sandbox);
@@ -221,6 +226,7 @@ impl Reconcile<'_> {
                     Ok(_) => {
                         let key = pool::key(&self.ns, &name);
                         ctx.pool_claims.add(&key);
+                        ctx.pool_demand.claimed(&self.ns, &name, &uid, self.now);
                         ctx.metrics
                             .warm_claim
                             .observe(started.elapsed().as_secs_f64());
@@ -240,6 +246,7 @@ impl Reconcile<'_> {
             }
             ctx.metrics
                 .warm_claim_result(&pool::key(&self.ns, &name), false);
+            ctx.pool_demand.missed(&self.ns, &name, &uid, self.now);
         }
         Ok(None)
     }
@@ -378,7 +385,7 @@ impl Reconcile<'_> {
         // takes it up (`earlier_claim`, by the run's label and owner) instead of a second one.
         // (Deleting it here and going on to another, as before, gave one run two sandboxes:
         // found by the fault suite's full form.)
-        self.apply(&recorded).await?;
+        let written = self.apply_recorded(&recorded).await?;
         ctx.metrics.entered(Phase::Pending);
         ctx.events
             .claimed(self.run, &claimed.pod, &claimed.pool)
@@ -446,7 +453,10 @@ impl Reconcile<'_> {
             finished_at: Timestamp::now(),
         };
         let outcome = phase::collected(&exited, log, limits, files);
-        self.end(&recorded, Some(Tool::Python), &outcome, Some(&claimed.pod))
+        // Conditional on the claim's record, this reconcile's own last write: if anything
+        // wrote the run since (a cancel), the end is looked at again.
+        let status = self.terminal(&recorded, Some(Tool::Python), &outcome, Some(&claimed.pod));
+        self.finish_over(status, &outcome, Some(&claimed.pod), written)
             .await
     }
 }

@@ -1,0 +1,213 @@
+"""The fair queue for sandboxes, on the cluster: with room for one sandbox Pod in the runs
+namespace (its ResourceQuota lowered for the test, the warm pools scaled to 0), calls of two
+agents with unequal load take turns, each caller hears its place in the queue as progress
+notifications, a call that cannot get a sandbox in time is refused at once with a retry hint,
+and the calls waiting get the sandbox in turn as soon as it is freed.
+
+Marked `quiet_cluster`: it takes the namespace's room away from every other test, so it runs alone,
+after the rest (e2e/run-tests.sh).
+
+Environment (set by e2e/run-tests.sh): MCP_URL, MCP_API_KEY, KUBECTL."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import anyio
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from stress import RUNS_NS, URL, agent_key, kubectl
+
+pytestmark = pytest.mark.quiet_cluster
+
+QUOTA = "sandboxrun-runs"
+# Load agents' keys (installed by e2e/run-tests.sh); agents of their own, so no other queue
+# entry shares their turns.
+HEAVY, LIGHT, HOLDER, LATE = 90, 91, 92, 93
+WAITERS = [94, 95, 96]
+
+
+def sandbox_pods() -> list[dict]:
+    pods = json.loads(kubectl("-n", RUNS_NS, "get", "pods", "-o", "json"))["items"]
+    return [p for p in pods if p["status"].get("phase") not in ("Succeeded", "Failed")]
+
+
+def wait_for(what: str, check, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def set_pod_quota(pods: str) -> None:
+    kubectl("-n", RUNS_NS, "patch", "resourcequota", QUOTA, "--type", "merge",
+            "-p", json.dumps({"spec": {"hard": {"pods": pods}}}))
+    # The API server admits against the quota's status, which its controller syncs.
+    wait_for(f"the quota's status to show pods={pods}", lambda: json.loads(
+        kubectl("-n", RUNS_NS, "get", "resourcequota", QUOTA, "-o", "json")
+    )["status"].get("hard", {}).get("pods") == pods)
+
+
+@pytest.fixture
+def one_sandbox_at_a_time():
+    """Room for exactly one sandbox Pod; the pools and the quota restored afterwards."""
+    pools = json.loads(kubectl("-n", RUNS_NS, "get", "sandboxpools", "-o", "json"))["items"]
+    replicas = {p["metadata"]["name"]: p["spec"].get("replicas", 0) for p in pools}
+    quota = json.loads(kubectl("-n", RUNS_NS, "get", "resourcequota", QUOTA, "-o", "json"))
+    pods_before = quota["spec"]["hard"]["pods"]
+    try:
+        for name in replicas:
+            kubectl("-n", RUNS_NS, "scale", "sandboxpool", name, "--replicas=0")
+        wait_for("the namespace to hold no sandbox Pod", lambda: not sandbox_pods())
+        set_pod_quota("1")
+        yield
+    finally:
+        set_pod_quota(pods_before)
+        for name, n in replicas.items():
+            kubectl("-n", RUNS_NS, "scale", "sandboxpool", name, f"--replicas={n}")
+
+
+class Call:
+    """One run_python call of one agent: when it ended, what it answered, what it heard."""
+
+    def __init__(self, name: str, agent: int, code: str):
+        self.name, self.agent, self.code = name, agent, code
+        self.token = f"queue-{name}-{uuid.uuid4().hex[:8]}"
+        self.arguments: dict = {}
+        self.progress: list[str] = []
+        self.result = None
+        self.began = self.ended = 0.0
+
+    async def run(self) -> None:
+        async def heard(progress, total, message):
+            self.progress.append(message or "")
+
+        headers = {"Authorization": f"Bearer {agent_key(self.agent)}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=240) as client, \
+                streamable_http_client(URL, http_client=client) as streams, \
+                ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            self.began = time.monotonic()
+            self.result = await session.call_tool(
+                "run_python", {"code": f"# {self.token}\n{self.code}", **self.arguments},
+                read_timeout_seconds=230, progress_callback=heard)
+            self.ended = time.monotonic()
+
+    @property
+    def structured(self) -> dict:
+        return self.result.structured_content or {}
+
+    def positions(self) -> list[int]:
+        """The places in the queue its progress notifications named, in order."""
+        found = []
+        for m in self.progress:
+            if "in the queue" in m:
+                found.append(int(m.split("number ", 1)[1].split(" ", 1)[0]))
+        return found
+
+    def run_name(self) -> str:
+        runs = json.loads(kubectl("-n", RUNS_NS, "get", "sandboxruns", "-o", "json"))["items"]
+        mine = [r["metadata"]["name"] for r in runs
+                if self.token in ((r["spec"].get("python") or {}).get("code") or "")]
+        assert len(mine) == 1, f"{self.name}: runs {mine}"
+        return mine[0]
+
+
+SHORT = "import time\ntime.sleep(1)\nprint('done')"
+# The first call holds the sandbox until every other call has joined the queue.
+HOLD = "import time\ntime.sleep(8)\nprint('done')"
+
+
+def test_agents_take_turns_and_hear_their_place(one_sandbox_at_a_time):
+    heavy = [Call(f"a{i}", HEAVY, HOLD if i == 1 else SHORT) for i in range(1, 5)]
+    light = [Call(f"b{i}", LIGHT, SHORT) for i in range(1, 3)]
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            # a1 takes the one sandbox; a2 finds no room and heads the queue; a3, a4 queue
+            # behind it; b1 and b2 come last.
+            for i, call in enumerate(heavy):
+                tg.start_soon(call.run)
+                await anyio.sleep(1.5 if i == 0 else 0.3)
+            await anyio.sleep(0.7)
+            for call in light:
+                tg.start_soon(call.run)
+                await anyio.sleep(0.3)
+
+    anyio.run(main)
+    calls = heavy + light
+    for call in calls:
+        assert not call.result.is_error, f"{call.name}: {call.result.content}"
+        assert call.structured.get("phase") == "Succeeded", call.structured
+    # One sandbox at a time: the order calls ended is the order they were let in. The light
+    # agent's two calls, though they came last, go between the heavy agent's.
+    order = [c.name for c in sorted(calls, key=lambda c: c.ended)]
+    assert order == ["a1", "a2", "b1", "a3", "b2", "a4"], order
+    # Every queued call heard where it stood; b1 joined the queue second (ahead of a3 and a4).
+    for call in calls[1:]:
+        assert call.positions(), f"{call.name} heard no place: {call.progress}"
+    assert call_by(calls, "b1").positions()[0] == 2, call_by(calls, "b1").progress
+    assert call_by(calls, "a4").positions()[0] >= 3, call_by(calls, "a4").progress
+    # A waiting run keeps when it began to wait; its place goes with the wait. (A place may move
+    # back: b1 and b2 went ahead of a3 and a4 after those had joined.)
+    for call in calls[1:]:
+        run = json.loads(kubectl("-n", RUNS_NS, "get", "sandboxrun", call.run_name(), "-o", "json"))
+        assert run["status"].get("queuedAt"), run["status"]
+        assert "queuePosition" not in run["status"], run["status"]
+
+
+def call_by(calls: list[Call], name: str) -> Call:
+    return next(c for c in calls if c.name == name)
+
+
+def test_a_call_that_cannot_start_in_time_is_refused_at_once_and_the_waiting_ones_run(
+        one_sandbox_at_a_time):
+    # The one sandbox is held by a long run; three calls wait behind it. Once it has been held
+    # for 20 s, the queue expects each place to take at least that long: a fourth call, with
+    # three ahead (and the holder), could not start within the 60 s a call may wait, and is
+    # refused at once. (A slower machine only makes the holder's hold longer.)
+    holder = Call("holder", HOLDER, "import time\ntime.sleep(50)\nprint('held')")
+    holder.arguments = {"timeoutSeconds": 90}
+    waiters = [Call(f"waiter{i}", WAITERS[i], f"print('my turn {i}')") for i in range(3)]
+    late = Call("late", LATE, "print('too late')")
+    answered_while_held: list[bool] = []
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(holder.run)
+            await anyio.sleep(1.5)
+            for waiter in waiters:
+                tg.start_soon(waiter.run)
+                await anyio.sleep(0.3)
+            await anyio.sleep(20)
+            await late.run()
+            # Answered while the one sandbox was still held: the refusal did not wait for room.
+            answered_while_held.append(holder.result is None)
+            # Free the sandbox: the holder's run is cancelled, and the waiters get it in turn.
+            kubectl("-n", RUNS_NS, "patch", "sandboxrun", holder.run_name(), "--type", "merge",
+                    "-p", '{"spec":{"cancelled":true}}')
+
+    anyio.run(main)
+    # Refused at once, with nothing executed and a hint a model can act on.
+    assert late.result.is_error, late.structured
+    assert late.structured.get("phase") == "Rejected", late.structured
+    assert late.structured.get("reason") == "NoCapacity", late.structured
+    assert late.structured.get("retryAfterSeconds", 0) >= 1, late.structured
+    text = " ".join(getattr(c, "text", "") for c in late.result.content)
+    assert "retry in" in text, text
+    assert answered_while_held == [True], "the refusal waited for the sandbox to be freed"
+    print(f"refused in {late.ended - late.began:.2f} s: {text[:300]}")
+    # The waiting calls were never refused: they waited and ran once the sandbox was freed.
+    assert holder.structured.get("phase") == "Cancelled", holder.structured
+    for i, waiter in enumerate(waiters):
+        assert waiter.structured.get("phase") == "Succeeded", waiter.structured
+        assert f"my turn {i}" in waiter.structured.get("stdout", ""), waiter.structured
+        assert waiter.positions(), waiter.progress

@@ -1,0 +1,502 @@
+//! Fair admission of runs to sandboxes when the namespace has no room for another one.
+//!
+//! A python run needs a sandbox Pod, and the namespace's ResourceQuota bounds how many exist at
+//! once, its nodes how many can run. When a create is refused for quota, or while a sandbox Pod
+//! waits for a node with room, a run joins its namespace's queue instead of asking on its own: without a queue, whichever retry happened to come first after a sandbox
+//! was freed won, an agent with many calls crowded out one with few, and a run nobody let in
+//! waited silently until its deadline and then failed (the load suite: 395 of 918 calls).
+//!
+//! The queue is fair across agents: agents take turns however many calls each has waiting
+//! (start-time fair queueing: each waiting run holds a turn of its agent's, one after the later
+//! of its agent's last turn and the turn last served; the queue goes by turn, then arrival). Only the run at the head
+//! asks for a sandbox; when it gets one (or a run ends and frees one) the next head is woken.
+//! While the queue is not empty, every new run joins it, so nobody overtakes a waiting run.
+//!
+//! A run whose expected wait (its position over the rate at which the queue has been
+//! admitting runs lately) is longer than it may wait is refused at once with the expected wait
+//! as a retry hint, and a run still waiting at the end of its allowance is refused then: no run
+//! fails or times out only because others were ahead of it.
+//!
+//! The queue lives in the leader's memory; what a run's status records (`queuedAt`) puts it back
+//! in its place after a restart, when its reconcile registers it again. Every waiting run is
+//! reconciled at least every [`REFRESH`]; an entry not refreshed for [`STALE_AFTER`] (its run
+//! was deleted, or another replica leads now) is dropped, so a lost run never blocks the head.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use kube::runtime::reflector::ObjectRef;
+use sandboxrun_api::SandboxRun;
+use tokio::sync::mpsc;
+
+/// How long a run may wait for a sandbox unless configured (`--max-queue-wait-seconds`).
+pub const DEFAULT_ALLOWANCE: Duration = Duration::from_secs(60);
+/// How often a waiting run is reconciled even when nothing wakes it: it refreshes its entry,
+/// and its status gets its new position.
+pub const REFRESH: Duration = Duration::from_secs(2);
+/// How soon the head asks again after the quota refused it (a freed sandbox also wakes it).
+pub const HEAD_RETRY: Duration = Duration::from_millis(500);
+/// An entry not refreshed for this long belongs to a run that is gone.
+const STALE_AFTER: SignedDuration = SignedDuration::from_secs(10);
+/// How many admissions out of the queue the rate is estimated from.
+const RATE_SAMPLES: usize = 256;
+/// Admissions older than this say nothing about the rate now.
+const RATE_WINDOW: SignedDuration = SignedDuration::from_secs(60);
+/// How long the queue must have been waiting before its rate is trusted.
+const RATE_MIN_SPAN: SignedDuration = SignedDuration::from_secs(5);
+/// The weight of the latest run's hold time in the average.
+const HOLD_WEIGHT: f64 = 0.2;
+/// Longer than any run holds a sandbox: the longest timeout, its Pod's start-up grace, slack.
+const HELD_AT_MOST: SignedDuration = SignedDuration::from_secs(3600);
+/// The shortest retry hint, in seconds.
+const MIN_RETRY_SECONDS: u32 = 1;
+
+/// What a run that needs a sandbox may do now.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ask {
+    /// Nobody waits: ask for a sandbox.
+    Go,
+    /// The run heads the queue: ask for a sandbox (a refusal keeps it at the head).
+    Head,
+    /// Others are ahead: wait.
+    Wait(Place),
+    /// The run cannot start within its allowance: refuse it, with a hint.
+    Refuse(Refusal),
+}
+
+/// A waiting run's place in the queue.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Place {
+    /// 1 for the head.
+    pub position: u32,
+    /// When it joined the queue.
+    pub since: Timestamp,
+    /// How long until it is admitted, at the rate the queue has been admitting runs, if known.
+    pub expected: Option<Duration>,
+}
+
+/// Why a run is refused for capacity, and when to try again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    /// Its position when refused.
+    pub position: u32,
+    /// The wait the queue's rate predicts for it, if known.
+    pub expected: Option<Duration>,
+    /// Seconds after which a new call could expect to be admitted in time.
+    pub retry_after_seconds: u32,
+}
+
+impl Refusal {
+    /// The run's status message: what happened, and what the caller should do.
+    pub fn message(&self, allowance: Duration) -> String {
+        let expected = match self.expected {
+            Some(d) => format!("an expected wait of about {} s", d.as_secs().max(1)),
+            None => "no sandbox freed lately".to_owned(),
+        };
+        format!(
+            "no sandbox could start this run within the {} s a run may wait for one: {} runs \
+             wait for a sandbox ahead of it and {expected}; nothing was executed: retry in \
+             {} s (status.retryAfterSeconds), or with fewer calls at once",
+            allowance.as_secs(),
+            self.position.saturating_sub(1),
+            self.retry_after_seconds
+        )
+    }
+}
+
+/// One waiting run.
+#[derive(Clone, Debug)]
+struct Entry {
+    run: ObjectRef<SandboxRun>,
+    agent: String,
+    since: Timestamp,
+    /// Its last reconcile.
+    seen: Timestamp,
+}
+
+/// One namespace's queue.
+#[derive(Debug, Default)]
+struct Queue {
+    /// By run uid.
+    entries: HashMap<String, Entry>,
+    /// Each waiting agent's turns, ascending: one per waiting run, its earliest run taking the
+    /// first. A new run's turn is one after the later of the agent's last turn and the turn last
+    /// admitted: an agent with many runs waiting holds turns far ahead, one arriving with none
+    /// takes the next round's (start-time fair queueing, every agent weighted alike).
+    turns: HashMap<String, VecDeque<u64>>,
+    /// The turn of the run admitted last (the queue's virtual time).
+    served: u64,
+    /// When runs left the queue for a sandbox, the latest last.
+    admitted: VecDeque<Timestamp>,
+    /// Since when the queue has had runs waiting.
+    waiting_since: Option<Timestamp>,
+    /// The runs holding a sandbox (admitted, not ended), by uid: when they got it.
+    holding: HashMap<String, Timestamp>,
+    /// How long a run holds its sandbox, on average lately (seconds; an exponential average of
+    /// the runs that ended).
+    hold: Option<f64>,
+    /// Runs whose sandbox Pod no node has room for: while there is one, the cluster is full
+    /// whatever the quota says, and nobody else asks for a sandbox.
+    unschedulable: std::collections::HashSet<String>,
+}
+
+impl Queue {
+    fn insert(&mut self, uid: &str, entry: Entry) {
+        let turns = self.turns.entry(entry.agent.clone()).or_default();
+        let turn = turns.back().copied().unwrap_or(0).max(self.served) + 1;
+        turns.push_back(turn);
+        self.entries.insert(uid.to_owned(), entry);
+    }
+
+    /// Removes `uid`'s entry. A run admitted takes its agent's first turn (it was the agent's
+    /// earliest, or it would not have been admitted) and moves the queue's time on; one that
+    /// leaves otherwise (refused, cancelled, gone) gives up its agent's last turn, so the runs
+    /// behind it keep theirs.
+    fn remove(&mut self, uid: &str, admitted: bool) -> bool {
+        let Some(entry) = self.entries.remove(uid) else {
+            return false;
+        };
+        if let Some(turns) = self.turns.get_mut(&entry.agent) {
+            let turn = if admitted {
+                turns.pop_front()
+            } else {
+                turns.pop_back()
+            };
+            if admitted && let Some(turn) = turn {
+                self.served = self.served.max(turn);
+            }
+            if turns.is_empty() {
+                self.turns.remove(&entry.agent);
+            }
+        }
+        if self.entries.is_empty() {
+            self.turns.clear();
+            self.served = 0;
+            self.waiting_since = None;
+        }
+        true
+    }
+
+    fn drop_stale(&mut self, now: Timestamp) {
+        let stale: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| now.duration_since(e.seen) >= STALE_AFTER)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in stale {
+            self.remove(&uid, false);
+        }
+    }
+
+    /// The run uids in the order they are admitted: by turn (each agent's runs take its turns
+    /// in the order they arrived), then arrival.
+    fn order(&self) -> Vec<&str> {
+        let mut by_agent: HashMap<&str, Vec<(&str, &Entry)>> = HashMap::new();
+        for (uid, e) in &self.entries {
+            by_agent
+                .entry(e.agent.as_str())
+                .or_default()
+                .push((uid.as_str(), e));
+        }
+        let mut ranked: Vec<(u64, Timestamp, &str, &str)> = Vec::new();
+        for (agent, runs) in &mut by_agent {
+            runs.sort_by(|a, b| (a.1.since, &a.1.run.name).cmp(&(b.1.since, &b.1.run.name)));
+            let turns = self.turns.get(*agent);
+            for (i, (uid, e)) in runs.iter().enumerate() {
+                let turn = turns.and_then(|t| t.get(i)).copied().unwrap_or(u64::MAX);
+                ranked.push((turn, e.since, e.run.name.as_str(), uid));
+            }
+        }
+        ranked.sort();
+        ranked.into_iter().map(|(_, _, _, uid)| uid).collect()
+    }
+
+    fn position(&self, uid: &str) -> Option<u32> {
+        let at = self.order().iter().position(|u| *u == uid)?;
+        Some(u32::try_from(at + 1).unwrap_or(u32::MAX))
+    }
+
+    fn head(&self) -> Option<&Entry> {
+        self.order().first().and_then(|uid| self.entries.get(*uid))
+    }
+
+    /// Runs admitted a second, as the queue can tell: the faster of what it has admitted over
+    /// the last minute it has been waiting (once it has waited long enough to tell) and what
+    /// the sandboxes held now free at the average hold time (once a run has ended). `None`:
+    /// nothing to tell by yet.
+    fn rate(&self, now: Timestamp) -> Option<f64> {
+        // How long a sandbox is held: the average of those given back lately, or longer when
+        // the ones held now have been held longer than that on average (long runs hold the
+        // room now). Known once a run ended, or once the ones held now are older than the
+        // queue needs to tell its own rate.
+        let ages: Vec<f64> = self
+            .holding
+            .values()
+            .map(|since| now.duration_since(*since).as_secs_f64().max(0.0))
+            .collect();
+        let mean_age = (!ages.is_empty()).then(|| ages.iter().sum::<f64>() / ages.len() as f64);
+        let hold = match (self.hold, mean_age) {
+            (Some(h), Some(age)) => Some(h.max(age)),
+            (None, Some(age)) if age >= RATE_MIN_SPAN.as_secs_f64() => Some(age),
+            _ => None,
+        };
+        let freeing = hold
+            .filter(|h| *h > 0.0)
+            .map(|h| self.holding.len() as f64 / h);
+        match (self.admitted_rate(now), freeing) {
+            (Some(a), Some(f)) => Some(a.max(f)),
+            (a, f) => a.or(f),
+        }
+    }
+
+    /// Runs admitted out of the queue a second, over the last minute it has been waiting;
+    /// `None` until it has waited long enough to tell. A queue that admitted nobody for a
+    /// while has a rate of zero.
+    fn admitted_rate(&self, now: Timestamp) -> Option<f64> {
+        let since = self.waiting_since?;
+        let window_start = now.checked_sub(RATE_WINDOW).unwrap_or(now).max(since);
+        let span = now.duration_since(window_start);
+        if span < RATE_MIN_SPAN {
+            return None;
+        }
+        let recent: Vec<&Timestamp> = self
+            .admitted
+            .iter()
+            .filter(|t| **t >= window_start)
+            .collect();
+        // More admissions in the window than are kept: the rate over those kept.
+        let span = match recent.first() {
+            Some(oldest) if recent.len() == RATE_SAMPLES => now.duration_since(**oldest),
+            _ => span,
+        };
+        Some(recent.len() as f64 / span.as_secs_f64().max(f64::EPSILON))
+    }
+
+    fn expected(&self, position: u32, now: Timestamp) -> Option<Duration> {
+        let rate = self.rate(now)?;
+        if rate <= 0.0 {
+            return Some(Duration::MAX);
+        }
+        Some(Duration::try_from_secs_f64(f64::from(position) / rate).unwrap_or(Duration::MAX))
+    }
+}
+
+/// The queues of every namespace, and the wake-ups of their heads.
+pub struct Admission {
+    queues: Mutex<HashMap<String, Queue>>,
+    /// How long a run may wait for a sandbox, counted from when it joined the queue.
+    allowance: Duration,
+    wake: mpsc::UnboundedSender<ObjectRef<SandboxRun>>,
+    /// Read by one controller at a time (a replica that leads again starts a new one).
+    wakeups: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<ObjectRef<SandboxRun>>>>,
+}
+
+impl Admission {
+    /// Queues whose runs may wait `allowance` for a sandbox.
+    pub fn new(allowance: Duration) -> Self {
+        let (wake, wakeups) = mpsc::unbounded_channel();
+        Self {
+            queues: Mutex::default(),
+            allowance,
+            wake,
+            wakeups: Arc::new(tokio::sync::Mutex::new(wakeups)),
+        }
+    }
+
+    /// How long a run may wait for a sandbox.
+    pub fn allowance(&self) -> Duration {
+        self.allowance
+    }
+
+    /// The runs to reconcile because they head a queue now, for the controller.
+    pub fn wakeups(&self) -> impl futures::Stream<Item = ObjectRef<SandboxRun>> + Send + use<> {
+        futures::stream::unfold(self.wakeups.clone(), |wakeups| async move {
+            let next = wakeups.lock().await.recv().await;
+            next.map(|run| (run, wakeups))
+        })
+    }
+
+    /// Run `uid` (of `agent`) needs a sandbox: may it ask for one now? `queued_since` is when
+    /// its status says it joined the queue, if it did; it may wait the allowance from then.
+    pub fn ask(
+        &self,
+        run: &ObjectRef<SandboxRun>,
+        uid: &str,
+        agent: &str,
+        queued_since: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Ask {
+        let mut queues = self.queues.lock().expect("not poisoned");
+        let queue = queues.entry(namespace_of(run)).or_default();
+        queue.drop_stale(now);
+        let room = queue.unschedulable.is_empty();
+        if room && queue.entries.is_empty() && queued_since.is_none() {
+            return Ask::Go;
+        }
+        let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
+        self.enter(queue, run, uid, agent, queued_since.unwrap_or(now), now);
+        let since = queue.entries[uid].since;
+        let position = queue.position(uid).unwrap_or(1);
+        let expected = queue.expected(position, now);
+        let deadline = since
+            .checked_add(SignedDuration::try_from(self.allowance).unwrap_or(SignedDuration::MAX))
+            .unwrap_or(since);
+        let left = if now >= deadline {
+            Duration::ZERO
+        } else {
+            deadline.duration_since(now).unsigned_abs()
+        };
+        if room && position == 1 && !left.is_zero() {
+            return Ask::Head;
+        }
+        // Refused on arrival when the queue's rate says it cannot make it, or at the end of its
+        // allowance whatever the estimate said.
+        let hopeless = arriving && expected.is_some_and(|e| e > left);
+        if hopeless || left.is_zero() {
+            queue.remove(uid, false);
+            let retry = expected
+                .filter(|e| *e != Duration::MAX)
+                .map_or(self.allowance, |e| e.saturating_sub(self.allowance / 2));
+            return Ask::Refuse(Refusal {
+                position,
+                expected: expected.filter(|e| *e != Duration::MAX),
+                retry_after_seconds: u32::try_from(retry.as_secs())
+                    .unwrap_or(u32::MAX)
+                    .max(MIN_RETRY_SECONDS),
+            });
+        }
+        Ask::Wait(Place {
+            position,
+            since,
+            expected,
+        })
+    }
+
+    /// Run `uid` asked for a sandbox and the quota had no room: it waits in the queue (at the
+    /// head when nobody else waits). Its place, with `since` as when it joined.
+    pub fn no_room(
+        &self,
+        run: &ObjectRef<SandboxRun>,
+        uid: &str,
+        agent: &str,
+        now: Timestamp,
+    ) -> Place {
+        let mut queues = self.queues.lock().expect("not poisoned");
+        let queue = queues.entry(namespace_of(run)).or_default();
+        queue.drop_stale(now);
+        let since = queue.entries.get(uid).map_or(now, |e| e.since);
+        self.enter(queue, run, uid, agent, since, now);
+        let position = queue.position(uid).unwrap_or(1);
+        Place {
+            position,
+            since,
+            expected: queue.expected(position, now),
+        }
+    }
+
+    /// Run `uid` got its sandbox: it leaves the queue (if it waited there), and the next run
+    /// is woken to ask for one.
+    pub fn admitted(&self, run: &ObjectRef<SandboxRun>, uid: &str, now: Timestamp) {
+        self.leave(run, uid, true, now);
+    }
+
+    /// Run `uid` ended (a sandbox it held is freed, or it never got one): it leaves the queue,
+    /// and the head is woken to ask again.
+    pub fn ended(&self, run: &ObjectRef<SandboxRun>, uid: &str, now: Timestamp) {
+        self.leave(run, uid, false, now);
+    }
+
+    /// Whether the sandbox Pod of run `uid` is one no node has room for (its reconcile looks at
+    /// the Pod every time). Once none is, the head is woken.
+    pub fn scheduling(
+        &self,
+        run: &ObjectRef<SandboxRun>,
+        uid: &str,
+        unschedulable: bool,
+        now: Timestamp,
+    ) {
+        let mut queues = self.queues.lock().expect("not poisoned");
+        let queue = queues.entry(namespace_of(run)).or_default();
+        if unschedulable {
+            queue.unschedulable.insert(uid.to_owned());
+        } else if queue.unschedulable.remove(uid) && queue.unschedulable.is_empty() {
+            queue.drop_stale(now);
+            if let Some(head) = queue.head() {
+                let _ = self.wake.send(head.run.clone());
+            }
+        }
+    }
+
+    fn enter(
+        &self,
+        queue: &mut Queue,
+        run: &ObjectRef<SandboxRun>,
+        uid: &str,
+        agent: &str,
+        since: Timestamp,
+        now: Timestamp,
+    ) {
+        if queue.entries.is_empty() {
+            queue.waiting_since = Some(now);
+        }
+        match queue.entries.get_mut(uid) {
+            Some(entry) => entry.seen = now,
+            None => queue.insert(
+                uid,
+                Entry {
+                    run: run.clone(),
+                    agent: agent.to_owned(),
+                    since,
+                    seen: now,
+                },
+            ),
+        }
+    }
+
+    fn leave(&self, run: &ObjectRef<SandboxRun>, uid: &str, admitted: bool, now: Timestamp) {
+        let mut queues = self.queues.lock().expect("not poisoned");
+        let queue = queues.entry(namespace_of(run)).or_default();
+        let waited = queue.remove(uid, admitted);
+        if admitted && waited {
+            queue.admitted.push_back(now);
+            while queue.admitted.len() > RATE_SAMPLES {
+                queue.admitted.pop_front();
+            }
+        }
+        if !admitted {
+            queue.unschedulable.remove(uid);
+        }
+        if admitted {
+            queue.holding.insert(uid.to_owned(), now);
+        } else if let Some(since) = queue.holding.remove(uid) {
+            let held = now.duration_since(since).as_secs_f64().max(0.0);
+            queue.hold = Some(
+                queue
+                    .hold
+                    .map_or(held, |h| h * (1.0 - HOLD_WEIGHT) + held * HOLD_WEIGHT),
+            );
+        }
+        // A run that ended where this process did not see it (deleted, or ended by another
+        // replica) holds nothing past the longest a run can hold a sandbox.
+        queue
+            .holding
+            .retain(|_, since| now.duration_since(*since) < HELD_AT_MOST);
+        queue.drop_stale(now);
+        if let Some(head) = queue.head() {
+            // The controller may be gone (shutting down): nothing to wake then.
+            let _ = self.wake.send(head.run.clone());
+        }
+    }
+}
+
+/// The queue a run belongs to: its namespace's.
+fn namespace_of(run: &ObjectRef<SandboxRun>) -> String {
+    run.namespace.clone().unwrap_or_default()
+}
+
+#[cfg(test)]
+#[path = "admission_tests.rs"]
+mod tests;

@@ -1,0 +1,337 @@
+use super::*;
+
+const NS: &str = "runs";
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+}
+
+fn run(name: &str) -> ObjectRef<SandboxRun> {
+    ObjectRef::new(name).within(NS)
+}
+
+/// Run `name` of `agent` asks at `now`, not queued before.
+fn ask(admission: &Admission, name: &str, agent: &str, now: Timestamp) -> Ask {
+    admission.ask(&run(name), name, agent, None, now)
+}
+
+fn position(ask: &Ask) -> u32 {
+    match ask {
+        Ask::Wait(place) => place.position,
+        Ask::Head => 1,
+        other => panic!("not waiting: {other:?}"),
+    }
+}
+
+#[test]
+fn with_nobody_waiting_a_run_asks_at_once() {
+    let admission = Admission::new(Duration::from_secs(60));
+    assert_eq!(ask(&admission, "a1", "a", at(0)), Ask::Go);
+    assert_eq!(ask(&admission, "a2", "a", at(0)), Ask::Go);
+}
+
+#[test]
+fn a_run_the_quota_refused_heads_the_queue_and_later_runs_wait_behind_it() {
+    let admission = Admission::new(Duration::from_secs(60));
+    let place = admission.no_room(&run("a1"), "a1", "a", at(0));
+    assert_eq!((place.position, place.since), (1, at(0)));
+    // Nobody overtakes it: a new run waits even though it has not tried.
+    assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
+    assert_eq!(
+        admission.ask(&run("a1"), "a1", "a", Some(at(0)), at(1)),
+        Ask::Head
+    );
+}
+
+#[test]
+fn agents_take_turns_however_many_runs_each_has_waiting() {
+    let admission = Admission::new(Duration::from_secs(600));
+    admission.no_room(&run("a1"), "a1", "a", at(0));
+    for (i, name) in ["a2", "a3", "a4"].into_iter().enumerate() {
+        ask(&admission, name, "a", at(1 + i as i64));
+    }
+    // Within the time the queue needs to know its rate: nobody is refused for it.
+    ask(&admission, "b1", "b", at(4));
+    ask(&admission, "b2", "b", at(4));
+    let positions: Vec<(String, u32)> = ["a1", "a2", "a3", "a4", "b1", "b2"]
+        .into_iter()
+        .map(|name| {
+            let agent = &name[..1];
+            let p = admission.ask(&run(name), name, agent, Some(at(0)), at(4));
+            (name.to_owned(), position(&p))
+        })
+        .collect();
+    // a1 b1 a2 b2 a3 a4: b's runs came after a's four, and still go second and fourth.
+    let expected = [
+        ("a1", 1),
+        ("a2", 3),
+        ("a3", 5),
+        ("a4", 6),
+        ("b1", 2),
+        ("b2", 4),
+    ];
+    for (name, want) in expected {
+        let got = positions.iter().find(|(n, _)| n == name).unwrap().1;
+        assert_eq!(got, want, "{name}: {positions:?}");
+    }
+}
+
+/// The uids of the queue in order, as each run would be told its place now.
+fn order_of(admission: &Admission, names: &[&str], now: Timestamp) -> Vec<String> {
+    let mut placed: Vec<(u32, String)> = names
+        .iter()
+        .map(|name| {
+            let agent = &name[..1];
+            let p = admission.ask(&run(name), name, agent, Some(at(0)), now);
+            (position(&p), (*name).to_owned())
+        })
+        .collect();
+    placed.sort();
+    placed.into_iter().map(|(_, name)| name).collect()
+}
+
+#[test]
+fn turns_alternate_as_runs_are_admitted_not_only_on_arrival() {
+    // Found on the cluster: ranked only among the runs still waiting, the heavy agent's next run
+    // was older than the light agent's first and went ahead of it after every admission.
+    let admission = Admission::new(Duration::from_secs(600));
+    admission.no_room(&run("a1"), "a1", "a", at(0));
+    for name in ["a2", "a3", "a4"] {
+        ask(&admission, name, "a", at(1));
+    }
+    ask(&admission, "b1", "b", at(2));
+    ask(&admission, "b2", "b", at(2));
+    let all = ["a1", "a2", "a3", "a4", "b1", "b2"];
+    assert_eq!(
+        order_of(&admission, &all, at(3)),
+        ["a1", "b1", "a2", "b2", "a3", "a4"]
+    );
+    admission.admitted(&run("a1"), "a1", at(3));
+    let rest = ["a2", "a3", "a4", "b1", "b2"];
+    assert_eq!(
+        order_of(&admission, &rest, at(3)),
+        ["b1", "a2", "b2", "a3", "a4"]
+    );
+    admission.admitted(&run("b1"), "b1", at(4));
+    // A third agent arriving now takes the next round's turn: after a2 and b2, before a3.
+    ask(&admission, "c1", "c", at(4));
+    let rest = ["a2", "a3", "a4", "b2", "c1"];
+    assert_eq!(
+        order_of(&admission, &rest, at(4)),
+        ["a2", "b2", "c1", "a3", "a4"]
+    );
+    // A run that leaves without a sandbox gives up its agent's last turn, not its place.
+    admission.ended(&run("a3"), "a3", at(4));
+    let rest = ["a2", "a4", "b2", "c1"];
+    assert_eq!(order_of(&admission, &rest, at(4)), ["a2", "b2", "c1", "a4"]);
+}
+
+#[test]
+fn the_next_head_is_woken_when_the_head_gets_a_sandbox_or_a_run_ends() {
+    let admission = Admission::new(Duration::from_secs(60));
+    let wakeups = admission.wakeups();
+    futures::pin_mut!(wakeups);
+    let mut next =
+        || futures::FutureExt::now_or_never(futures::StreamExt::next(&mut wakeups)).flatten();
+    admission.no_room(&run("a1"), "a1", "a", at(0));
+    ask(&admission, "b1", "b", at(0));
+    ask(&admission, "c1", "c", at(1));
+    admission.admitted(&run("a1"), "a1", at(2));
+    assert_eq!(next().unwrap(), run("b1"));
+    // A run holding a sandbox ends: the head (still b1) asks again.
+    admission.ended(&run("x"), "x", at(3));
+    assert_eq!(next().unwrap(), run("b1"));
+    admission.ended(&run("b1"), "b1", at(3));
+    assert_eq!(next().unwrap(), run("c1"));
+    admission.admitted(&run("c1"), "c1", at(4));
+    assert!(next().is_none(), "nobody left to wake");
+    // The queue is empty again: the next run goes straight on.
+    assert_eq!(ask(&admission, "d1", "d", at(5)), Ask::Go);
+}
+
+/// A queue that admits one run a second for 20 s, with `waiting` runs behind its head.
+fn busy_queue(allowance: u64, waiting: usize) -> Admission {
+    let admission = Admission::new(Duration::from_secs(allowance));
+    admission.no_room(&run("head"), "head", "h", at(0));
+    for i in 0..waiting {
+        let name = format!("w{i}");
+        admission.ask(&run(&name), &name, &name, None, at(0));
+    }
+    for s in 1..=20 {
+        let name = format!("served{s}");
+        admission.no_room(&run(&name), &name, &name, at(s));
+        admission.admitted(&run(&name), &name, at(s));
+        // One sandbox, each held for a second.
+        let before = format!("served{}", s - 1);
+        admission.ended(&run(&before), &before, at(s));
+        // The waiting runs are reconciled meanwhile, which keeps their places.
+        admission.ask(&run("head"), "head", "h", Some(at(0)), at(s));
+        for i in 0..waiting {
+            let name = format!("w{i}");
+            admission.ask(&run(&name), &name, &name, Some(at(0)), at(s));
+        }
+    }
+    admission
+}
+
+#[test]
+fn a_run_that_cannot_start_within_its_allowance_is_refused_at_once_with_a_hint() {
+    // 100 runs ahead at one a second: about 100 s, more than the 60 s allowed.
+    let admission = busy_queue(60, 99);
+    let refused = ask(&admission, "late", "z", at(20));
+    let Ask::Refuse(refusal) = refused else {
+        panic!("not refused: {refused:?}")
+    };
+    assert_eq!(refusal.position, 101);
+    let expected = refusal.expected.expect("the rate is known").as_secs();
+    assert!((90..=110).contains(&expected), "{expected}");
+    // Retry once the queue should have shrunk to well within the allowance.
+    assert!(
+        (60..=80).contains(&refusal.retry_after_seconds),
+        "{refusal:?}"
+    );
+    let message = refusal.message(Duration::from_secs(60));
+    assert!(message.contains("100 runs wait"), "{message}");
+    assert!(message.contains("retry in"), "{message}");
+    // Refused runs do not stay in the queue: the next one is refused at the same place.
+    let Ask::Refuse(next) = ask(&admission, "next", "y", at(20)) else {
+        panic!("not refused")
+    };
+    assert_eq!(next.position, 101, "the refused run holds no place");
+}
+
+#[test]
+fn a_run_the_queue_can_serve_in_time_waits_with_its_expected_wait() {
+    let admission = busy_queue(60, 9);
+    let Ask::Wait(place) = ask(&admission, "soon", "z", at(20)) else {
+        panic!("not waiting")
+    };
+    assert_eq!(place.position, 11);
+    let expected = place.expected.unwrap().as_secs();
+    assert!((8..=12).contains(&expected), "{expected}");
+}
+
+#[test]
+fn a_run_still_waiting_at_the_end_of_its_allowance_is_refused_then() {
+    let admission = Admission::new(Duration::from_secs(30));
+    admission.no_room(&run("head"), "head", "h", at(0));
+    assert!(matches!(
+        ask(&admission, "w", "w", at(0)),
+        Ask::Wait(Place { position: 2, .. })
+    ));
+    // Reconciled every few seconds while it waits; nobody is admitted.
+    for s in (2..30).step_by(2) {
+        admission.ask(&run("head"), "head", "h", Some(at(0)), at(s));
+        let again = admission.ask(&run("w"), "w", "w", Some(at(0)), at(s));
+        assert!(matches!(again, Ask::Wait(_)), "{s}: {again:?}");
+    }
+    let Ask::Refuse(refusal) = admission.ask(&run("w"), "w", "w", Some(at(0)), at(30)) else {
+        panic!("not refused")
+    };
+    // Nobody was admitted in 30 s: no estimate, a retry after the allowance.
+    assert_eq!(refusal.expected, None);
+    assert_eq!(refusal.retry_after_seconds, 30);
+}
+
+#[test]
+fn a_run_that_is_gone_stops_holding_the_head() {
+    let admission = Admission::new(Duration::from_secs(600));
+    admission.no_room(&run("gone"), "gone", "a", at(0));
+    assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
+    // b1 keeps being reconciled; the deleted run does not.
+    for s in [3, 6, 9] {
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), at(s));
+    }
+    assert_eq!(
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), at(12)),
+        Ask::Head
+    );
+}
+
+#[test]
+fn after_a_restart_waiting_runs_take_their_recorded_places() {
+    let admission = Admission::new(Duration::from_secs(600));
+    // Reconciled in any order: the recorded times decide.
+    let second = admission.ask(&run("r2"), "r2", "b", Some(at(5)), at(100));
+    assert_eq!(second, Ask::Head, "alone so far");
+    let first = admission.ask(&run("r1"), "r1", "a", Some(at(2)), at(100));
+    assert_eq!(first, Ask::Head);
+    assert_eq!(
+        position(&admission.ask(&run("r2"), "r2", "b", Some(at(5)), at(100))),
+        2
+    );
+}
+
+#[test]
+fn queues_of_different_namespaces_are_separate() {
+    let admission = Admission::new(Duration::from_secs(60));
+    admission.no_room(&run("a1"), "a1", "a", at(0));
+    let other = ObjectRef::new("o1").within("elsewhere");
+    assert_eq!(admission.ask(&other, "o1", "a", None, at(0)), Ask::Go);
+}
+
+#[test]
+fn sandboxes_held_now_tell_the_rate_before_the_queue_has_admitted_anyone() {
+    let admission = Admission::new(Duration::from_secs(60));
+    // Ten runs got sandboxes at once; five of them held theirs for 10 s.
+    for i in 0..10 {
+        let name = format!("r{i}");
+        assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
+        admission.admitted(&run(&name), &name, at(0));
+    }
+    for i in 0..5 {
+        let name = format!("r{i}");
+        admission.ended(&run(&name), &name, at(10));
+    }
+    // The other five free theirs at about one every 2 s: a queue of 40 would wait ~80 s.
+    admission.no_room(&run("head"), "head", "h", at(10));
+    for i in 0..38 {
+        let name = format!("w{i}");
+        ask(&admission, &name, &name, at(10));
+    }
+    // Refused on arrival a moment later, long before the queue could measure its own pace.
+    let Ask::Refuse(refusal) = ask(&admission, "late", "z", at(11)) else {
+        panic!("not refused")
+    };
+    let expected = refusal
+        .expected
+        .expect("known from the sandboxes held")
+        .as_secs();
+    assert!((70..=90).contains(&expected), "{expected}");
+    // A short queue waits.
+    let fresh = Admission::new(Duration::from_secs(60));
+    assert_eq!(ask(&fresh, "x", "x", at(0)), Ask::Go);
+    fresh.admitted(&run("x"), "x", at(0));
+    fresh.ended(&run("x"), "x", at(4));
+    fresh.admitted(&run("y"), "y", at(4));
+    fresh.no_room(&run("h"), "h", "h", at(5));
+    assert!(matches!(ask(&fresh, "z", "z", at(5)), Ask::Wait(_)));
+}
+
+#[test]
+fn while_a_sandbox_waits_for_a_node_everyone_else_waits_in_the_queue() {
+    let admission = Admission::new(Duration::from_secs(600));
+    let wakeups = admission.wakeups();
+    futures::pin_mut!(wakeups);
+    let mut next =
+        || futures::FutureExt::now_or_never(futures::StreamExt::next(&mut wakeups)).flatten();
+    assert_eq!(ask(&admission, "a1", "a", at(0)), Ask::Go);
+    admission.admitted(&run("a1"), "a1", at(0));
+    // The quota let a1's Pod in, but no node has room for it.
+    admission.scheduling(&run("a1"), "a1", true, at(1));
+    assert!(matches!(
+        ask(&admission, "b1", "b", at(1)),
+        Ask::Wait(Place { position: 1, .. })
+    ));
+    assert!(matches!(
+        ask(&admission, "c1", "c", at(1)),
+        Ask::Wait(Place { position: 2, .. })
+    ));
+    // Placed: the head asks now.
+    admission.scheduling(&run("a1"), "a1", false, at(2));
+    assert_eq!(next(), Some(run("b1")));
+    assert_eq!(
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), at(2)),
+        Ask::Head
+    );
+}

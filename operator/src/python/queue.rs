@@ -1,0 +1,194 @@
+//! A python run's turn for a sandbox: the I/O around [`crate::admission`]. A run asks before it
+//! claims a warm sandbox or creates a Pod; while others wait ahead of it, it waits in the queue
+//! with its place in its status (`Pending`, reason `Queued`, `status.queuePosition`), and a run
+//! that cannot get one within its allowance ends `Rejected` with reason `NoCapacity` and
+//! `status.retryAfterSeconds`: nothing ran, and the caller knows when to try again.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use sandboxrun_api::{SandboxRun, SandboxRunStatus};
+use sandboxrun_core::{Phase, Reason, Tool};
+use tracing::info;
+
+use crate::admission::{Ask, HEAD_RETRY, Place, REFRESH, Refusal};
+use crate::controller::{Error, Reconcile};
+use crate::outcome::Outcome;
+
+/// What a run that needs a sandbox does next.
+pub enum Turn {
+    /// Ask for one now, with this status to build on (its queue place dropped).
+    Go(Box<SandboxRunStatus>),
+    /// Not now: the reconcile ends with this.
+    Done(Action),
+}
+
+/// Whether `status` says its run waits in the queue and has never asked for a Pod: such a run
+/// has no Pod to read.
+pub fn waiting_without_pod(status: &SandboxRunStatus) -> bool {
+    status.reason.as_deref() == Some(Reason::Queued.as_str())
+        && status.path.is_none()
+        && status.pod_name.is_none()
+}
+
+impl Reconcile<'_> {
+    pub(crate) fn run_ref(&self) -> ObjectRef<SandboxRun> {
+        ObjectRef::new(&self.name).within(&self.ns)
+    }
+
+    /// May this run ask for a sandbox now? Waits in the queue, or ends refused, otherwise.
+    pub async fn turn(&self, prev: SandboxRunStatus) -> Result<Turn, Error> {
+        let since = prev.queued_at.as_ref().map(|t| t.0);
+        let ask = self.ctx.admission.ask(
+            &self.run_ref(),
+            &self.uid(),
+            &self.run.spec.agent,
+            since,
+            self.now,
+        );
+        match ask {
+            Ask::Go | Ask::Head => Ok(Turn::Go(Box::new(SandboxRunStatus {
+                queue_position: None,
+                ..prev
+            }))),
+            Ask::Wait(place) => self.wait(&prev, &place).await.map(Turn::Done),
+            Ask::Refuse(refusal) => self.refuse(&prev, &refusal).await.map(Turn::Done),
+        }
+    }
+
+    /// The quota had no room for the run's Pod: it waits in the queue (ahead of runs that come
+    /// later, behind those already there).
+    pub async fn no_room(&self, prev: &SandboxRunStatus, message: &str) -> Result<Action, Error> {
+        info!(run = %self.name, reason = %message, "no room in the namespace's quota; the run waits in the queue");
+        let place = self.ctx.admission.no_room(
+            &self.run_ref(),
+            &self.uid(),
+            &self.run.spec.agent,
+            self.now,
+        );
+        self.wait(prev, &place).await
+    }
+
+    /// Records the run's place (when it changed enough to be worth a write) and looks again
+    /// soon: at once when it heads the queue, at [`REFRESH`] otherwise (or when woken).
+    async fn wait(&self, prev: &SandboxRunStatus, place: &Place) -> Result<Action, Error> {
+        let status = queued_status(prev, place, self.generation);
+        if worth_writing(prev, &status) {
+            self.apply(&status).await?;
+            if prev.queued_at.is_none() {
+                self.ctx.metrics.queued.inc();
+            }
+        }
+        Ok(Action::requeue(if place.position == 1 {
+            HEAD_RETRY
+        } else {
+            REFRESH
+        }))
+    }
+
+    /// Ends the run `Rejected`, reason `NoCapacity`, with its retry hint.
+    async fn refuse(&self, prev: &SandboxRunStatus, refusal: &Refusal) -> Result<Action, Error> {
+        let allowance = self.ctx.admission.allowance();
+        info!(run = %self.name, position = refusal.position, retry_after = refusal.retry_after_seconds,
+            "no sandbox can start the run within its allowance; refused");
+        let outcome = Outcome::of(
+            Phase::Rejected,
+            Reason::NoCapacity,
+            refusal.message(allowance),
+            None,
+            self.now,
+        );
+        let mut status = self.terminal(prev, Some(Tool::Python), &outcome, None);
+        status.retry_after_seconds = Some(refusal.retry_after_seconds);
+        let action = self.finish(status, &outcome, None).await?;
+        self.ctx.metrics.capacity_refusals.inc();
+        Ok(action)
+    }
+}
+
+/// The status of a run waiting at `place`.
+fn queued_status(
+    prev: &SandboxRunStatus,
+    place: &Place,
+    generation: Option<i64>,
+) -> SandboxRunStatus {
+    let expected = match place.expected {
+        Some(d) if d.as_secs() < 24 * 3600 => {
+            format!(", about {} s at the recent pace", d.as_secs())
+        }
+        _ => String::new(),
+    };
+    SandboxRunStatus {
+        phase: Some(Phase::Pending),
+        tool: Some(Tool::Python),
+        reason: Some(Reason::Queued.as_str().to_owned()),
+        message: Some(format!(
+            "waiting for a sandbox: the namespace's quota or its nodes have no room for \
+             another one; number {} in the queue{expected}",
+            place.position
+        )),
+        queued_at: Some(Time(place.since)),
+        queue_position: Some(place.position),
+        observed_generation: generation,
+        ..prev.clone()
+    }
+}
+
+/// Whether the new place is worth a status write: on joining the queue, and then when it moved
+/// a quarter of the way or more, or into the first three. A place rewritten on every move would
+/// cost one write per waiting run for every run admitted.
+fn worth_writing(prev: &SandboxRunStatus, next: &SandboxRunStatus) -> bool {
+    let (Some(old), Some(new)) = (prev.queue_position, next.queue_position) else {
+        return true;
+    };
+    if prev.reason != next.reason || prev.queued_at != next.queued_at {
+        return true;
+    }
+    old != new && (new <= 3 || old.abs_diff(new) * 4 >= old)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(position: u32) -> Place {
+        Place {
+            position,
+            since: "2026-12-04T12:00:00Z".parse().unwrap(),
+            expected: Some(std::time::Duration::from_secs(12)),
+        }
+    }
+
+    #[test]
+    fn a_queued_status_says_where_the_run_stands() {
+        let s = queued_status(&SandboxRunStatus::default(), &place(7), Some(1));
+        assert_eq!(s.phase, Some(Phase::Pending));
+        assert_eq!(s.reason.as_deref(), Some("Queued"));
+        assert_eq!(s.queue_position, Some(7));
+        let message = s.message.unwrap();
+        assert!(
+            message.contains("number 7 in the queue, about 12 s"),
+            "{message}"
+        );
+        assert!(waiting_without_pod(&queued_status(
+            &SandboxRunStatus::default(),
+            &place(7),
+            None
+        )));
+    }
+
+    #[test]
+    fn a_place_is_rewritten_only_when_it_moved_enough() {
+        let at = |p| queued_status(&SandboxRunStatus::default(), &place(p), None);
+        assert!(
+            worth_writing(&SandboxRunStatus::default(), &at(40)),
+            "joining"
+        );
+        assert!(!worth_writing(&at(40), &at(40)));
+        assert!(!worth_writing(&at(40), &at(35)), "an eighth");
+        assert!(worth_writing(&at(40), &at(30)), "a quarter");
+        assert!(!worth_writing(&at(8), &at(7)));
+        assert!(worth_writing(&at(4), &at(3)), "near the front, every move");
+        assert!(worth_writing(&at(2), &at(1)));
+    }
+}
