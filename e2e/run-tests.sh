@@ -14,7 +14,8 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 export PATH="$HOME/.cargo/bin:/usr/local/go/bin:$PATH"
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it began (minutes:seconds since the start), so a log shows which steps dominate.
+step() { printf '\n==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 # Where cargo puts what it builds (.ci/run keeps it outside the clone, in the cache).
 TARGET="${CARGO_TARGET_DIR:-$REPO_ROOT/target}"
 
@@ -447,3 +448,4 @@ step "the release: e2e/release.sh to an OCI registry here, installed from it wit
 # After the client tests (the README's laptop snippet serves on port 8000, as does this one's
 # port-forward) and after the chart's uninstall (one release per cluster).
 bounded 20 "$REPO_ROOT/e2e/release/install-test.sh"
+step "all green"
