@@ -91,8 +91,9 @@ pub struct SandboxRunStatus {
     /// The SandboxPool a warm sandbox came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
-    /// When the python run joined its namespace's queue for a sandbox (the quota had no room):
-    /// it may wait there for the operator's `--max-queue-wait-seconds` from then.
+    /// When the python run joined its namespace's queue for a sandbox (the quota or the nodes
+    /// had no room): accepted, it waits there until it gets one, refused only as a last resort
+    /// at twice the operator's `--max-queue-wait-seconds` from then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued_at: Option<Time>,
     /// Its place in that queue while it waits (1: the next to get a sandbox); updated as it

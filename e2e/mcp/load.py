@@ -6,9 +6,16 @@ and a floor: each kind of call reached its outcome (stress.succeeded) for at lea
 calls (0.95). Prints p50/p99 per kind of call, the outcomes, the paths the Python runs took and
 the throughput.
 
+With --saturation S it first measures the saturation throughput of Python alone: the same agents
+making only the mix's Python calls for S seconds, their successes a second. Then the mixed load's
+Python throughput (its Python calls' successes over the span they were made in) must be at least
+--throughput-share (0.9) of it: the queue, the refusals and the other tools cost Python at most a
+tenth of what the machine can do. Both come from one run on one machine, as the comparison needs.
+
 Usage (MCP_URL, MCP_API_KEY, KUBECTL as for the e2e/mcp suite; the agents' keys installed with
 `stress.py keys N`, as e2e/run-tests.sh does):
     load.py [--agents 100] [--calls 20] [--floor 0.95] [--call-timeout S] [--settle S] [--refused]
+            [--saturation S [--throughput-share 0.9]]
 
 The suite's self-tests (e2e/run-tests.sh) run it where it must fail: --refused makes every agent
 call with the key of an agent the frontend refuses everything (stress.REFUSED_AGENT), and with the
@@ -31,7 +38,46 @@ import stress
 from operator_audit import audit_lines_all
 
 
+PYTHON_KINDS = {"python", "python_slow"}
+
+
+def python_throughput(calls: list[stress.Call]) -> tuple[int, float]:
+    """The Python calls that succeeded, and the span from the first Python call's start to the
+    last one's answer (seconds)."""
+    cs = [c for c in calls if c.kind in PYTHON_KINDS and c.started]
+    ok = [c for c in cs if stress.succeeded(c)]
+    if not ok:
+        return 0, 0.0
+    span = max(c.started + c.ms / 1000 for c in ok) - min(c.started for c in cs)
+    return len(ok), span
+
+
+async def saturation(a: argparse.Namespace) -> tuple[list[stress.Call], float]:
+    """Python alone: the agents make only the mix's Python calls for a.saturation seconds."""
+    calls: list[stress.Call] = []
+    stop = asyncio.Event()
+    mix = [(k, w) for k, w in stress.MIX if k in PYTHON_KINDS]
+    loops = asyncio.gather(*(stress.agent_loop(i, 10**6, calls, stop, mix=mix)
+                             for i in range(a.agents)))
+    await asyncio.sleep(a.saturation)
+    stop.set()
+    await loops
+    ok, span = python_throughput(calls)
+    return calls, ok / span if span else 0.0
+
+
 async def main(a: argparse.Namespace) -> int:
+    problems: list[str] = []
+    alone = None
+    if a.saturation:
+        alone_since = time.time()
+        alone_calls, alone = await saturation(a)
+        stress.wait_ended(alone_calls, a.settle)
+        print(f"## Python alone: {a.agents} agents for {a.saturation:.0f} s\n")
+        print(stress.report(alone_calls, a.saturation))
+        print(f"\nsaturation throughput, Python alone: {alone:.2f} successful calls/s\n")
+        problems += [f"alone: {p}" for p in
+                     stress.check(alone_calls, audit_lines_all(), alone_since)]
     calls: list[stress.Call] = []
     since = time.time()
     t0 = time.perf_counter()
@@ -47,7 +93,17 @@ async def main(a: argparse.Namespace) -> int:
     paths = collections.Counter((runs.get(c.run, {}).get("status") or {}).get("path", "?")
                                 for c in calls if c.kind.startswith("python") and c.answers)
     print(f"Python runs by path: {dict(paths)}")
-    problems = stress.check(calls, audit_lines_all(), since) + stress.floors(calls, a.floor)
+    problems += stress.check(calls, audit_lines_all(), since) + stress.floors(calls, a.floor)
+    ok, span = python_throughput(calls)
+    mixed = ok / span if span else 0.0
+    print(f"Python throughput in the mix: {ok} successful calls in {span:.0f} s, {mixed:.2f}/s")
+    if alone is not None:
+        share = mixed / alone if alone else 0.0
+        print(f"against Python alone: {share:.0%} of {alone:.2f}/s "
+              f"(at least {a.throughput_share:.0%} required)")
+        if share < a.throughput_share:
+            problems.append(f"throughput: Python in the mix made {mixed:.2f} successful calls/s, "
+                            f"{share:.0%} of the {alone:.2f}/s it made alone")
     return stress.verdict(problems)
 
 
@@ -59,6 +115,8 @@ if __name__ == "__main__":
     p.add_argument("--call-timeout", type=float, default=stress.CALL_TIMEOUT)
     p.add_argument("--settle", type=float, default=180)
     p.add_argument("--refused", action="store_true")
+    p.add_argument("--saturation", type=float, default=0.0)
+    p.add_argument("--throughput-share", type=float, default=0.9)
     args = p.parse_args()
     stress.CALL_TIMEOUT = args.call_timeout
     raise SystemExit(asyncio.run(main(args)))

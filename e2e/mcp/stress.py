@@ -199,14 +199,15 @@ CALL_TIMEOUT = 300.0
 
 
 async def agent_loop(index: int, calls: int, out: list[Call], stop: asyncio.Event | None,
-                     key: str | None = None, pace: float = 0.0) -> None:
+                     key: str | None = None, pace: float = 0.0,
+                     mix: list[tuple[str, int]] | None = None) -> None:
     """One agent: one session, `calls` calls one after another (or until `stop` is set). A
     session that cannot be opened costs the call it was opened for (recorded as lost), so an
     agent whose every session is refused still ends."""
     name = agent_name(index)
     headers = {"Authorization": f"Bearer {key or agent_key(index)}"}
-    weights = [w for _, w in MIX]
-    kinds = [k for k, _ in MIX]
+    weights = [w for _, w in mix or MIX]
+    kinds = [k for k, _ in mix or MIX]
     rng = __import__("random").Random(index)
     n = refusals = 0
     while n < calls and not (stop and stop.is_set()):

@@ -12,10 +12,13 @@
 //! asks for a sandbox; when it gets one (or a run ends and frees one) the next head is woken.
 //! While the queue is not empty, every new run joins it, so nobody overtakes a waiting run.
 //!
-//! A run whose expected wait (its position over the rate at which the queue has been
-//! admitting runs lately) is longer than it may wait is refused at once with the expected wait
-//! as a retry hint, and a run still waiting at the end of its allowance is refused then: no run
-//! fails or times out only because others were ahead of it.
+//! A run is judged once, on arrival: one whose expected wait (the runs ahead of it, with those
+//! whose Pod waits for a node, over the rate at which the queue admits runs) is longer than the
+//! allowance is refused at once, with the expected wait as a retry hint. One accepted waits for
+//! its sandbox, also when the pace turns out slower than estimated (or could not be told yet, in
+//! the first seconds of a burst), and is refused only as a last resort, at twice the allowance
+//! (a queue that stopped moving): no run fails or times out only because others were ahead of
+//! it, and a caller refused hears it at once.
 //!
 //! The queue lives in the leader's memory; what a run's status records (`queuedAt`) puts it back
 //! in its place after a restart, when its reconcile registers it again. Every waiting run is
@@ -50,6 +53,10 @@ const RATE_MIN_SPAN: SignedDuration = SignedDuration::from_secs(5);
 const HOLD_WEIGHT: f64 = 0.2;
 /// Longer than any run holds a sandbox: the longest timeout, its Pod's start-up grace, slack.
 const HELD_AT_MOST: SignedDuration = SignedDuration::from_secs(3600);
+/// How many allowances an accepted run may wait before it is refused after all: the last
+/// resort against a queue that stopped moving (no node takes a Pod, say). A run is judged on
+/// arrival, so a pace slower than estimated stretches its wait instead of refusing it late.
+const LAST_RESORT_FACTOR: u32 = 2;
 /// The shortest retry hint, in seconds.
 const MIN_RETRY_SECONDS: u32 = 1;
 
@@ -86,6 +93,8 @@ pub struct Refusal {
     pub expected: Option<Duration>,
     /// Seconds after which a new call could expect to be admitted in time.
     pub retry_after_seconds: u32,
+    /// Accepted, it waited until the last resort: the queue stopped moving.
+    pub last_resort: bool,
 }
 
 impl Refusal {
@@ -95,11 +104,22 @@ impl Refusal {
             Some(d) => format!("an expected wait of about {} s", d.as_secs().max(1)),
             None => "no sandbox freed lately".to_owned(),
         };
+        let why = if self.last_resort {
+            format!(
+                "the run waited {} s (twice the {} s a run may wait) and the queue for \
+                 sandboxes did not reach it",
+                (allowance * LAST_RESORT_FACTOR).as_secs(),
+                allowance.as_secs()
+            )
+        } else {
+            format!(
+                "no sandbox could start this run within the {} s a run may wait for one",
+                allowance.as_secs()
+            )
+        };
         format!(
-            "no sandbox could start this run within the {} s a run may wait for one: {} runs \
-             wait for a sandbox ahead of it and {expected}; nothing was executed: retry in \
-             {} s (status.retryAfterSeconds), or with fewer calls at once",
-            allowance.as_secs(),
+            "{why}: {} runs wait for a sandbox ahead of it and {expected}; nothing was \
+             executed: retry in {} s (status.retryAfterSeconds), or with fewer calls at once",
             self.position.saturating_sub(1),
             self.retry_after_seconds
         )
@@ -132,13 +152,15 @@ struct Queue {
     admitted: VecDeque<Timestamp>,
     /// Since when the queue has had runs waiting.
     waiting_since: Option<Timestamp>,
-    /// The runs holding a sandbox (admitted, not ended), by uid: when they got it.
+    /// The runs holding a sandbox (admitted, not ended), by uid: when they got it, or when a
+    /// node took its Pod if it waited for one.
     holding: HashMap<String, Timestamp>,
     /// How long a run holds its sandbox, on average lately (seconds; an exponential average of
     /// the runs that ended).
     hold: Option<f64>,
     /// Runs whose sandbox Pod no node has room for: while there is one, the cluster is full
-    /// whatever the quota says, and nobody else asks for a sandbox.
+    /// whatever the quota says, and nobody else asks for a sandbox. They were admitted but hold
+    /// no node: they go before the queue, and free nothing until a node takes them.
     unschedulable: std::collections::HashSet<String>,
 }
 
@@ -232,10 +254,13 @@ impl Queue {
         // the ones held now have been held longer than that on average (long runs hold the
         // room now). Known once a run ended, or once the ones held now are older than the
         // queue needs to tell its own rate.
+        // Only the sandboxes a node runs: with room for 3 and a quota of 20, the 17 Pods waiting
+        // for a node free nothing (the load suite's late refusals, counted as holders).
         let ages: Vec<f64> = self
             .holding
-            .values()
-            .map(|since| now.duration_since(*since).as_secs_f64().max(0.0))
+            .iter()
+            .filter(|(uid, _)| !self.unschedulable.contains(*uid))
+            .map(|(_, since)| now.duration_since(*since).as_secs_f64().max(0.0))
             .collect();
         let mean_age = (!ages.is_empty()).then(|| ages.iter().sum::<f64>() / ages.len() as f64);
         let hold = match (self.hold, mean_age) {
@@ -243,9 +268,7 @@ impl Queue {
             (None, Some(age)) if age >= RATE_MIN_SPAN.as_secs_f64() => Some(age),
             _ => None,
         };
-        let freeing = hold
-            .filter(|h| *h > 0.0)
-            .map(|h| self.holding.len() as f64 / h);
+        let freeing = hold.filter(|h| *h > 0.0).map(|h| ages.len() as f64 / h);
         match (self.admitted_rate(now), freeing) {
             (Some(a), Some(f)) => Some(a.max(f)),
             (a, f) => a.or(f),
@@ -254,7 +277,8 @@ impl Queue {
 
     /// Runs admitted out of the queue a second, over the last minute it has been waiting;
     /// `None` until it has waited long enough to tell. A queue that admitted nobody for a
-    /// while has a rate of zero.
+    /// whole window has a rate of zero; one that admitted nobody for less cannot tell yet (a
+    /// few seconds without a sandbox freed is what long runs look like).
     fn admitted_rate(&self, now: Timestamp) -> Option<f64> {
         let since = self.waiting_since?;
         let window_start = now.checked_sub(RATE_WINDOW).unwrap_or(now).max(since);
@@ -267,6 +291,9 @@ impl Queue {
             .iter()
             .filter(|t| **t >= window_start)
             .collect();
+        if recent.is_empty() && span < RATE_WINDOW {
+            return None;
+        }
         // More admissions in the window than are kept: the rate over those kept.
         let span = match recent.first() {
             Some(oldest) if recent.len() == RATE_SAMPLES => now.duration_since(**oldest),
@@ -275,12 +302,14 @@ impl Queue {
         Some(recent.len() as f64 / span.as_secs_f64().max(f64::EPSILON))
     }
 
+    /// How long until the run at `position` is admitted. The runs waiting for a node go first.
     fn expected(&self, position: u32, now: Timestamp) -> Option<Duration> {
         let rate = self.rate(now)?;
         if rate <= 0.0 {
             return Some(Duration::MAX);
         }
-        Some(Duration::try_from_secs_f64(f64::from(position) / rate).unwrap_or(Duration::MAX))
+        let ahead = f64::from(position) + self.unschedulable.len() as f64;
+        Some(Duration::try_from_secs_f64(ahead / rate).unwrap_or(Duration::MAX))
     }
 }
 
@@ -341,21 +370,21 @@ impl Admission {
         let since = queue.entries[uid].since;
         let position = queue.position(uid).unwrap_or(1);
         let expected = queue.expected(position, now);
-        let deadline = since
-            .checked_add(SignedDuration::try_from(self.allowance).unwrap_or(SignedDuration::MAX))
+        // Decided on arrival: a run the queue's pace says cannot start within the allowance is
+        // refused now. One accepted waits for its sandbox, even past the allowance when the pace
+        // was slower than it said (or unknown), up to the last resort.
+        let hopeless = arriving && expected.is_some_and(|e| e > self.allowance);
+        let last_resort = since
+            .checked_add(
+                SignedDuration::try_from(self.allowance * LAST_RESORT_FACTOR)
+                    .unwrap_or(SignedDuration::MAX),
+            )
             .unwrap_or(since);
-        let left = if now >= deadline {
-            Duration::ZERO
-        } else {
-            deadline.duration_since(now).unsigned_abs()
-        };
-        if room && position == 1 && !left.is_zero() {
+        let out_of_time = now >= last_resort;
+        if room && position == 1 && !out_of_time {
             return Ask::Head;
         }
-        // Refused on arrival when the queue's rate says it cannot make it, or at the end of its
-        // allowance whatever the estimate said.
-        let hopeless = arriving && expected.is_some_and(|e| e > left);
-        if hopeless || left.is_zero() {
+        if hopeless || out_of_time {
             queue.remove(uid, false);
             let retry = expected
                 .filter(|e| *e != Duration::MAX)
@@ -366,6 +395,7 @@ impl Admission {
                 retry_after_seconds: u32::try_from(retry.as_secs())
                     .unwrap_or(u32::MAX)
                     .max(MIN_RETRY_SECONDS),
+                last_resort: !hopeless,
             });
         }
         Ask::Wait(Place {
@@ -422,10 +452,16 @@ impl Admission {
         let queue = queues.entry(namespace_of(run)).or_default();
         if unschedulable {
             queue.unschedulable.insert(uid.to_owned());
-        } else if queue.unschedulable.remove(uid) && queue.unschedulable.is_empty() {
-            queue.drop_stale(now);
-            if let Some(head) = queue.head() {
-                let _ = self.wake.send(head.run.clone());
+        } else if queue.unschedulable.remove(uid) {
+            // It holds a node from now: its hold is counted from here.
+            if let Some(since) = queue.holding.get_mut(uid) {
+                *since = now;
+            }
+            if queue.unschedulable.is_empty() {
+                queue.drop_stale(now);
+                if let Some(head) = queue.head() {
+                    let _ = self.wake.send(head.run.clone());
+                }
             }
         }
     }

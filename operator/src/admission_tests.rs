@@ -212,25 +212,29 @@ fn a_run_the_queue_can_serve_in_time_waits_with_its_expected_wait() {
 }
 
 #[test]
-fn a_run_still_waiting_at_the_end_of_its_allowance_is_refused_then() {
+fn an_accepted_run_waits_past_its_allowance_and_is_refused_only_as_a_last_resort() {
     let admission = Admission::new(Duration::from_secs(30));
     admission.no_room(&run("head"), "head", "h", at(0));
     assert!(matches!(
         ask(&admission, "w", "w", at(0)),
         Ask::Wait(Place { position: 2, .. })
     ));
-    // Reconciled every few seconds while it waits; nobody is admitted.
-    for s in (2..30).step_by(2) {
+    // Reconciled every few seconds while it waits; nobody is admitted, and it was accepted: it
+    // is not refused at the end of its allowance.
+    for s in (2..60).step_by(2) {
         admission.ask(&run("head"), "head", "h", Some(at(0)), at(s));
         let again = admission.ask(&run("w"), "w", "w", Some(at(0)), at(s));
         assert!(matches!(again, Ask::Wait(_)), "{s}: {again:?}");
     }
-    let Ask::Refuse(refusal) = admission.ask(&run("w"), "w", "w", Some(at(0)), at(30)) else {
+    // At twice the allowance the queue has not moved for a minute: a rate of zero.
+    let Ask::Refuse(refusal) = admission.ask(&run("w"), "w", "w", Some(at(0)), at(60)) else {
         panic!("not refused")
     };
-    // Nobody was admitted in 30 s: no estimate, a retry after the allowance.
+    assert!(refusal.last_resort);
     assert_eq!(refusal.expected, None);
     assert_eq!(refusal.retry_after_seconds, 30);
+    let message = refusal.message(Duration::from_secs(30));
+    assert!(message.contains("waited 60 s"), "{message}");
 }
 
 #[test]
@@ -334,4 +338,92 @@ fn while_a_sandbox_waits_for_a_node_everyone_else_waits_in_the_queue() {
         admission.ask(&run("b1"), "b1", "b", Some(at(1)), at(2)),
         Ask::Head
     );
+}
+
+#[test]
+fn runs_waiting_for_a_node_go_first_and_free_nothing() {
+    let admission = Admission::new(Duration::from_secs(60));
+    // The quota let 20 sandboxes in at once; the node has room for 3.
+    for i in 0..20 {
+        let name = format!("r{i:02}");
+        assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
+        admission.admitted(&run(&name), &name, at(0));
+    }
+    for i in 3..20 {
+        let name = format!("r{i:02}");
+        admission.scheduling(&run(&name), &name, true, at(1));
+    }
+    // The 3 end after 5 s, and a node takes 3 of the 17 that waited.
+    for i in 0..3 {
+        let name = format!("r{i:02}");
+        admission.ended(&run(&name), &name, at(5));
+    }
+    for i in 3..6 {
+        let name = format!("r{i:02}");
+        admission.scheduling(&run(&name), &name, false, at(5));
+    }
+    // 3 sandboxes running, each held 5 s: 0.6 a second, with 14 Pods still ahead of the queue.
+    let mut waiting = 0;
+    let refusal = loop {
+        let name = format!("w{waiting:02}");
+        match ask(&admission, &name, &name, at(5)) {
+            Ask::Wait(place) => {
+                let expected = place.expected.expect("the rate is known").as_secs_f64();
+                let want = (f64::from(place.position) + 14.0) / 0.6;
+                assert!((expected - want).abs() < 1.0, "{expected} vs {want}");
+                waiting += 1;
+            }
+            Ask::Refuse(refusal) => break refusal,
+            other => panic!("{other:?}"),
+        }
+    };
+    // (22 + 14) / 0.6 = 60 s fits the allowance; (23 + 14) / 0.6 does not. Counting the 17
+    // admitted Pods as running sandboxes, it said 23 / (20 / 5) = 6 s.
+    assert_eq!((waiting, refusal.position), (22, 23));
+    // The 3 the node took hold it from when it did: ended 3 s later, they held it 3 s, not 8.
+    for i in 3..6 {
+        let name = format!("r{i:02}");
+        admission.ended(&run(&name), &name, at(8));
+    }
+    let hold = admission.queues.lock().unwrap()[NS].hold.unwrap();
+    assert!(hold < 5.0, "{hold}");
+}
+
+#[test]
+fn runs_that_came_before_the_queue_could_tell_its_rate_are_accepted_and_later_ones_judged() {
+    let admission = Admission::new(Duration::from_secs(60));
+    for i in 0..10 {
+        let name = format!("r{i}");
+        assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
+        admission.admitted(&run(&name), &name, at(0));
+    }
+    admission.no_room(&run("w000"), "w000", "w000", at(1));
+    // A burst a second after the sandboxes were taken: nothing to tell a rate by yet.
+    for i in 1..150 {
+        let name = format!("w{i:03}");
+        let Ask::Wait(place) = ask(&admission, &name, &name, at(1)) else {
+            panic!("{name} not waiting")
+        };
+        assert_eq!(place.expected, None);
+    }
+    // At 6 s the 10 sandboxes have been held 6 s: 10 / 6 a second, 0.6 s a place. The burst
+    // was accepted: nobody in it is refused now that the estimate says 90 s for the last.
+    for s in [6, 14, 22, 30, 38, 46, 54, 62, 70] {
+        for i in 0..150 {
+            let name = format!("w{i:03}");
+            let again = admission.ask(&run(&name), &name, &name, Some(at(1)), at(s));
+            assert!(
+                matches!(again, Ask::Wait(_) | Ask::Head),
+                "{name} at {s}: {again:?}"
+            );
+        }
+    }
+    // A run arriving now is judged on arrival: 151 places at 10 / 70 a second (the sandboxes
+    // held 70 s by now) is far past the allowance.
+    let Ask::Refuse(refusal) = ask(&admission, "late", "z", at(70)) else {
+        panic!("not refused")
+    };
+    assert_eq!(refusal.position, 151);
+    assert!(!refusal.last_resort);
+    assert!(refusal.expected.unwrap().as_secs() > 60);
 }

@@ -1,8 +1,9 @@
 //! A python run's turn for a sandbox: the I/O around [`crate::admission`]. A run asks before it
 //! claims a warm sandbox or creates a Pod; while others wait ahead of it, it waits in the queue
 //! with its place in its status (`Pending`, reason `Queued`, `status.queuePosition`), and a run
-//! that cannot get one within its allowance ends `Rejected` with reason `NoCapacity` and
-//! `status.retryAfterSeconds`: nothing ran, and the caller knows when to try again.
+//! the queue judges cannot get one within its allowance (on arrival, or as a last resort) ends
+//! `Rejected` with reason `NoCapacity` and `status.retryAfterSeconds`: nothing ran, and the
+//! caller knows when to try again.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
