@@ -25,7 +25,7 @@
 //! reconciled at least every [`REFRESH`]; an entry not refreshed for [`STALE_AFTER`] (its run
 //! was deleted, or another replica leads now) is dropped, so a lost run never blocks the head.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,8 +57,22 @@ const HELD_AT_MOST: SignedDuration = SignedDuration::from_secs(3600);
 /// resort against a queue that stopped moving (no node takes a Pod, say). A run is judged on
 /// arrival, so a pace slower than estimated stretches its wait instead of refusing it late.
 const LAST_RESORT_FACTOR: u32 = 2;
+/// How long the most sandboxes seen running at once while runs waited for room stands for the
+/// nodes' (or the quota's) room, unless more are seen.
+const PEAK_FOR: SignedDuration = SignedDuration::from_secs(600);
 /// The shortest retry hint, in seconds.
 const MIN_RETRY_SECONDS: u32 = 1;
+
+/// Where a cold sandbox's Pod stands with the scheduler, as its run's reconcile saw it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Placement {
+    /// Not on a node yet, and not refused by the scheduler (it has just been created).
+    Waiting,
+    /// No node has room for it.
+    Unschedulable,
+    /// A node took it.
+    Placed,
+}
 
 /// What a run that needs a sandbox may do now.
 #[derive(Clone, Debug, PartialEq)]
@@ -158,10 +172,17 @@ struct Queue {
     /// How long a run holds its sandbox, on average lately (seconds; an exponential average of
     /// the runs that ended).
     hold: Option<f64>,
-    /// Runs whose sandbox Pod no node has room for: while there is one, the cluster is full
-    /// whatever the quota says, and nobody else asks for a sandbox. They were admitted but hold
-    /// no node: they go before the queue, and free nothing until a node takes them.
-    unschedulable: std::collections::HashSet<String>,
+    /// Runs admitted whose sandbox Pod no node has taken yet: they go before the queue, and free
+    /// nothing until a node takes them (with room for 3 and a quota of 20, 17 of them; the load
+    /// suite's late refusals came from counting them as running).
+    unplaced: HashSet<String>,
+    /// Those of them no node has room for: while there is one, the cluster is full whatever the
+    /// quota says, and nobody else asks for a sandbox.
+    unschedulable: HashSet<String>,
+    /// The most sandboxes seen running at once while runs waited for room, and when: the room
+    /// the nodes or the quota have. It stands in for the sandboxes running now while Pods just
+    /// created are not placed yet (the first seconds of a burst), for [`PEAK_FOR`].
+    peak: Option<(usize, Timestamp)>,
 }
 
 impl Queue {
@@ -254,21 +275,26 @@ impl Queue {
         // the ones held now have been held longer than that on average (long runs hold the
         // room now). Known once a run ended, or once the ones held now are older than the
         // queue needs to tell its own rate.
-        // Only the sandboxes a node runs: with room for 3 and a quota of 20, the 17 Pods waiting
-        // for a node free nothing (the load suite's late refusals, counted as holders).
+        // Only the sandboxes a node runs: the Pods waiting for a node free nothing.
         let ages: Vec<f64> = self
             .holding
             .iter()
-            .filter(|(uid, _)| !self.unschedulable.contains(*uid))
+            .filter(|(uid, _)| !self.unplaced.contains(*uid))
             .map(|(_, since)| now.duration_since(*since).as_secs_f64().max(0.0))
             .collect();
         let mean_age = (!ages.is_empty()).then(|| ages.iter().sum::<f64>() / ages.len() as f64);
         let hold = match (self.hold, mean_age) {
             (Some(h), Some(age)) => Some(h.max(age)),
+            (Some(h), None) => Some(h),
             (None, Some(age)) if age >= RATE_MIN_SPAN.as_secs_f64() => Some(age),
-            _ => None,
+            (None, _) => None,
         };
-        let freeing = hold.filter(|h| *h > 0.0).map(|h| ages.len() as f64 / h);
+        // As many as run now, or as the room allowed lately when that is more (Pods just
+        // created and not placed yet will run).
+        let slots = ages.len().max(self.peak(now).unwrap_or(0));
+        let freeing = hold
+            .filter(|h| *h > 0.0 && slots > 0)
+            .map(|h| slots as f64 / h);
         match (self.admitted_rate(now), freeing) {
             (Some(a), Some(f)) => Some(a.max(f)),
             (a, f) => a.or(f),
@@ -302,13 +328,29 @@ impl Queue {
         Some(recent.len() as f64 / span.as_secs_f64().max(f64::EPSILON))
     }
 
+    /// The room seen lately, if it was seen within [`PEAK_FOR`].
+    fn peak(&self, now: Timestamp) -> Option<usize> {
+        self.peak
+            .filter(|(_, at)| now.duration_since(*at) < PEAK_FOR)
+            .map(|(n, _)| n)
+    }
+
+    /// Runs wait for room (the queue is not empty, or a Pod has no node): the sandboxes running
+    /// now are the room there is, and the peak is at least that.
+    fn saw_room_full(&mut self, now: Timestamp) {
+        let running = self.holding.len() - self.unplaced.len().min(self.holding.len());
+        if running > 0 && self.peak(now).is_none_or(|n| running >= n) {
+            self.peak = Some((running, now));
+        }
+    }
+
     /// How long until the run at `position` is admitted. The runs waiting for a node go first.
     fn expected(&self, position: u32, now: Timestamp) -> Option<Duration> {
         let rate = self.rate(now)?;
         if rate <= 0.0 {
             return Some(Duration::MAX);
         }
-        let ahead = f64::from(position) + self.unschedulable.len() as f64;
+        let ahead = f64::from(position) + self.unplaced.len() as f64;
         Some(Duration::try_from_secs_f64(ahead / rate).unwrap_or(Duration::MAX))
     }
 }
@@ -367,6 +409,7 @@ impl Admission {
         }
         let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
         self.enter(queue, run, uid, agent, queued_since.unwrap_or(now), now);
+        queue.saw_room_full(now);
         let since = queue.entries[uid].since;
         let position = queue.position(uid).unwrap_or(1);
         let expected = queue.expected(position, now);
@@ -419,6 +462,7 @@ impl Admission {
         queue.drop_stale(now);
         let since = queue.entries.get(uid).map_or(now, |e| e.since);
         self.enter(queue, run, uid, agent, since, now);
+        queue.saw_room_full(now);
         let position = queue.position(uid).unwrap_or(1);
         Place {
             position,
@@ -428,8 +472,16 @@ impl Admission {
     }
 
     /// Run `uid` got its sandbox: it leaves the queue (if it waited there), and the next run
-    /// is woken to ask for one.
-    pub fn admitted(&self, run: &ObjectRef<SandboxRun>, uid: &str, now: Timestamp) {
+    /// is woken to ask for one. `placed`: a sandbox already running (a warm one); a cold one's
+    /// Pod waits for a node until [`Self::scheduling`] says otherwise.
+    pub fn admitted(&self, run: &ObjectRef<SandboxRun>, uid: &str, placed: bool, now: Timestamp) {
+        {
+            let mut queues = self.queues.lock().expect("not poisoned");
+            let queue = queues.entry(namespace_of(run)).or_default();
+            if !placed {
+                queue.unplaced.insert(uid.to_owned());
+            }
+        }
         self.leave(run, uid, true, now);
     }
 
@@ -439,28 +491,35 @@ impl Admission {
         self.leave(run, uid, false, now);
     }
 
-    /// Whether the sandbox Pod of run `uid` is one no node has room for (its reconcile looks at
-    /// the Pod every time). Once none is, the head is woken.
+    /// Where the sandbox Pod of run `uid` stands with the scheduler (its reconcile looks at the
+    /// Pod every time). Once no Pod is unschedulable, the head is woken.
     pub fn scheduling(
         &self,
         run: &ObjectRef<SandboxRun>,
         uid: &str,
-        unschedulable: bool,
+        placement: Placement,
         now: Timestamp,
     ) {
         let mut queues = self.queues.lock().expect("not poisoned");
         let queue = queues.entry(namespace_of(run)).or_default();
-        if unschedulable {
-            queue.unschedulable.insert(uid.to_owned());
-        } else if queue.unschedulable.remove(uid) {
-            // It holds a node from now: its hold is counted from here.
-            if let Some(since) = queue.holding.get_mut(uid) {
-                *since = now;
+        match placement {
+            Placement::Waiting => {}
+            Placement::Unschedulable => {
+                queue.unschedulable.insert(uid.to_owned());
+                queue.saw_room_full(now);
             }
-            if queue.unschedulable.is_empty() {
-                queue.drop_stale(now);
-                if let Some(head) = queue.head() {
-                    let _ = self.wake.send(head.run.clone());
+            Placement::Placed => {
+                if queue.unplaced.remove(uid) {
+                    // It holds a node from now: its hold is counted from here.
+                    if let Some(since) = queue.holding.get_mut(uid) {
+                        *since = now;
+                    }
+                }
+                if queue.unschedulable.remove(uid) && queue.unschedulable.is_empty() {
+                    queue.drop_stale(now);
+                    if let Some(head) = queue.head() {
+                        let _ = self.wake.send(head.run.clone());
+                    }
                 }
             }
         }
@@ -504,6 +563,7 @@ impl Admission {
         }
         if !admitted {
             queue.unschedulable.remove(uid);
+            queue.unplaced.remove(uid);
         }
         if admitted {
             queue.holding.insert(uid.to_owned(), now);
@@ -520,6 +580,10 @@ impl Admission {
         queue
             .holding
             .retain(|_, since| now.duration_since(*since) < HELD_AT_MOST);
+        let Queue {
+            holding, unplaced, ..
+        } = &mut *queue;
+        unplaced.retain(|uid| holding.contains_key(uid));
         queue.drop_stale(now);
         if let Some(head) = queue.head() {
             // The controller may be gone (shutting down): nothing to wake then.

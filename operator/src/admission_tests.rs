@@ -106,13 +106,13 @@ fn turns_alternate_as_runs_are_admitted_not_only_on_arrival() {
         order_of(&admission, &all, at(3)),
         ["a1", "b1", "a2", "b2", "a3", "a4"]
     );
-    admission.admitted(&run("a1"), "a1", at(3));
+    admission.admitted(&run("a1"), "a1", true, at(3));
     let rest = ["a2", "a3", "a4", "b1", "b2"];
     assert_eq!(
         order_of(&admission, &rest, at(3)),
         ["b1", "a2", "b2", "a3", "a4"]
     );
-    admission.admitted(&run("b1"), "b1", at(4));
+    admission.admitted(&run("b1"), "b1", true, at(4));
     // A third agent arriving now takes the next round's turn: after a2 and b2, before a3.
     ask(&admission, "c1", "c", at(4));
     let rest = ["a2", "a3", "a4", "b2", "c1"];
@@ -136,14 +136,14 @@ fn the_next_head_is_woken_when_the_head_gets_a_sandbox_or_a_run_ends() {
     admission.no_room(&run("a1"), "a1", "a", at(0));
     ask(&admission, "b1", "b", at(0));
     ask(&admission, "c1", "c", at(1));
-    admission.admitted(&run("a1"), "a1", at(2));
+    admission.admitted(&run("a1"), "a1", true, at(2));
     assert_eq!(next().unwrap(), run("b1"));
     // A run holding a sandbox ends: the head (still b1) asks again.
     admission.ended(&run("x"), "x", at(3));
     assert_eq!(next().unwrap(), run("b1"));
     admission.ended(&run("b1"), "b1", at(3));
     assert_eq!(next().unwrap(), run("c1"));
-    admission.admitted(&run("c1"), "c1", at(4));
+    admission.admitted(&run("c1"), "c1", true, at(4));
     assert!(next().is_none(), "nobody left to wake");
     // The queue is empty again: the next run goes straight on.
     assert_eq!(ask(&admission, "d1", "d", at(5)), Ask::Go);
@@ -160,7 +160,7 @@ fn busy_queue(allowance: u64, waiting: usize) -> Admission {
     for s in 1..=20 {
         let name = format!("served{s}");
         admission.no_room(&run(&name), &name, &name, at(s));
-        admission.admitted(&run(&name), &name, at(s));
+        admission.admitted(&run(&name), &name, true, at(s));
         // One sandbox, each held for a second.
         let before = format!("served{}", s - 1);
         admission.ended(&run(&before), &before, at(s));
@@ -281,7 +281,7 @@ fn sandboxes_held_now_tell_the_rate_before_the_queue_has_admitted_anyone() {
     for i in 0..10 {
         let name = format!("r{i}");
         assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
-        admission.admitted(&run(&name), &name, at(0));
+        admission.admitted(&run(&name), &name, true, at(0));
     }
     for i in 0..5 {
         let name = format!("r{i}");
@@ -305,9 +305,9 @@ fn sandboxes_held_now_tell_the_rate_before_the_queue_has_admitted_anyone() {
     // A short queue waits.
     let fresh = Admission::new(Duration::from_secs(60));
     assert_eq!(ask(&fresh, "x", "x", at(0)), Ask::Go);
-    fresh.admitted(&run("x"), "x", at(0));
+    fresh.admitted(&run("x"), "x", true, at(0));
     fresh.ended(&run("x"), "x", at(4));
-    fresh.admitted(&run("y"), "y", at(4));
+    fresh.admitted(&run("y"), "y", true, at(4));
     fresh.no_room(&run("h"), "h", "h", at(5));
     assert!(matches!(ask(&fresh, "z", "z", at(5)), Ask::Wait(_)));
 }
@@ -320,9 +320,9 @@ fn while_a_sandbox_waits_for_a_node_everyone_else_waits_in_the_queue() {
     let mut next =
         || futures::FutureExt::now_or_never(futures::StreamExt::next(&mut wakeups)).flatten();
     assert_eq!(ask(&admission, "a1", "a", at(0)), Ask::Go);
-    admission.admitted(&run("a1"), "a1", at(0));
+    admission.admitted(&run("a1"), "a1", false, at(0));
     // The quota let a1's Pod in, but no node has room for it.
-    admission.scheduling(&run("a1"), "a1", true, at(1));
+    admission.scheduling(&run("a1"), "a1", Placement::Unschedulable, at(1));
     assert!(matches!(
         ask(&admission, "b1", "b", at(1)),
         Ask::Wait(Place { position: 1, .. })
@@ -332,7 +332,7 @@ fn while_a_sandbox_waits_for_a_node_everyone_else_waits_in_the_queue() {
         Ask::Wait(Place { position: 2, .. })
     ));
     // Placed: the head asks now.
-    admission.scheduling(&run("a1"), "a1", false, at(2));
+    admission.scheduling(&run("a1"), "a1", Placement::Placed, at(2));
     assert_eq!(next(), Some(run("b1")));
     assert_eq!(
         admission.ask(&run("b1"), "b1", "b", Some(at(1)), at(2)),
@@ -347,11 +347,15 @@ fn runs_waiting_for_a_node_go_first_and_free_nothing() {
     for i in 0..20 {
         let name = format!("r{i:02}");
         assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
-        admission.admitted(&run(&name), &name, at(0));
+        admission.admitted(&run(&name), &name, false, at(0));
+    }
+    for i in 0..3 {
+        let name = format!("r{i:02}");
+        admission.scheduling(&run(&name), &name, Placement::Placed, at(0));
     }
     for i in 3..20 {
         let name = format!("r{i:02}");
-        admission.scheduling(&run(&name), &name, true, at(1));
+        admission.scheduling(&run(&name), &name, Placement::Unschedulable, at(1));
     }
     // The 3 end after 5 s, and a node takes 3 of the 17 that waited.
     for i in 0..3 {
@@ -360,7 +364,7 @@ fn runs_waiting_for_a_node_go_first_and_free_nothing() {
     }
     for i in 3..6 {
         let name = format!("r{i:02}");
-        admission.scheduling(&run(&name), &name, false, at(5));
+        admission.scheduling(&run(&name), &name, Placement::Placed, at(5));
     }
     // 3 sandboxes running, each held 5 s: 0.6 a second, with 14 Pods still ahead of the queue.
     let mut waiting = 0;
@@ -371,6 +375,7 @@ fn runs_waiting_for_a_node_go_first_and_free_nothing() {
                 let expected = place.expected.expect("the rate is known").as_secs_f64();
                 let want = (f64::from(place.position) + 14.0) / 0.6;
                 assert!((expected - want).abs() < 1.0, "{expected} vs {want}");
+                assert!(waiting < 1000, "never refused");
                 waiting += 1;
             }
             Ask::Refuse(refusal) => break refusal,
@@ -395,7 +400,7 @@ fn runs_that_came_before_the_queue_could_tell_its_rate_are_accepted_and_later_on
     for i in 0..10 {
         let name = format!("r{i}");
         assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
-        admission.admitted(&run(&name), &name, at(0));
+        admission.admitted(&run(&name), &name, true, at(0));
     }
     admission.no_room(&run("w000"), "w000", "w000", at(1));
     // A burst a second after the sandboxes were taken: nothing to tell a rate by yet.
@@ -426,4 +431,46 @@ fn runs_that_came_before_the_queue_could_tell_its_rate_are_accepted_and_later_on
     assert_eq!(refusal.position, 151);
     assert!(!refusal.last_resort);
     assert!(refusal.expected.unwrap().as_secs() > 60);
+}
+
+#[test]
+fn in_the_first_seconds_of_a_burst_the_room_seen_lately_stands_for_the_sandboxes_running() {
+    let admission = Admission::new(Duration::from_secs(60));
+    // Earlier: three sandboxes ran while a run waited (the room is 3), each held 5 s.
+    for i in 0..3 {
+        let name = format!("e{i}");
+        assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
+        admission.admitted(&run(&name), &name, true, at(0));
+    }
+    admission.no_room(&run("q"), "q", "q", at(0));
+    for i in 0..3 {
+        let name = format!("e{i}");
+        admission.ended(&run(&name), &name, at(5));
+    }
+    admission.admitted(&run("q"), "q", true, at(5));
+    admission.ended(&run("q"), "q", at(10));
+    // A burst at 100 s: the quota lets 20 cold Pods in before any is placed, the 21st is
+    // refused for quota, and the rest arrive while no Pod has a node yet.
+    for i in 0..20 {
+        let name = format!("r{i:02}");
+        assert_eq!(ask(&admission, &name, &name, at(100)), Ask::Go);
+        admission.admitted(&run(&name), &name, false, at(100));
+    }
+    admission.no_room(&run("w00"), "w00", "w00", at(100));
+    let mut waiting = 1;
+    let refusal = loop {
+        let name = format!("w{waiting:02}");
+        match ask(&admission, &name, &name, at(100)) {
+            Ask::Wait(_) if waiting < 1000 => waiting += 1,
+            Ask::Refuse(refusal) => break refusal,
+            other => panic!("{other:?}"),
+        }
+    };
+    // 3 at a time, 5 s each: 0.6 a second, behind the 20 Pods: (16 + 20) / 0.6 = 60 s is the
+    // last place that fits. Without the room seen lately nothing ran, and everyone was let in.
+    assert_eq!((waiting, refusal.position), (16, 17));
+    // Seen at 0 s, that room stands for ten minutes, then says nothing any more.
+    let queues = admission.queues.lock().unwrap();
+    assert_eq!(queues[NS].peak(at(599)), Some(3));
+    assert_eq!(queues[NS].peak(at(600)), None);
 }

@@ -53,12 +53,15 @@ impl Reconcile<'_> {
         // Pod of a deleted run of the same name may still be there, even in the first reconcile).
         let pod = self.pods.get_opt(&pod_name).await?;
         // A Pod no node has room for: the cluster is full, whatever the quota says, and runs
-        // after this one wait in the queue until it is placed (admission.rs).
+        // after this one wait in the queue until it is placed; until a node takes it, it frees
+        // no room (admission.rs).
         if let Some(p) = pod.as_ref().filter(|p| pod::belongs_to(p, self.run)) {
-            let stuck = phase::unschedulable(p);
-            self.ctx
-                .admission
-                .scheduling(&self.run_ref(), &self.uid(), stuck, self.now);
+            self.ctx.admission.scheduling(
+                &self.run_ref(),
+                &self.uid(),
+                phase::placement(p),
+                self.now,
+            );
         }
         // The reconcile that took the decision has just written the status: it is current.
         let first = decided.is_some() && prev.pod_name.is_none();
@@ -151,7 +154,7 @@ impl Reconcile<'_> {
                 {
                     self.ctx
                         .admission
-                        .admitted(&self.run_ref(), &self.uid(), self.now);
+                        .admitted(&self.run_ref(), &self.uid(), true, self.now);
                     return self.run_warm(&prev, &claimed, &limits, files).await;
                 }
                 let prev = self.record_cold(prev).await?;
@@ -262,7 +265,8 @@ impl Reconcile<'_> {
         match self.pods.create(&PostParams::default(), &desired).await {
             Ok(_) => {
                 info!(run = %self.name, namespace = %self.ns, pod = %pod_name, "created sandbox pod");
-                ctx.admission.admitted(&self.run_ref(), &self.uid(), now);
+                ctx.admission
+                    .admitted(&self.run_ref(), &self.uid(), false, now);
                 // Counted here, once per Pod: a lagging cache can show "no phase" again.
                 ctx.metrics.entered(Phase::Pending);
                 ctx.events.pod_created(run, pod_name).await;

@@ -13,6 +13,7 @@ use sandboxrun_core::{
 };
 
 use super::pod::{ACTIVE_DEADLINE_GRACE_SECONDS, CONTAINER};
+use crate::admission::Placement;
 use crate::outcome::{Outcome, base, set_condition};
 
 /// Seconds past the Pod's own deadline after which the operator stops waiting for the kubelet
@@ -81,9 +82,20 @@ fn ts(t: &Option<Time>) -> Option<Timestamp> {
     t.as_ref().map(|t| t.0)
 }
 
+/// Where `pod` stands with the scheduler: on a node, refused for room, or not yet either.
+pub fn placement(pod: &Pod) -> Placement {
+    if pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
+        Placement::Placed
+    } else if unschedulable(pod) {
+        Placement::Unschedulable
+    } else {
+        Placement::Waiting
+    }
+}
+
 /// Whether the scheduler found no node for `pod` (its `PodScheduled` condition is False with
 /// reason `Unschedulable`): the nodes, not the quota, have no room for another sandbox.
-pub fn unschedulable(pod: &Pod) -> bool {
+fn unschedulable(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
