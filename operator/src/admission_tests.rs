@@ -423,14 +423,15 @@ fn runs_that_came_before_the_queue_could_tell_its_rate_are_accepted_and_later_on
             );
         }
     }
-    // A run arriving now is judged on arrival: 151 places at 10 / 70 a second (the sandboxes
-    // held 70 s by now) is far past the allowance.
+    // A run arriving now is judged on arrival: the queue has admitted nobody for a whole
+    // minute, so it cannot say when; refused at once, to retry after the allowance.
     let Ask::Refuse(refusal) = ask(&admission, "late", "z", at(70)) else {
         panic!("not refused")
     };
     assert_eq!(refusal.position, 151);
     assert!(!refusal.last_resort);
-    assert!(refusal.expected.unwrap().as_secs() > 60);
+    assert_eq!(refusal.expected, None);
+    assert_eq!(refusal.retry_after_seconds, 60);
 }
 
 #[test]
