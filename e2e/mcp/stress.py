@@ -198,6 +198,17 @@ MAX_CAPACITY_RETRIES = 5
 CALL_TIMEOUT = 300.0
 
 
+async def pause(seconds: float, stop: asyncio.Event | None) -> None:
+    """Sleeps `seconds`, or until `stop` is set."""
+    if stop is None:
+        await asyncio.sleep(seconds)
+        return
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
 async def agent_loop(index: int, calls: int, out: list[Call], stop: asyncio.Event | None,
                      key: str | None = None, pace: float = 0.0,
                      mix: list[tuple[str, int]] | None = None) -> None:
@@ -225,7 +236,7 @@ async def agent_loop(index: int, calls: int, out: list[Call], stop: asyncio.Even
                             if call.refused_for_capacity and refusals < MAX_CAPACITY_RETRIES:
                                 # What a well-behaved agent does: the same call, after the hint.
                                 refusals += 1
-                                await asyncio.sleep(call.retry_after or 1)
+                                await pause(call.retry_after or 1, stop)
                                 continue
                             n += 1
                             refusals = 0

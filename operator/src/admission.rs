@@ -431,9 +431,13 @@ impl Admission {
         }
         if hopeless || out_of_time {
             queue.remove(uid, false);
+            // When the queue should have shrunk to half an allowance, but never further off than
+            // the last resort: a pace estimated near zero says little about minutes ahead, and a
+            // caller told to come back in an hour (a load run saw 727 s) does not.
             let retry = expected
                 .filter(|e| *e != Duration::MAX)
-                .map_or(self.allowance, |e| e.saturating_sub(self.allowance / 2));
+                .map_or(self.allowance, |e| e.saturating_sub(self.allowance / 2))
+                .min(self.allowance * LAST_RESORT_FACTOR);
             return Ask::Refuse(Refusal {
                 position,
                 expected: expected.filter(|e| *e != Duration::MAX),

@@ -475,3 +475,14 @@ fn in_the_first_seconds_of_a_burst_the_room_seen_lately_stands_for_the_sandboxes
     assert_eq!(queues[NS].peak(at(599)), Some(3));
     assert_eq!(queues[NS].peak(at(600)), None);
 }
+
+#[test]
+fn a_retry_hint_is_never_further_off_than_the_last_resort() {
+    // 100 places at one a second: expected 100 s, hint 70 s. 300 places: 270 s, capped at 120.
+    let admission = busy_queue(60, 299);
+    let Ask::Refuse(refusal) = ask(&admission, "late", "z", at(20)) else {
+        panic!("not refused")
+    };
+    assert!(refusal.expected.unwrap().as_secs() > 250);
+    assert_eq!(refusal.retry_after_seconds, 120);
+}
