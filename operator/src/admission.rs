@@ -291,9 +291,14 @@ impl Queue {
             (None, Some(age)) if age >= RATE_MIN_SPAN.as_secs_f64() => Some(age),
             (None, _) => None,
         };
-        // As many as run now, or as the room allowed lately when that is more (Pods just
-        // created and not placed yet will run).
-        let slots = ages.len().max(self.peak(now).unwrap_or(0));
+        // As many as run now; while Pods wait for a node, as many of them as the room seen
+        // lately says will run (in a burst's first seconds nothing is placed yet). Only then:
+        // the room may have shrunk since (a quota lowered to 1 after 5 ran at once, in CI).
+        let running = ages.len();
+        let slots = match self.peak(now) {
+            Some(peak) if peak > running => peak.min(running + self.unplaced.len()),
+            _ => running,
+        };
         let freeing = hold
             .filter(|h| *h > 0.0 && slots > 0)
             .map(|h| slots as f64 / h);

@@ -486,3 +486,38 @@ fn a_retry_hint_is_never_further_off_than_the_last_resort() {
     assert!(refusal.expected.unwrap().as_secs() > 250);
     assert_eq!(refusal.retry_after_seconds, 120);
 }
+
+#[test]
+fn the_room_seen_lately_does_not_stand_for_sandboxes_when_no_pod_waits_for_a_node() {
+    let admission = Admission::new(Duration::from_secs(60));
+    // Five ran at once while a run waited; then the room shrank to one (the quota lowered).
+    for i in 0..5 {
+        let name = format!("e{i}");
+        assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
+        admission.admitted(&run(&name), &name, true, at(0));
+    }
+    admission.no_room(&run("q"), "q", "q", at(0));
+    for i in 0..5 {
+        let name = format!("e{i}");
+        admission.ended(&run(&name), &name, at(5));
+    }
+    admission.admitted(&run("q"), "q", true, at(5));
+    admission.ended(&run("q"), "q", at(10));
+    // One sandbox held from 20 s, three calls waiting for room (no Pod of theirs: the quota).
+    assert_eq!(ask(&admission, "holder", "h", at(20)), Ask::Go);
+    admission.admitted(&run("holder"), "holder", true, at(20));
+    for i in 0..3 {
+        let name = format!("w{i}");
+        admission.no_room(&run(&name), &name, &name, at(21));
+    }
+    // At 41 s the one sandbox has been held 21 s: four places ahead of a new call, 84 s.
+    for i in 0..3 {
+        let name = format!("w{i}");
+        admission.ask(&run(&name), &name, &name, Some(at(21)), at(41));
+    }
+    let Ask::Refuse(refusal) = ask(&admission, "late", "z", at(41)) else {
+        panic!("not refused: the room of five seen earlier stood for the one there is")
+    };
+    let expected = refusal.expected.unwrap().as_secs();
+    assert!((80..=90).contains(&expected), "{expected}");
+}
