@@ -434,22 +434,28 @@ fn runs_that_came_before_the_queue_could_tell_its_rate_are_accepted_and_later_on
     assert_eq!(refusal.retry_after_seconds, 60);
 }
 
-#[test]
-fn in_the_first_seconds_of_a_burst_the_room_seen_lately_stands_for_the_sandboxes_running() {
-    let admission = Admission::new(Duration::from_secs(60));
-    // Earlier: three sandboxes ran while a run waited (the room is 3), each held 5 s.
-    for i in 0..3 {
+/// `room` sandboxes ran at once from 0 s while a run waited, each held 5 s; then that run
+/// held one until 10 s. The queue is empty again after.
+fn saw_room(admission: &Admission, room: usize) {
+    for i in 0..room {
         let name = format!("e{i}");
-        assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
+        assert_eq!(ask(admission, &name, &name, at(0)), Ask::Go);
         admission.admitted(&run(&name), &name, true, at(0));
     }
     admission.no_room(&run("q"), "q", "q", at(0));
-    for i in 0..3 {
+    for i in 0..room {
         let name = format!("e{i}");
         admission.ended(&run(&name), &name, at(5));
     }
     admission.admitted(&run("q"), "q", true, at(5));
     admission.ended(&run("q"), "q", at(10));
+}
+
+#[test]
+fn in_the_first_seconds_of_a_burst_the_room_seen_lately_stands_for_the_sandboxes_running() {
+    let admission = Admission::new(Duration::from_secs(60));
+    // Earlier: three sandboxes ran while a run waited (the room is 3), each held 5 s.
+    saw_room(&admission, 3);
     // A burst at 100 s: the quota lets 20 cold Pods in before any is placed, the 21st is
     // refused for quota, and the rest arrive while no Pod has a node yet.
     for i in 0..20 {
@@ -491,18 +497,7 @@ fn a_retry_hint_is_never_further_off_than_the_last_resort() {
 fn the_room_seen_lately_does_not_stand_for_sandboxes_when_no_pod_waits_for_a_node() {
     let admission = Admission::new(Duration::from_secs(60));
     // Five ran at once while a run waited; then the room shrank to one (the quota lowered).
-    for i in 0..5 {
-        let name = format!("e{i}");
-        assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
-        admission.admitted(&run(&name), &name, true, at(0));
-    }
-    admission.no_room(&run("q"), "q", "q", at(0));
-    for i in 0..5 {
-        let name = format!("e{i}");
-        admission.ended(&run(&name), &name, at(5));
-    }
-    admission.admitted(&run("q"), "q", true, at(5));
-    admission.ended(&run("q"), "q", at(10));
+    saw_room(&admission, 5);
     // One sandbox held from 20 s, three calls waiting for room (no Pod of theirs: the quota).
     assert_eq!(ask(&admission, "holder", "h", at(20)), Ask::Go);
     admission.admitted(&run("holder"), "holder", true, at(20));
