@@ -218,6 +218,130 @@ fn a_preload_that_is_not_a_module_name_runs_nothing() {
     }
 }
 
+/// The runner with PRELOAD `preload` (none when empty), started with nothing on its stdin yet,
+/// as a warm sandbox waits; and its private /tmp.
+fn idle_runner(preload: &str) -> (std::process::Child, std::path::PathBuf) {
+    let mut argv = runner_argv(&Limits::default(), Profile::Minimal);
+    if !preload.is_empty() {
+        argv.push(preload.to_owned());
+    }
+    // The interpreter itself, not a launcher in front of it (pyenv's shim is a shell script whose
+    // children are not the runner's).
+    let python = Command::new(&argv[0])
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3 on PATH");
+    let python = String::from_utf8(python.stdout).unwrap();
+    let tmp = scratch_dir();
+    let child = Command::new(python.trim_end())
+        .args(&argv[1..])
+        .env(CANARY_ENV, "none")
+        .env("SANDBOXRUN_RUNNER_TMP", &tmp)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 on PATH");
+    (child, tmp)
+}
+
+/// The processes `pid` has forked (Linux's /proc/PID/task/PID/children).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+/// Waits until the idle runner `pid` has forked its code's process (the cause, not a time: the
+/// bound only keeps a broken runner from hanging the test) and returns that process's pid.
+fn prepared_child(pid: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let [child] = children_of(pid)[..] {
+            return child;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "runner {pid} forked no process while it waited for its program"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Code that prints its pid, which modules of `names` it finds loaded, its open descriptors
+/// (without the one that lists them) and what its stdin holds.
+const REPORTS_ITSELF: &str = r#"import os, sys
+print(os.getpid())
+print(sorted(m for m in ('json', 'email.mime.text') if m in sys.modules))
+fds = []
+for fd in range(256):
+    try:
+        os.fstat(fd)
+        fds.append(fd)
+    except OSError:
+        pass
+print(fds)
+print(repr(sys.stdin.read()))
+"#;
+
+#[test]
+fn the_codes_process_is_forked_before_the_program_arrives_and_gets_nothing_of_the_runners() {
+    use std::io::Write;
+    for preload in ["", "json,email.mime.text"] {
+        let (mut runner, tmp) = idle_runner(preload);
+        // A warm sandbox: the fork (and the imports before it) happen while nothing has come.
+        let prepared = prepared_child(runner.id());
+        let limits = Limits::default();
+        let mut stdin = runner.stdin.take().unwrap();
+        let mut frame = program_frame(&Program::code(REPORTS_ITSELF), &limits);
+        // Bytes after the program are the runner's stdin, never the code's.
+        frame.extend_from_slice(b"not for the code");
+        stdin.write_all(&frame).unwrap();
+        drop(stdin);
+        let out = runner.wait_with_output().unwrap();
+        let _ = std::fs::remove_dir_all(&tmp);
+        let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
+        assert_eq!(r.exit_code, 0, "{preload:?}: {}", r.stderr);
+        let loaded = if preload.is_empty() {
+            "[]"
+        } else {
+            "['email.mime.text', 'json']"
+        };
+        // The process that ran the code is the one forked before the program came; it has its
+        // three standard descriptors and nothing else (not the pipe its code came on, not the
+        // runner's stdin or log), and an empty stdin.
+        assert_eq!(
+            r.stdout,
+            format!("{prepared}\n{loaded}\n[0, 1, 2]\n''\n"),
+            "{preload:?}"
+        );
+    }
+}
+
+#[test]
+fn a_runner_that_gets_no_program_leaves_no_process_behind() {
+    for preload in ["", "json"] {
+        let (mut runner, tmp) = idle_runner(preload);
+        let prepared = prepared_child(runner.id());
+        // The sender hangs up without a program (a warm sandbox deleted, a sender that died).
+        drop(runner.stdin.take());
+        let out = runner.wait_with_output().unwrap();
+        let _ = std::fs::remove_dir_all(&tmp);
+        assert_eq!(out.status.code(), Some(NO_PROGRAM_EXIT), "{out:?}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("sandboxrun\":"),
+            "{out:?}"
+        );
+        // The prepared process was killed and reaped by the runner before it exited.
+        assert!(
+            !std::path::Path::new(&format!("/proc/{prepared}")).exists(),
+            "{preload:?}: the prepared process {prepared} outlived its runner"
+        );
+    }
+}
+
 #[test]
 fn exit_is_the_interpreters_threads_atexit_and_sys_exit_message() {
     let (r, _) = run(
