@@ -14,9 +14,12 @@
 //!
 //! A run is judged once, on arrival: one whose expected wait (the runs ahead of it, with those
 //! whose Pod waits for a node, over the rate at which the queue admits runs) is longer than the
-//! allowance is refused at once, with the expected wait as a retry hint. One accepted waits for
-//! its sandbox, also when the pace turns out slower than estimated (or could not be told yet, in
-//! the first seconds of a burst), and is refused only as a last resort, at twice the allowance
+//! allowance is refused at once, with the expected wait as a retry hint. Before the queue can
+//! tell its pace (a new leader, or the first seconds of a burst: no sandbox held long enough to
+//! tell), the wait is bounded instead by the longest it can be: every sandbox ahead held for as
+//! long as the arriving run may hold one; a run refused on that bound is told to retry once the
+//! pace is known ([`UNKNOWN_PACE_RETRY`]). One accepted waits for its sandbox, also when the pace
+//! turns out slower than estimated, and is refused only as a last resort, at twice the allowance
 //! (a queue that stopped moving): no run fails or times out only because others were ahead of
 //! it, and a caller refused hears it at once.
 //!
@@ -62,6 +65,9 @@ const LAST_RESORT_FACTOR: u32 = 2;
 const PEAK_FOR: SignedDuration = SignedDuration::from_secs(600);
 /// The shortest retry hint, in seconds.
 const MIN_RETRY_SECONDS: u32 = 1;
+/// The retry hint of a run refused before the queue could tell its pace: by then a sandbox has
+/// been held long enough to tell ([`RATE_MIN_SPAN`]), and the run is judged on the pace.
+pub const UNKNOWN_PACE_RETRY: Duration = Duration::from_secs(5);
 
 /// Where a cold sandbox's Pod stands with the scheduler, as its run's reconcile saw it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -109,14 +115,22 @@ pub struct Refusal {
     pub retry_after_seconds: u32,
     /// Accepted, it waited until the last resort: the queue stopped moving.
     pub last_resort: bool,
+    /// Refused on the longest wait possible, the queue's pace not known yet: how long each
+    /// sandbox ahead might be held.
+    pub unknown_pace: Option<Duration>,
 }
 
 impl Refusal {
     /// The run's status message: what happened, and what the caller should do.
     pub fn message(&self, allowance: Duration) -> String {
-        let expected = match self.expected {
-            Some(d) => format!("an expected wait of about {} s", d.as_secs().max(1)),
-            None => "no sandbox freed lately".to_owned(),
+        let expected = match (self.expected, self.unknown_pace) {
+            (Some(d), _) => format!("an expected wait of about {} s", d.as_secs().max(1)),
+            (None, Some(held)) => format!(
+                "the queue's pace is not known yet (no sandbox held long enough to tell), so \
+                 each sandbox ahead may be held up to {} s",
+                held.as_secs()
+            ),
+            (None, None) => "no sandbox freed lately".to_owned(),
         };
         let why = if self.last_resort {
             format!(
@@ -351,6 +365,18 @@ impl Queue {
         }
     }
 
+    /// The longest the run at `position` can wait when every sandbox ahead of it is held for
+    /// `longest`: the runs waiting for a node and the queue ahead taking turns on the sandboxes
+    /// running now (at least one). For a queue that cannot tell its pace yet.
+    fn longest_wait(&self, position: u32, longest: Duration) -> Duration {
+        let running = self.holding.len() - self.unplaced.len().min(self.holding.len());
+        let ahead = u32::try_from(self.unplaced.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(position);
+        let rounds = ahead.div_ceil(u32::try_from(running.max(1)).unwrap_or(u32::MAX));
+        longest.saturating_mul(rounds)
+    }
+
     /// How long until the run at `position` is admitted. The runs waiting for a node go first.
     fn expected(&self, position: u32, now: Timestamp) -> Option<Duration> {
         let rate = self.rate(now)?;
@@ -399,12 +425,14 @@ impl Admission {
 
     /// Run `uid` (of `agent`) needs a sandbox: may it ask for one now? `queued_since` is when
     /// its status says it joined the queue, if it did; it may wait the allowance from then.
+    /// `longest`: the most it can hold a sandbox (its timeout and its Pod's start-up grace).
     pub fn ask(
         &self,
         run: &ObjectRef<SandboxRun>,
         uid: &str,
         agent: &str,
         queued_since: Option<Timestamp>,
+        longest: Duration,
         now: Timestamp,
     ) -> Ask {
         let mut queues = self.queues.lock().expect("not poisoned");
@@ -421,9 +449,15 @@ impl Admission {
         let position = queue.position(uid).unwrap_or(1);
         let expected = queue.expected(position, now);
         // Decided on arrival: a run the queue's pace says cannot start within the allowance is
-        // refused now. One accepted waits for its sandbox, even past the allowance when the pace
-        // was slower than it said (or unknown), up to the last resort.
-        let hopeless = arriving && expected.is_some_and(|e| e > self.allowance);
+        // refused now; without a pace, one that might not, were every sandbox ahead held as long
+        // as this run may hold one. One accepted waits for its sandbox, even past the allowance
+        // when the pace was slower than it said, up to the last resort.
+        let unknown_pace = (arriving && expected.is_none()).then_some(longest);
+        let hopeless = arriving
+            && match expected {
+                Some(e) => e > self.allowance,
+                None => queue.longest_wait(position, longest) > self.allowance,
+            };
         let last_resort = since
             .checked_add(
                 SignedDuration::try_from(self.allowance * LAST_RESORT_FACTOR)
@@ -439,10 +473,13 @@ impl Admission {
             // When the queue should have shrunk to half an allowance, but never further off than
             // the last resort: a pace estimated near zero says little about minutes ahead, and a
             // caller told to come back in an hour (a load run saw 727 s) does not.
-            let retry = expected
-                .filter(|e| *e != Duration::MAX)
-                .map_or(self.allowance, |e| e.saturating_sub(self.allowance / 2))
-                .min(self.allowance * LAST_RESORT_FACTOR);
+            let retry = match (expected, unknown_pace) {
+                (None, Some(_)) if hopeless => UNKNOWN_PACE_RETRY,
+                _ => expected
+                    .filter(|e| *e != Duration::MAX)
+                    .map_or(self.allowance, |e| e.saturating_sub(self.allowance / 2)),
+            }
+            .min(self.allowance * LAST_RESORT_FACTOR);
             return Ask::Refuse(Refusal {
                 position,
                 expected: expected.filter(|e| *e != Duration::MAX),
@@ -450,6 +487,7 @@ impl Admission {
                     .unwrap_or(u32::MAX)
                     .max(MIN_RETRY_SECONDS),
                 last_resort: !hopeless,
+                unknown_pace: unknown_pace.filter(|_| hopeless),
             });
         }
         Ask::Wait(Place {

@@ -10,9 +10,13 @@ fn run(name: &str) -> ObjectRef<SandboxRun> {
     ObjectRef::new(name).within(NS)
 }
 
+/// The most a run holds a sandbox, in most tests: short, so the bound used before the queue can
+/// tell its pace lets every run of a test about something else in.
+const LONGEST: Duration = Duration::from_secs(1);
+
 /// Run `name` of `agent` asks at `now`, not queued before.
 fn ask(admission: &Admission, name: &str, agent: &str, now: Timestamp) -> Ask {
-    admission.ask(&run(name), name, agent, None, now)
+    admission.ask(&run(name), name, agent, None, LONGEST, now)
 }
 
 fn position(ask: &Ask) -> u32 {
@@ -38,7 +42,7 @@ fn a_run_the_quota_refused_heads_the_queue_and_later_runs_wait_behind_it() {
     // Nobody overtakes it: a new run waits even though it has not tried.
     assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
     assert_eq!(
-        admission.ask(&run("a1"), "a1", "a", Some(at(0)), at(1)),
+        admission.ask(&run("a1"), "a1", "a", Some(at(0)), LONGEST, at(1)),
         Ask::Head
     );
 }
@@ -57,7 +61,7 @@ fn agents_take_turns_however_many_runs_each_has_waiting() {
         .into_iter()
         .map(|name| {
             let agent = &name[..1];
-            let p = admission.ask(&run(name), name, agent, Some(at(0)), at(4));
+            let p = admission.ask(&run(name), name, agent, Some(at(0)), LONGEST, at(4));
             (name.to_owned(), position(&p))
         })
         .collect();
@@ -82,7 +86,7 @@ fn order_of(admission: &Admission, names: &[&str], now: Timestamp) -> Vec<String
         .iter()
         .map(|name| {
             let agent = &name[..1];
-            let p = admission.ask(&run(name), name, agent, Some(at(0)), now);
+            let p = admission.ask(&run(name), name, agent, Some(at(0)), LONGEST, now);
             (position(&p), (*name).to_owned())
         })
         .collect();
@@ -155,7 +159,7 @@ fn busy_queue(allowance: u64, waiting: usize) -> Admission {
     admission.no_room(&run("head"), "head", "h", at(0));
     for i in 0..waiting {
         let name = format!("w{i}");
-        admission.ask(&run(&name), &name, &name, None, at(0));
+        admission.ask(&run(&name), &name, &name, None, LONGEST, at(0));
     }
     for s in 1..=20 {
         let name = format!("served{s}");
@@ -165,10 +169,10 @@ fn busy_queue(allowance: u64, waiting: usize) -> Admission {
         let before = format!("served{}", s - 1);
         admission.ended(&run(&before), &before, at(s));
         // The waiting runs are reconciled meanwhile, which keeps their places.
-        admission.ask(&run("head"), "head", "h", Some(at(0)), at(s));
+        admission.ask(&run("head"), "head", "h", Some(at(0)), LONGEST, at(s));
         for i in 0..waiting {
             let name = format!("w{i}");
-            admission.ask(&run(&name), &name, &name, Some(at(0)), at(s));
+            admission.ask(&run(&name), &name, &name, Some(at(0)), LONGEST, at(s));
         }
     }
     admission
@@ -222,12 +226,13 @@ fn an_accepted_run_waits_past_its_allowance_and_is_refused_only_as_a_last_resort
     // Reconciled every few seconds while it waits; nobody is admitted, and it was accepted: it
     // is not refused at the end of its allowance.
     for s in (2..60).step_by(2) {
-        admission.ask(&run("head"), "head", "h", Some(at(0)), at(s));
-        let again = admission.ask(&run("w"), "w", "w", Some(at(0)), at(s));
+        admission.ask(&run("head"), "head", "h", Some(at(0)), LONGEST, at(s));
+        let again = admission.ask(&run("w"), "w", "w", Some(at(0)), LONGEST, at(s));
         assert!(matches!(again, Ask::Wait(_)), "{s}: {again:?}");
     }
     // At twice the allowance the queue has not moved for a minute: a rate of zero.
-    let Ask::Refuse(refusal) = admission.ask(&run("w"), "w", "w", Some(at(0)), at(60)) else {
+    let Ask::Refuse(refusal) = admission.ask(&run("w"), "w", "w", Some(at(0)), LONGEST, at(60))
+    else {
         panic!("not refused")
     };
     assert!(refusal.last_resort);
@@ -244,10 +249,10 @@ fn a_run_that_is_gone_stops_holding_the_head() {
     assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
     // b1 keeps being reconciled; the deleted run does not.
     for s in [3, 6, 9] {
-        admission.ask(&run("b1"), "b1", "b", Some(at(1)), at(s));
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(s));
     }
     assert_eq!(
-        admission.ask(&run("b1"), "b1", "b", Some(at(1)), at(12)),
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(12)),
         Ask::Head
     );
 }
@@ -256,12 +261,12 @@ fn a_run_that_is_gone_stops_holding_the_head() {
 fn after_a_restart_waiting_runs_take_their_recorded_places() {
     let admission = Admission::new(Duration::from_secs(600));
     // Reconciled in any order: the recorded times decide.
-    let second = admission.ask(&run("r2"), "r2", "b", Some(at(5)), at(100));
+    let second = admission.ask(&run("r2"), "r2", "b", Some(at(5)), LONGEST, at(100));
     assert_eq!(second, Ask::Head, "alone so far");
-    let first = admission.ask(&run("r1"), "r1", "a", Some(at(2)), at(100));
+    let first = admission.ask(&run("r1"), "r1", "a", Some(at(2)), LONGEST, at(100));
     assert_eq!(first, Ask::Head);
     assert_eq!(
-        position(&admission.ask(&run("r2"), "r2", "b", Some(at(5)), at(100))),
+        position(&admission.ask(&run("r2"), "r2", "b", Some(at(5)), LONGEST, at(100))),
         2
     );
 }
@@ -271,7 +276,10 @@ fn queues_of_different_namespaces_are_separate() {
     let admission = Admission::new(Duration::from_secs(60));
     admission.no_room(&run("a1"), "a1", "a", at(0));
     let other = ObjectRef::new("o1").within("elsewhere");
-    assert_eq!(admission.ask(&other, "o1", "a", None, at(0)), Ask::Go);
+    assert_eq!(
+        admission.ask(&other, "o1", "a", None, LONGEST, at(0)),
+        Ask::Go
+    );
 }
 
 #[test]
@@ -335,7 +343,7 @@ fn while_a_sandbox_waits_for_a_node_everyone_else_waits_in_the_queue() {
     admission.scheduling(&run("a1"), "a1", Placement::Placed, at(2));
     assert_eq!(next(), Some(run("b1")));
     assert_eq!(
-        admission.ask(&run("b1"), "b1", "b", Some(at(1)), at(2)),
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(2)),
         Ask::Head
     );
 }
@@ -416,7 +424,7 @@ fn runs_that_came_before_the_queue_could_tell_its_rate_are_accepted_and_later_on
     for s in [6, 14, 22, 30, 38, 46, 54, 62, 70] {
         for i in 0..150 {
             let name = format!("w{i:03}");
-            let again = admission.ask(&run(&name), &name, &name, Some(at(1)), at(s));
+            let again = admission.ask(&run(&name), &name, &name, Some(at(1)), LONGEST, at(s));
             assert!(
                 matches!(again, Ask::Wait(_) | Ask::Head),
                 "{name} at {s}: {again:?}"
@@ -508,11 +516,74 @@ fn the_room_seen_lately_does_not_stand_for_sandboxes_when_no_pod_waits_for_a_nod
     // At 41 s the one sandbox has been held 21 s: four places ahead of a new call, 84 s.
     for i in 0..3 {
         let name = format!("w{i}");
-        admission.ask(&run(&name), &name, &name, Some(at(21)), at(41));
+        admission.ask(&run(&name), &name, &name, Some(at(21)), LONGEST, at(41));
     }
     let Ask::Refuse(refusal) = ask(&admission, "late", "z", at(41)) else {
         panic!("not refused: the room of five seen earlier stood for the one there is")
     };
     let expected = refusal.expected.unwrap().as_secs();
     assert!((80..=90).contains(&expected), "{expected}");
+}
+
+#[test]
+fn before_the_queue_can_tell_its_pace_a_run_that_might_wait_too_long_is_refused_and_told_to_come_back_soon()
+ {
+    // A new leader meets a burst: the quota let 20 cold Pods in, a node took 3, the 21st run was
+    // refused for quota and heads the queue. Nothing has been held long enough to tell a pace.
+    let admission = Admission::new(Duration::from_secs(60));
+    for i in 0..20 {
+        let name = format!("r{i:02}");
+        assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
+        admission.admitted(&run(&name), &name, false, at(0));
+    }
+    for i in 0..3 {
+        let name = format!("r{i:02}");
+        admission.scheduling(&run(&name), &name, Placement::Placed, at(1));
+    }
+    admission.no_room(&run("w00"), "w00", "w00", at(1));
+    // A run that may hold its sandbox 40 s: 17 Pods and 2 places ahead on 3 sandboxes are 7
+    // turns of up to 40 s, more than the 60 s it may wait. Refused at once, told to come back
+    // when the pace is known.
+    let longest = Duration::from_secs(40);
+    let Ask::Refuse(refusal) = admission.ask(&run("w01"), "w01", "w01", None, longest, at(1))
+    else {
+        panic!("a wait of up to 280 s accepted")
+    };
+    assert_eq!(refusal.expected, None);
+    assert_eq!(refusal.unknown_pace, Some(longest));
+    assert!(!refusal.last_resort);
+    assert_eq!(
+        u64::from(refusal.retry_after_seconds),
+        UNKNOWN_PACE_RETRY.as_secs()
+    );
+    assert!(
+        refusal
+            .message(Duration::from_secs(60))
+            .contains("pace is not known yet"),
+        "{}",
+        refusal.message(Duration::from_secs(60))
+    );
+    // Short runs fit even at the longest: 7 turns of 2 s.
+    assert!(matches!(
+        admission.ask(
+            &run("w02"),
+            "w02",
+            "w02",
+            None,
+            Duration::from_secs(2),
+            at(1)
+        ),
+        Ask::Wait(Place {
+            position: 2,
+            expected: None,
+            ..
+        })
+    ));
+    // At 7 s the 3 sandboxes have been held 6 s: half a run a second, (3 + 17) / 0.5 = 40 s for
+    // the next place. The pace decides now, whatever the run's own limit.
+    let Ask::Wait(place) = admission.ask(&run("w03"), "w03", "w03", None, longest, at(7)) else {
+        panic!("judged on the longest wait once the pace is known")
+    };
+    assert_eq!(place.position, 3);
+    assert_eq!(place.expected.map(|e| e.as_secs()), Some(40));
 }

@@ -5,6 +5,8 @@
 //! `Rejected` with reason `NoCapacity` and `status.retryAfterSeconds`: nothing ran, and the
 //! caller knows when to try again.
 
+use std::time::Duration;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -15,6 +17,7 @@ use tracing::info;
 use crate::admission::{Ask, HEAD_RETRY, Place, REFRESH, Refusal};
 use crate::controller::{Error, Reconcile};
 use crate::outcome::Outcome;
+use crate::python::pod::ACTIVE_DEADLINE_GRACE_SECONDS;
 
 /// What a run that needs a sandbox does next.
 pub enum Turn {
@@ -40,11 +43,16 @@ impl Reconcile<'_> {
     /// May this run ask for a sandbox now? Waits in the queue, or ends refused, otherwise.
     pub async fn turn(&self, prev: SandboxRunStatus) -> Result<Turn, Error> {
         let since = prev.queued_at.as_ref().map(|t| t.0);
+        // The most its sandbox can be held: its timeout and its Pod's start-up grace.
+        let longest = Duration::from_secs(u64::from(
+            self.run.spec.limits.effective().timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
+        ));
         let ask = self.ctx.admission.ask(
             &self.run_ref(),
             &self.uid(),
             &self.run.spec.agent,
             since,
+            longest,
             self.now,
         );
         match ask {
