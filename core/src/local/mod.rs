@@ -609,9 +609,13 @@ impl LocalSandbox {
             Some(armed) => armed,
             None => self.start(&limits, profile)?,
         };
+        let run = self
+            .finish(started, program, &limits, Teardown::Background, output)
+            .await;
+        // The replacement starts once the call has its result: a sandbox's start (gVisor boots
+        // a kernel: hundreds of milliseconds of CPU) would otherwise compete with the call.
         self.refill();
-        self.finish(started, program, &limits, Teardown::Background, output)
-            .await
+        run
     }
 
     /// Whether runs of `profile` can be started here: `Err` says why not and how to fix it.
