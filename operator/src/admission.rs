@@ -444,6 +444,47 @@ impl Admission {
         }
         let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
         self.enter(queue, run, uid, agent, queued_since.unwrap_or(now), now);
+        self.judge(queue, uid, arriving, longest, room, now)
+    }
+
+    /// Run `uid` asked for a sandbox and the quota had no room: it joins the queue (at the head
+    /// when nobody else waits), judged as any run that joins it is ([`Self::ask`]): a burst's
+    /// runs may all have been let ask before the first of them met the quota. Never
+    /// [`Ask::Head`]: the head asks again after [`HEAD_RETRY`], or when woken.
+    pub fn no_room(
+        &self,
+        run: &ObjectRef<SandboxRun>,
+        uid: &str,
+        agent: &str,
+        queued_since: Option<Timestamp>,
+        longest: Duration,
+        now: Timestamp,
+    ) -> Ask {
+        let mut queues = self.queues.lock().expect("not poisoned");
+        let queue = queues.entry(namespace_of(run)).or_default();
+        queue.drop_stale(now);
+        let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
+        let since = queue
+            .entries
+            .get(uid)
+            .map(|e| e.since)
+            .or(queued_since)
+            .unwrap_or(now);
+        self.enter(queue, run, uid, agent, since, now);
+        self.judge(queue, uid, arriving, longest, false, now)
+    }
+
+    /// What run `uid`, in `queue` now, does: asks (`may_ask`: the cluster has room, and it
+    /// heads the queue), waits, or is refused (on arrival, or at the last resort).
+    fn judge(
+        &self,
+        queue: &mut Queue,
+        uid: &str,
+        arriving: bool,
+        longest: Duration,
+        may_ask: bool,
+        now: Timestamp,
+    ) -> Ask {
         queue.saw_room_full(now);
         let since = queue.entries[uid].since;
         let position = queue.position(uid).unwrap_or(1);
@@ -465,7 +506,7 @@ impl Admission {
             )
             .unwrap_or(since);
         let out_of_time = now >= last_resort;
-        if room && position == 1 && !out_of_time {
+        if may_ask && position == 1 && !out_of_time {
             return Ask::Head;
         }
         if hopeless || out_of_time {
@@ -495,29 +536,6 @@ impl Admission {
             since,
             expected,
         })
-    }
-
-    /// Run `uid` asked for a sandbox and the quota had no room: it waits in the queue (at the
-    /// head when nobody else waits). Its place, with `since` as when it joined.
-    pub fn no_room(
-        &self,
-        run: &ObjectRef<SandboxRun>,
-        uid: &str,
-        agent: &str,
-        now: Timestamp,
-    ) -> Place {
-        let mut queues = self.queues.lock().expect("not poisoned");
-        let queue = queues.entry(namespace_of(run)).or_default();
-        queue.drop_stale(now);
-        let since = queue.entries.get(uid).map_or(now, |e| e.since);
-        self.enter(queue, run, uid, agent, since, now);
-        queue.saw_room_full(now);
-        let position = queue.position(uid).unwrap_or(1);
-        Place {
-            position,
-            since,
-            expected: queue.expected(position, now),
-        }
     }
 
     /// Run `uid` got its sandbox: it leaves the queue (if it waited there), and the next run

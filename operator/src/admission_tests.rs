@@ -37,7 +37,9 @@ fn with_nobody_waiting_a_run_asks_at_once() {
 #[test]
 fn a_run_the_quota_refused_heads_the_queue_and_later_runs_wait_behind_it() {
     let admission = Admission::new(Duration::from_secs(60));
-    let place = admission.no_room(&run("a1"), "a1", "a", at(0));
+    let Ask::Wait(place) = admission.no_room(&run("a1"), "a1", "a", None, LONGEST, at(0)) else {
+        panic!("not waiting")
+    };
     assert_eq!((place.position, place.since), (1, at(0)));
     // Nobody overtakes it: a new run waits even though it has not tried.
     assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
@@ -50,7 +52,7 @@ fn a_run_the_quota_refused_heads_the_queue_and_later_runs_wait_behind_it() {
 #[test]
 fn agents_take_turns_however_many_runs_each_has_waiting() {
     let admission = Admission::new(Duration::from_secs(600));
-    admission.no_room(&run("a1"), "a1", "a", at(0));
+    admission.no_room(&run("a1"), "a1", "a", None, LONGEST, at(0));
     for (i, name) in ["a2", "a3", "a4"].into_iter().enumerate() {
         ask(&admission, name, "a", at(1 + i as i64));
     }
@@ -99,7 +101,7 @@ fn turns_alternate_as_runs_are_admitted_not_only_on_arrival() {
     // Found on the cluster: ranked only among the runs still waiting, the heavy agent's next run
     // was older than the light agent's first and went ahead of it after every admission.
     let admission = Admission::new(Duration::from_secs(600));
-    admission.no_room(&run("a1"), "a1", "a", at(0));
+    admission.no_room(&run("a1"), "a1", "a", None, LONGEST, at(0));
     for name in ["a2", "a3", "a4"] {
         ask(&admission, name, "a", at(1));
     }
@@ -137,7 +139,7 @@ fn the_next_head_is_woken_when_the_head_gets_a_sandbox_or_a_run_ends() {
     futures::pin_mut!(wakeups);
     let mut next =
         || futures::FutureExt::now_or_never(futures::StreamExt::next(&mut wakeups)).flatten();
-    admission.no_room(&run("a1"), "a1", "a", at(0));
+    admission.no_room(&run("a1"), "a1", "a", None, LONGEST, at(0));
     ask(&admission, "b1", "b", at(0));
     ask(&admission, "c1", "c", at(1));
     admission.admitted(&run("a1"), "a1", true, at(2));
@@ -156,14 +158,14 @@ fn the_next_head_is_woken_when_the_head_gets_a_sandbox_or_a_run_ends() {
 /// A queue that admits one run a second for 20 s, with `waiting` runs behind its head.
 fn busy_queue(allowance: u64, waiting: usize) -> Admission {
     let admission = Admission::new(Duration::from_secs(allowance));
-    admission.no_room(&run("head"), "head", "h", at(0));
+    admission.no_room(&run("head"), "head", "h", None, LONGEST, at(0));
     for i in 0..waiting {
         let name = format!("w{i}");
         admission.ask(&run(&name), &name, &name, None, LONGEST, at(0));
     }
     for s in 1..=20 {
         let name = format!("served{s}");
-        admission.no_room(&run(&name), &name, &name, at(s));
+        admission.no_room(&run(&name), &name, &name, None, LONGEST, at(s));
         admission.admitted(&run(&name), &name, true, at(s));
         // One sandbox, each held for a second.
         let before = format!("served{}", s - 1);
@@ -218,7 +220,7 @@ fn a_run_the_queue_can_serve_in_time_waits_with_its_expected_wait() {
 #[test]
 fn an_accepted_run_waits_past_its_allowance_and_is_refused_only_as_a_last_resort() {
     let admission = Admission::new(Duration::from_secs(30));
-    admission.no_room(&run("head"), "head", "h", at(0));
+    admission.no_room(&run("head"), "head", "h", None, LONGEST, at(0));
     assert!(matches!(
         ask(&admission, "w", "w", at(0)),
         Ask::Wait(Place { position: 2, .. })
@@ -245,7 +247,7 @@ fn an_accepted_run_waits_past_its_allowance_and_is_refused_only_as_a_last_resort
 #[test]
 fn a_run_that_is_gone_stops_holding_the_head() {
     let admission = Admission::new(Duration::from_secs(600));
-    admission.no_room(&run("gone"), "gone", "a", at(0));
+    admission.no_room(&run("gone"), "gone", "a", None, LONGEST, at(0));
     assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
     // b1 keeps being reconciled; the deleted run does not.
     for s in [3, 6, 9] {
@@ -274,7 +276,7 @@ fn after_a_restart_waiting_runs_take_their_recorded_places() {
 #[test]
 fn queues_of_different_namespaces_are_separate() {
     let admission = Admission::new(Duration::from_secs(60));
-    admission.no_room(&run("a1"), "a1", "a", at(0));
+    admission.no_room(&run("a1"), "a1", "a", None, LONGEST, at(0));
     let other = ObjectRef::new("o1").within("elsewhere");
     assert_eq!(
         admission.ask(&other, "o1", "a", None, LONGEST, at(0)),
@@ -296,7 +298,7 @@ fn sandboxes_held_now_tell_the_rate_before_the_queue_has_admitted_anyone() {
         admission.ended(&run(&name), &name, at(10));
     }
     // The other five free theirs at about one every 2 s: a queue of 40 would wait ~80 s.
-    admission.no_room(&run("head"), "head", "h", at(10));
+    admission.no_room(&run("head"), "head", "h", None, LONGEST, at(10));
     for i in 0..38 {
         let name = format!("w{i}");
         ask(&admission, &name, &name, at(10));
@@ -316,7 +318,7 @@ fn sandboxes_held_now_tell_the_rate_before_the_queue_has_admitted_anyone() {
     fresh.admitted(&run("x"), "x", true, at(0));
     fresh.ended(&run("x"), "x", at(4));
     fresh.admitted(&run("y"), "y", true, at(4));
-    fresh.no_room(&run("h"), "h", "h", at(5));
+    fresh.no_room(&run("h"), "h", "h", None, LONGEST, at(5));
     assert!(matches!(ask(&fresh, "z", "z", at(5)), Ask::Wait(_)));
 }
 
@@ -410,7 +412,7 @@ fn runs_that_came_before_the_queue_could_tell_its_rate_are_accepted_and_later_on
         assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
         admission.admitted(&run(&name), &name, true, at(0));
     }
-    admission.no_room(&run("w000"), "w000", "w000", at(1));
+    admission.no_room(&run("w000"), "w000", "w000", None, LONGEST, at(1));
     // A burst a second after the sandboxes were taken: nothing to tell a rate by yet.
     for i in 1..150 {
         let name = format!("w{i:03}");
@@ -450,7 +452,7 @@ fn saw_room(admission: &Admission, room: usize) {
         assert_eq!(ask(admission, &name, &name, at(0)), Ask::Go);
         admission.admitted(&run(&name), &name, true, at(0));
     }
-    admission.no_room(&run("q"), "q", "q", at(0));
+    admission.no_room(&run("q"), "q", "q", None, LONGEST, at(0));
     for i in 0..room {
         let name = format!("e{i}");
         admission.ended(&run(&name), &name, at(5));
@@ -471,7 +473,7 @@ fn in_the_first_seconds_of_a_burst_the_room_seen_lately_stands_for_the_sandboxes
         assert_eq!(ask(&admission, &name, &name, at(100)), Ask::Go);
         admission.admitted(&run(&name), &name, false, at(100));
     }
-    admission.no_room(&run("w00"), "w00", "w00", at(100));
+    admission.no_room(&run("w00"), "w00", "w00", None, LONGEST, at(100));
     let mut waiting = 1;
     let refusal = loop {
         let name = format!("w{waiting:02}");
@@ -511,7 +513,7 @@ fn the_room_seen_lately_does_not_stand_for_sandboxes_when_no_pod_waits_for_a_nod
     admission.admitted(&run("holder"), "holder", true, at(20));
     for i in 0..3 {
         let name = format!("w{i}");
-        admission.no_room(&run(&name), &name, &name, at(21));
+        admission.no_room(&run(&name), &name, &name, None, LONGEST, at(21));
     }
     // At 41 s the one sandbox has been held 21 s: four places ahead of a new call, 84 s.
     for i in 0..3 {
@@ -528,8 +530,8 @@ fn the_room_seen_lately_does_not_stand_for_sandboxes_when_no_pod_waits_for_a_nod
 #[test]
 fn before_the_queue_can_tell_its_pace_a_run_that_might_wait_too_long_is_refused_and_told_to_come_back_soon()
  {
-    // A new leader meets a burst: the quota let 20 cold Pods in, a node took 3, the 21st run was
-    // refused for quota and heads the queue. Nothing has been held long enough to tell a pace.
+    // A new leader meets a burst: the quota let 20 cold Pods in and a node took 3. Nothing has
+    // been held long enough to tell a pace.
     let admission = Admission::new(Duration::from_secs(60));
     for i in 0..20 {
         let name = format!("r{i:02}");
@@ -540,15 +542,16 @@ fn before_the_queue_can_tell_its_pace_a_run_that_might_wait_too_long_is_refused_
         let name = format!("r{i:02}");
         admission.scheduling(&run(&name), &name, Placement::Placed, at(1));
     }
-    admission.no_room(&run("w00"), "w00", "w00", at(1));
-    // A run that may hold its sandbox 40 s: 17 Pods and 2 places ahead on 3 sandboxes are 7
-    // turns of up to 40 s, more than the 60 s it may wait. Refused at once, told to come back
-    // when the pace is known.
+    // The 21st run, refused for quota, may hold its sandbox 40 s: 17 Pods and its own place
+    // ahead on 3 sandboxes are 6 turns of up to 40 s, more than the 60 s it may wait. Refused at
+    // once (its reconcile, like the burst's others, had been let ask while nobody waited), and
+    // told to come back when the pace is known.
     let longest = Duration::from_secs(40);
-    let Ask::Refuse(refusal) = admission.ask(&run("w01"), "w01", "w01", None, longest, at(1))
+    let Ask::Refuse(refusal) = admission.no_room(&run("w01"), "w01", "w01", None, longest, at(1))
     else {
-        panic!("a wait of up to 280 s accepted")
+        panic!("a wait of up to 240 s accepted")
     };
+    assert_eq!(refusal.position, 1);
     assert_eq!(refusal.expected, None);
     assert_eq!(refusal.unknown_pace, Some(longest));
     assert!(!refusal.last_resort);
@@ -563,27 +566,35 @@ fn before_the_queue_can_tell_its_pace_a_run_that_might_wait_too_long_is_refused_
         "{}",
         refusal.message(Duration::from_secs(60))
     );
-    // Short runs fit even at the longest: 7 turns of 2 s.
+    // Short runs fit even at the longest: 6 turns of 2 s. The next, with 40 s, arrives behind
+    // it: 7 turns, refused.
+    let short = Duration::from_secs(2);
     assert!(matches!(
-        admission.ask(
-            &run("w02"),
-            "w02",
-            "w02",
-            None,
-            Duration::from_secs(2),
-            at(1)
-        ),
+        admission.no_room(&run("w02"), "w02", "w02", None, short, at(1)),
         Ask::Wait(Place {
-            position: 2,
+            position: 1,
             expected: None,
             ..
         })
     ));
-    // At 7 s the 3 sandboxes have been held 6 s: half a run a second, (3 + 17) / 0.5 = 40 s for
+    assert!(matches!(
+        admission.ask(&run("w03"), "w03", "w03", None, longest, at(1)),
+        Ask::Refuse(Refusal {
+            position: 2,
+            unknown_pace: Some(_),
+            ..
+        })
+    ));
+    // A run that waits keeps its place when it asks again: judged once, on arrival.
+    assert!(matches!(
+        admission.no_room(&run("w02"), "w02", "w02", Some(at(1)), longest, at(2)),
+        Ask::Wait(Place { position: 1, .. })
+    ));
+    // At 7 s the 3 sandboxes have been held 6 s: half a run a second, (2 + 17) / 0.5 = 38 s for
     // the next place. The pace decides now, whatever the run's own limit.
-    let Ask::Wait(place) = admission.ask(&run("w03"), "w03", "w03", None, longest, at(7)) else {
+    let Ask::Wait(place) = admission.ask(&run("w04"), "w04", "w04", None, longest, at(7)) else {
         panic!("judged on the longest wait once the pace is known")
     };
-    assert_eq!(place.position, 3);
-    assert_eq!(place.expected.map(|e| e.as_secs()), Some(40));
+    assert_eq!(place.position, 2);
+    assert_eq!(place.expected.map(|e| e.as_secs()), Some(38));
 }

@@ -42,17 +42,12 @@ impl Reconcile<'_> {
 
     /// May this run ask for a sandbox now? Waits in the queue, or ends refused, otherwise.
     pub async fn turn(&self, prev: SandboxRunStatus) -> Result<Turn, Error> {
-        let since = prev.queued_at.as_ref().map(|t| t.0);
-        // The most its sandbox can be held: its timeout and its Pod's start-up grace.
-        let longest = Duration::from_secs(u64::from(
-            self.run.spec.limits.effective().timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
-        ));
         let ask = self.ctx.admission.ask(
             &self.run_ref(),
             &self.uid(),
             &self.run.spec.agent,
-            since,
-            longest,
+            prev.queued_at.as_ref().map(|t| t.0),
+            self.longest_hold(),
             self.now,
         );
         match ask {
@@ -66,16 +61,30 @@ impl Reconcile<'_> {
     }
 
     /// The quota had no room for the run's Pod: it waits in the queue (ahead of runs that come
-    /// later, behind those already there).
+    /// later, behind those already there), or is refused when it could not get a sandbox in time.
     pub async fn no_room(&self, prev: &SandboxRunStatus, message: &str) -> Result<Action, Error> {
-        info!(run = %self.name, reason = %message, "no room in the namespace's quota; the run waits in the queue");
-        let place = self.ctx.admission.no_room(
+        info!(run = %self.name, reason = %message, "no room in the namespace's quota; the run joins the queue");
+        let ask = self.ctx.admission.no_room(
             &self.run_ref(),
             &self.uid(),
             &self.run.spec.agent,
+            prev.queued_at.as_ref().map(|t| t.0),
+            self.longest_hold(),
             self.now,
         );
-        self.wait(prev, &place).await
+        match ask {
+            Ask::Wait(place) => self.wait(prev, &place).await,
+            Ask::Refuse(refusal) => self.refuse(prev, &refusal).await,
+            // Not answered after a refusal for quota: the run asks again when its turn comes.
+            Ask::Go | Ask::Head => Ok(Action::requeue(HEAD_RETRY)),
+        }
+    }
+
+    /// The most this run can hold a sandbox: its timeout and its Pod's start-up grace.
+    fn longest_hold(&self) -> Duration {
+        Duration::from_secs(u64::from(
+            self.run.spec.limits.effective().timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
+        ))
     }
 
     /// Records the run's place (when it changed enough to be worth a write) and looks again
