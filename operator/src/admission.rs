@@ -365,6 +365,15 @@ impl Queue {
         }
     }
 
+    /// How long each sandbox ahead may be held, for a queue that cannot tell its pace: the
+    /// average hold seen lately if a run has ended (nothing may run now: the Pods ahead are not
+    /// placed yet), else `longest`, the arriving run's own limit.
+    fn turn_at_most(&self, longest: Duration) -> Duration {
+        self.hold
+            .and_then(|h| Duration::try_from_secs_f64(h).ok())
+            .unwrap_or(longest)
+    }
+
     /// The longest the run at `position` can wait when every sandbox ahead of it is held for
     /// `longest`: the runs waiting for a node and the queue ahead taking turns on the sandboxes
     /// running now (at least one). For a queue that cannot tell its pace yet.
@@ -493,11 +502,12 @@ impl Admission {
         // refused now; without a pace, one that might not, were every sandbox ahead held as long
         // as this run may hold one. One accepted waits for its sandbox, even past the allowance
         // when the pace was slower than it said, up to the last resort.
-        let unknown_pace = (arriving && expected.is_none()).then_some(longest);
+        let turn = queue.turn_at_most(longest);
+        let unknown_pace = (arriving && expected.is_none()).then_some(turn);
         let hopeless = arriving
             && match expected {
                 Some(e) => e > self.allowance,
-                None => queue.longest_wait(position, longest) > self.allowance,
+                None => queue.longest_wait(position, turn) > self.allowance,
             };
         let last_resort = since
             .checked_add(

@@ -598,3 +598,26 @@ fn before_the_queue_can_tell_its_pace_a_run_that_might_wait_too_long_is_refused_
     assert_eq!(place.position, 2);
     assert_eq!(place.expected.map(|e| e.as_secs()), Some(38));
 }
+
+#[test]
+fn before_a_sandbox_is_placed_the_hold_seen_lately_bounds_the_wait_not_the_runs_whole_limit() {
+    // Runs held their sandboxes 2 s each lately (the queue's cluster test's first call).
+    let admission = Admission::new(Duration::from_secs(60));
+    assert_eq!(ask(&admission, "x", "x", at(0)), Ask::Go);
+    admission.admitted(&run("x"), "x", true, at(0));
+    admission.ended(&run("x"), "x", at(2));
+    // A long run takes the one sandbox; its Pod is not placed yet when the next calls meet the
+    // quota: nothing runs, so the pace cannot be told.
+    assert_eq!(ask(&admission, "holder", "h", at(10)), Ask::Go);
+    admission.admitted(&run("holder"), "holder", false, at(10));
+    let longest = Duration::from_secs(100);
+    // Bounded by the 2-s hold, not by 100 s: the holder's Pod and 3 places are 8 s.
+    for (i, name) in ["w0", "w1", "w2"].into_iter().enumerate() {
+        let asked = if i == 0 {
+            admission.no_room(&run(name), name, name, None, longest, at(11))
+        } else {
+            admission.ask(&run(name), name, name, None, longest, at(11))
+        };
+        assert!(matches!(asked, Ask::Wait(_)), "{name}: {asked:?}");
+    }
+}
