@@ -16,9 +16,9 @@
 //! whose Pod waits for a node, over the rate at which the queue admits runs) is longer than the
 //! allowance is refused at once, with the expected wait as a retry hint. Before the queue can
 //! tell its pace (a new leader, or the first seconds of a burst: no sandbox held long enough to
-//! tell), the wait is bounded instead by the longest it can be: every sandbox ahead held for as
-//! long as the arriving run may hold one; a run refused on that bound is told to retry once the
-//! pace is known ([`UNKNOWN_PACE_RETRY`]). One accepted waits for its sandbox, also when the pace
+//! tell), the wait is bounded instead by the longest it can be: every sandbox ahead held as long
+//! as runs were held lately, or, before any ended, as long as the arriving run may hold one; a
+//! run refused on that bound is told to retry once the pace is known ([`UNKNOWN_PACE_RETRY`]). One accepted waits for its sandbox, also when the pace
 //! turns out slower than estimated, and is refused only as a last resort, at twice the allowance
 //! (a queue that stopped moving): no run fails or times out only because others were ahead of
 //! it, and a caller refused hears it at once.
@@ -500,7 +500,7 @@ impl Admission {
         let expected = queue.expected(position, now);
         // Decided on arrival: a run the queue's pace says cannot start within the allowance is
         // refused now; without a pace, one that might not, were every sandbox ahead held as long
-        // as this run may hold one. One accepted waits for its sandbox, even past the allowance
+        // as runs were held lately (or, before any ended, as this run may hold one). One accepted waits for its sandbox, even past the allowance
         // when the pace was slower than it said, up to the last resort.
         let turn = queue.turn_at_most(longest);
         let unknown_pace = (arriving && expected.is_none()).then_some(turn);
