@@ -34,9 +34,9 @@ pub use query::{
     load_databases_file, redact_url,
 };
 pub use runner::{
-    CANARY_ENV, EnvelopeError, NO_PROGRAM_EXIT, NotRun, NotRunReason, Observed, OutputChunk,
-    OutputFn, PROGRAM_RECEIVED, Program, RUNNER_SCRIPT, RunnerResult, Stream, parse_envelope,
-    parse_output_line, program_frame, runner_argv,
+    CANARY_ENV, EnvelopeError, IDLE_MARK, NO_PROGRAM_EXIT, NotRun, NotRunReason, Observed,
+    OutputChunk, OutputFn, PROGRAM_RECEIVED, Program, RUNNER_SCRIPT, RunnerResult, Stream,
+    parse_envelope, parse_output_line, program_frame, runner_argv,
 };
 pub use sql::{
     Columns, GuardViolation, GuardedQuery, SqlDialect, SqlRules, TableRule, ViolationKind, guard,

@@ -956,6 +956,19 @@ def preload(modules, reader):
     return None
 
 
+def mark_idle():
+    """Creates TMP/.sandboxrun-idle (core/src/runner.rs, IDLE_MARK: the startup probe of a pool's
+    preloading sandbox waits for it); returns its path, or None if it could not be made, which only
+    keeps such a sandbox out of its pool's ready ones (replaced when the probe gives up)."""
+    path = os.path.join(TMP, ".sandboxrun-idle")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600))
+    except OSError as exc:
+        sys.stderr.write("runner: cannot mark the sandbox idle: %r\n" % (exc,))
+        return None
+    return path
+
+
 def make_unreachable():
     """Makes this process non-dumpable; returns why not, or None on success."""
     try:
@@ -1038,7 +1051,16 @@ def main(argv):
     # (Prepared), unless the code may not run at all.
     prepared = Prepared(replaced, max_procs, env) if why is None and unsafe is None else None
     if not received:
+        # Idle: nothing is left to do before the program. A pool's sandbox of a profile with a
+        # PRELOAD is counted ready only from here (its startup probe tests for this file), not
+        # from its start: a run given it before would wait for the imports.
+        idle = mark_idle()
         program = receive_program()
+        if idle is not None:
+            try:
+                os.unlink(idle)
+            except OSError:
+                pass
     if program is None:
         if prepared is not None:
             prepared.discard()

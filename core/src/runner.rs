@@ -18,6 +18,12 @@ pub const RUNNER_SCRIPT: &str = include_str!("runner.py");
 /// The protocol version this crate reads and the runner writes (`"sandboxrun": 1`).
 pub const ENVELOPE_VERSION: u64 = 1;
 
+/// The file the runner creates in its /tmp when it has nothing left to do before its program
+/// (its imports done, the code's process forked), and removes when the program has come: a
+/// pool's sandbox that preloads is ready from then on (its startup probe tests for it), not from
+/// its container's start.
+pub const IDLE_MARK: &str = "/tmp/.sandboxrun-idle";
+
 /// The command line of a sandbox of `profile`:
 /// `python3 -I -S -c RUNNER OUTPUT_BYTES PIDS TIMEOUT_SECONDS [PRELOAD]`.
 /// `-I` ignores the environment and the user site, `-S` skips `site` so nothing from the image

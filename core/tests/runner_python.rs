@@ -5,14 +5,15 @@
 // Tests state what they expect with unwrap and expect: a failure is the message.
 #![allow(clippy::unwrap_used)]
 
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use sandboxrun_core::files::OmitReason;
 use sandboxrun_core::runner::ISOLATION_NOT_IN_FORCE_EXIT;
 use sandboxrun_core::{
-    CANARY_ENV, FileCaps, InputFile, Limits, NO_PROGRAM_EXIT, NotRunReason, Profile, Program,
-    RunnerResult, parse_envelope, program_frame, runner_argv,
+    CANARY_ENV, FileCaps, IDLE_MARK, InputFile, Limits, NO_PROGRAM_EXIT, NotRunReason, Profile,
+    Program, RunnerResult, parse_envelope, program_frame, runner_argv,
 };
 
 fn run(code: &str, output_bytes: u32) -> (RunnerResult, Output) {
@@ -317,6 +318,40 @@ fn the_codes_process_is_forked_before_the_program_arrives_and_gets_nothing_of_th
             format!("{prepared}\n{loaded}\n[0, 1, 2]\n''\n"),
             "{preload:?}"
         );
+    }
+}
+
+#[test]
+fn the_runner_marks_itself_idle_once_prepared_and_the_code_never_sees_the_mark() {
+    use std::io::Write;
+    for preload in ["", "json,email.mime.text"] {
+        let (mut runner, tmp) = idle_runner(preload);
+        let mark = tmp.join(Path::new(IDLE_MARK).file_name().unwrap());
+        // What a pool's startup probe waits for (the cause, bounded only against a broken runner).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !mark.exists() {
+            assert!(Instant::now() < deadline, "{preload:?}: never marked idle");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // By then the imports are done and the code's process forked: a claim waits for neither.
+        assert_eq!(children_of(runner.id()).len(), 1, "{preload:?}");
+        let code = format!(
+            "import os\nprint(os.path.exists({:?}))",
+            mark.to_str().unwrap()
+        );
+        let mut stdin = runner.stdin.take().unwrap();
+        stdin
+            .write_all(&program_frame(&Program::code(&code), &Limits::default()))
+            .unwrap();
+        drop(stdin);
+        let out = runner.wait_with_output().unwrap();
+        let r = parse_envelope(&String::from_utf8_lossy(&out.stdout)).unwrap();
+        assert_eq!(r.stdout, "False\n", "{preload:?}: {}", r.stderr);
+        assert!(
+            !mark.exists(),
+            "{preload:?}: the mark outlived the idle wait"
+        );
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 }
 

@@ -943,7 +943,7 @@ async fn a_started_pod_the_status_does_not_name_is_recorded_before_its_program_i
         let pod = s.pod.as_mut().unwrap();
         pod["status"] = json!({"phase": "Running", "containerStatuses": [{
             "name": "sandbox", "image": "sandbox:test", "imageID": "", "ready": true,
-            "restartCount": 0, "state": {"running": {"startedAt": Timestamp::now().to_string()}}}]});
+            "started": true, "restartCount": 0, "state": {"running": {"startedAt": Timestamp::now().to_string()}}}]});
     });
     api.take_requests();
     // The fake API server has no attach stream: the feed fails, after the record.
@@ -1101,7 +1101,7 @@ async fn a_created_pod_is_attached_to_early_but_only_once_recorded() {
     api.with(|s| {
         s.pod.as_mut().unwrap()["status"] = json!({"phase": "Running", "containerStatuses": [{
             "name": "sandbox", "image": "sandbox:test", "imageID": "", "ready": true,
-            "restartCount": 0, "state": {"running": {"startedAt": Timestamp::now().to_string()}}}]});
+            "started": true, "restartCount": 0, "state": {"running": {"startedAt": Timestamp::now().to_string()}}}]});
     });
     let action = reconcile_as(cached(&api), &ctx).await;
     assert_eq!(
@@ -1131,7 +1131,7 @@ fn pool_pod(name: &str, rv: &str) -> Value {
     pod["metadata"]["creationTimestamp"] = json!(Timestamp::now().to_string());
     pod["status"] = json!({"phase": "Running", "startTime": Timestamp::now().to_string(),
         "containerStatuses": [{"name": "sandbox", "image": "img", "imageID": "", "ready": true,
-            "restartCount": 0, "state": {"running": {"startedAt": Timestamp::now().to_string()}}}]});
+            "started": true, "restartCount": 0, "state": {"running": {"startedAt": Timestamp::now().to_string()}}}]});
     pod
 }
 
@@ -1385,6 +1385,52 @@ async fn a_run_that_loses_every_claim_goes_cold() {
     );
     // The pool's Pods are untouched: a lost claim changes nothing.
     assert_eq!(api.with(|s| s.pool_pods.len()), 2);
+}
+
+/// [`pool_pod`] whose runner is still importing: running, its startup probe not passed yet.
+fn importing_pool_pod(name: &str, rv: &str) -> Value {
+    let mut pod = pool_pod(name, rv);
+    pod["status"]["containerStatuses"][0]["started"] = json!(false);
+    pod["status"]["containerStatuses"][0]["ready"] = json!(false);
+    pod
+}
+
+#[tokio::test]
+async fn a_run_takes_a_ready_sandbox_first_and_one_still_importing_before_going_cold() {
+    let claimed = |pods: Vec<Value>| async move {
+        let api = FakeApi::start(default_limits_run()).await;
+        api.with(|s| s.pool_pods = pods);
+        let ctx = context_with_pool(&api);
+        // The fake has no attach stream: the hand-over fails after the claim is recorded.
+        let err = reconcile(Arc::new(cached(&api)), ctx).await;
+        assert!(matches!(err, Err(Error::Feed { .. })), "{err:?}");
+        let requests = api.take_requests();
+        let claims: Vec<String> = requests
+            .iter()
+            .filter_map(|r| r.strip_prefix(&format!("PATCH /api/v1/namespaces/{NS}/pods/")))
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            !requests.iter().any(|r| r.starts_with("POST /api/v1")),
+            "never cold: {requests:?}"
+        );
+        (claims, api.status())
+    };
+    // The importing one is older, the ready one is still taken first.
+    let (claims, status) = claimed(vec![
+        importing_pool_pod("default-aaaaa", "7"),
+        pool_pod("default-bbbbb", "8"),
+    ])
+    .await;
+    assert_eq!(claims, ["default-bbbbb"]);
+    assert_eq!(status["podName"], "default-bbbbb", "{status}");
+    // None ready: the one importing, whose runner reads the program beside its imports.
+    let (claims, status) = claimed(vec![importing_pool_pod("default-aaaaa", "7")]).await;
+    assert_eq!(claims, ["default-aaaaa"]);
+    assert_eq!(
+        (&status["podName"], &status["path"]),
+        (&json!("default-aaaaa"), &json!("Warm"))
+    );
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -239,14 +239,21 @@ pub fn build(pool: &SandboxPool, operator: &SandboxConfig) -> Option<Pod> {
     // the operator is gone. A claim shortens it to the run's own deadline.
     let deadline = i64::from(pool.spec.max_idle_seconds)
         + i64::from(MAX_TIMEOUT_SECONDS + ACTIVE_DEADLINE_GRACE_SECONDS);
-    Some(pod::sandbox_pod(
+    let mut idle = pod::sandbox_pod(
         metadata,
         &sandbox_config(pool, operator),
         pool.spec.profile,
         &limits,
         deadline,
         &pool.spec.cpu_request,
-    ))
+    );
+    if !pool.spec.profile.preloaded_modules().is_empty() {
+        let containers = idle.spec.as_mut().map(|s| s.containers.iter_mut());
+        for container in containers.into_iter().flatten() {
+            container.startup_probe = Some(pod::idle_probe());
+        }
+    }
+    Some(idle)
 }
 
 /// What a pool holds, from a fresh list of its Pods.
@@ -260,19 +267,28 @@ pub struct Sorted {
     pub doomed: Vec<(String, String)>,
 }
 
-/// Whether `pod`'s sandbox container is running (the runner waits on stdin).
+/// Whether `pod`'s sandbox is ready: running, with nothing left to do before its program (with
+/// a preload, its startup probe saw the imports done: [`pod::idle_probe`]).
 pub fn is_ready(pod: &Pod) -> bool {
-    let status = pod.status.as_ref();
-    status.and_then(|s| s.phase.as_deref()) == Some("Running")
-        && status
-            .and_then(|s| s.container_statuses.as_ref())
-            .into_iter()
-            .flatten()
-            .any(|c| {
-                c.name == CONTAINER
-                    && c.state.as_ref().is_some_and(|s| s.running.is_some())
-                    && c.restart_count == 0
-            })
+    is_running(pod) && container_status(pod).is_some_and(|c| c.started == Some(true))
+}
+
+/// Whether `pod`'s sandbox can take a program: its runner runs and reads stdin (a preloading one
+/// may still be importing: the program is read beside the imports).
+pub fn is_running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && container_status(pod).is_some_and(|c| {
+            c.state.as_ref().is_some_and(|s| s.running.is_some()) && c.restart_count == 0
+        })
+}
+
+fn container_status(pod: &Pod) -> Option<&ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == CONTAINER)
 }
 
 /// Sorts a pool's Pods: ready, starting, or to be deleted. Pods being deleted count as gone.

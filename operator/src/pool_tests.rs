@@ -43,7 +43,8 @@ fn pod(name: &str, created: &str, profile: &str, phase: &str, state: serde_json:
         },
         "status": {
             "phase": phase,
-            "containerStatuses": [{"name": "sandbox", "image": "img", "imageID": "", "ready": true,
+            "containerStatuses": [{"name": "sandbox", "image": "img", "imageID": "",
+                "ready": state.get("running").is_some(), "started": state.get("running").is_some(),
                 "restartCount": 0, "state": state}],
         },
     }))
@@ -79,6 +80,13 @@ fn pods_are_sorted_into_ready_starting_and_doomed() {
             "Pending",
             json!({"waiting": {"reason": "ContainerCreating"}}),
         ),
+        // Running, its startup probe not passed yet: a preloading runner still importing.
+        {
+            let mut p = pod("importing", T0, &profile, "Running", running());
+            let statuses = p.status.as_mut().unwrap().container_statuses.as_mut();
+            statuses.unwrap()[0].started = Some(false);
+            p
+        },
         pod("stale", T0, "another-profile", "Running", running()),
         pod(
             "ended",
@@ -98,7 +106,7 @@ fn pods_are_sorted_into_ready_starting_and_doomed() {
     let sorted = sort(&pods, &profile, 3600, t("2026-12-01T08:30:00Z"));
     // Oldest first: the next to expire is claimed first.
     assert_eq!(sorted.ready, ["old", "young"]);
-    assert_eq!(sorted.starting, ["boot"]);
+    assert_eq!(sorted.starting, ["boot", "importing"]);
     let doomed: Vec<_> = sorted.doomed.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(doomed, ["stale", "ended", "ancient"]);
 }
@@ -183,6 +191,13 @@ fn a_data_pool_sandbox_runs_the_data_image_and_imports_its_stack_while_it_waits(
             "numpy,pandas,matplotlib,matplotlib.pyplot,scipy"
         ]
     );
+    // Counted ready only once the runner marks itself idle, its imports done.
+    let probe = c.startup_probe.as_ref().expect("a startup probe");
+    let exec = probe.exec.as_ref().unwrap().command.as_ref().unwrap();
+    assert_eq!(exec, &["/usr/bin/test", "-e", sandboxrun_core::IDLE_MARK]);
+    // The minimal profile imports nothing: ready when it runs, no exec into it.
+    let minimal = build(&pool(1), &operator()).unwrap();
+    assert_eq!(minimal.spec.unwrap().containers[0].startup_probe, None);
 }
 
 #[test]

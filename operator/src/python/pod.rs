@@ -4,14 +4,15 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, Pod, PodDNSConfig, PodSecurityContext,
-    PodSpec, ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, ExecAction, Pod, PodDNSConfig,
+    PodSecurityContext, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 use sandboxrun_api::SandboxRun;
-use sandboxrun_core::{CANARY_ENV, FileCaps, Limits, Profile, Tool, runner_argv};
+use sandboxrun_core::{CANARY_ENV, FileCaps, IDLE_MARK, Limits, Profile, Tool, runner_argv};
 
 /// Name of the single container of a sandbox Pod.
 pub const CONTAINER: &str = "sandbox";
@@ -285,6 +286,29 @@ pub fn limits_annotation(limits: &Limits) -> BTreeMap<String, String> {
         .ok()
         .map(|json| BTreeMap::from([(LIMITS_ANNOTATION.to_owned(), json)]))
         .unwrap_or_default()
+}
+
+/// The startup probe of a pool's sandbox whose runner preloads: the container counts as started
+/// (and the Pod as ready to claim) once the runner has marked itself idle, its imports done
+/// ([`IDLE_MARK`]); before, a claimed sandbox would make its run wait for the imports (seconds
+/// under gVisor). A run's own Pod has none: its program comes during the imports. `test` is
+/// coreutils' (both images are Debian); one exec a second until the mark is there, none after.
+pub fn idle_probe() -> Probe {
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(vec![
+                "/usr/bin/test".to_owned(),
+                "-e".to_owned(),
+                IDLE_MARK.to_owned(),
+            ]),
+        }),
+        period_seconds: Some(1),
+        timeout_seconds: Some(5),
+        // Ten minutes for the imports of a crowded node; then the kubelet kills the container and
+        // the pool replaces its Pod (restartPolicy Never).
+        failure_threshold: Some(600),
+        ..Default::default()
+    }
 }
 
 /// A sandbox Pod with `metadata`: every isolation setting, the runner waiting for its program on

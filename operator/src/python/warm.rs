@@ -31,7 +31,7 @@ use super::pod::{self, ACTIVE_DEADLINE_GRACE_SECONDS, SandboxConfig};
 use crate::controller::{Error, Reconcile, until};
 use crate::pool::{
     self, CLAIMED_AT_ANNOTATION, ClaimInDoubt, FROM_POOL_ANNOTATION, LABEL_POOL, LABEL_PROFILE,
-    is_ready,
+    is_ready, is_running,
 };
 
 /// Ready Pods of one pool tried before the run goes cold: each try is one patch, and a conflict
@@ -167,11 +167,12 @@ impl Reconcile<'_> {
                 .iter()
                 .find(|p| p.metadata.name.as_deref() == Some(name.as_str()));
             let Some(pool_obj) = pool_ref else { continue };
-            if pool_obj
-                .status
-                .as_ref()
-                .is_some_and(|st| st.ready_replicas == 0)
-            {
+            // A preloading pool's starting sandboxes may be importing: one of them is still
+            // sooner than a sandbox of the run's own, which would have to start and import.
+            let preloads = !pool_obj.spec.profile.preloaded_modules().is_empty();
+            if pool_obj.status.as_ref().is_some_and(|st| {
+                st.ready_replicas == 0 && (st.starting_replicas == 0 || !preloads)
+            }) {
                 // Empty as of its last reconcile (a claim wakes it at once): under load, runs
                 // that wait for room in the quota would otherwise list it every few seconds each.
                 ctx.metrics
@@ -189,15 +190,22 @@ impl Reconcile<'_> {
                 .pods
                 .list(&ListParams::default().labels(&selector))
                 .await?;
-            let mut ready: Vec<&Pod> = listed
-                .items
-                .iter()
-                .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
-                .collect();
+            let live = || {
+                listed
+                    .items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+            };
+            let mut ready: Vec<&Pod> = live().filter(|p| is_ready(p)).collect();
             // In an order of this run's own: runs arriving together then try different Pods
             // first instead of all racing for the same one.
             ready.sort_by_key(|p| pod::short_hash(&format!("{uid}/{}", p.name_any())));
-            for candidate in ready.into_iter().take(CLAIM_ATTEMPTS) {
+            // Then those still importing, the oldest (the furthest along) first: their runner
+            // reads the program beside its imports, as a run's own sandbox does.
+            let mut importing: Vec<&Pod> =
+                live().filter(|p| is_running(p) && !is_ready(p)).collect();
+            importing.sort_by_key(|p| p.metadata.creation_timestamp.clone());
+            for candidate in ready.into_iter().chain(importing).take(CLAIM_ATTEMPTS) {
                 let Some(pod_name) = candidate.metadata.name.clone() else {
                     continue;
                 };
@@ -231,7 +239,7 @@ impl Reconcile<'_> {
                             .warm_claim
                             .observe(started.elapsed().as_secs_f64());
                         ctx.metrics.warm_claim_result(&key, true);
-                        info!(run = %self.name, pod = %pod_name, pool = %name, claim_ms = started.elapsed().as_millis(), "claimed a warm sandbox");
+                        info!(run = %self.name, pod = %pod_name, pool = %name, claim_ms = started.elapsed().as_millis(), importing = !is_ready(candidate), "claimed a warm sandbox");
                         return Ok(Some(Claimed {
                             pod: pod_name,
                             pool: name,
@@ -330,7 +338,7 @@ impl Reconcile<'_> {
             if p.metadata.deletion_timestamp.is_some() || !pod::belongs_to(&p, self.run) {
                 continue;
             }
-            if !is_ready(&p) {
+            if !is_running(&p) {
                 // It got nothing and cannot take the program now: give it up.
                 self.delete_pod(&p.name_any()).await?;
                 continue;
