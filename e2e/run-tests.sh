@@ -97,6 +97,45 @@ prom_output="$("$REPO_ROOT/e2e/prometheus/start.sh")"
 export SANDBOXRUN_TEST_PROMETHEUS_URL="${prom_output##*PROMETHEUS_URL=}"   # the last line is PROMETHEUS_URL=<url>
 export SANDBOXRUN_REQUIRE_PROMETHEUS=1
 
+# The cluster starts beside the compile: up.sh mostly waits (containerd's image imports, the
+# control plane's start), 50 s of a warm run's critical path (2026-12-04) when it ran after it.
+if [[ ${E2E_SKIP_CLUSTER:-} != 1 || -n $INSTALL_ONLY ]]; then
+step "local cluster: e2e/cluster/up.sh, in the background, beside the workspace's compile"
+# A second Prometheus on the node's bridge address, which the operator's Pod can reach.
+stop_node_prometheus() { SANDBOXRUN_PROM_PORT=59091 "$REPO_ROOT/e2e/prometheus/stop.sh" >/dev/null 2>&1 || true; }
+kill_tree() { local p; for p in $(pgrep -P "$1"); do kill_tree "$p"; done; kill "$1" 2>/dev/null || true; }
+cleanup() {
+  local rc=$?
+  local job
+  for job in cluster-up no-cluster traefik-build ingress-suite; do   # gone unless a suite failed
+    [[ -n ${BG_PID[$job]:-} ]] && kill_tree "${BG_PID[$job]}"
+  done
+  if (( rc != 0 )) && [[ -n ${KUBECONFIG:-} ]]; then
+    # What the cluster looked like when a test failed: the first thing to read after a red run.
+    step "cluster state after the failure"
+    kubectl get deployments,replicasets,pods -A -o wide 2>&1 | head -60 || true
+    kubectl -n sandboxrun-system get events --sort-by=.lastTimestamp 2>&1 | tail -30 || true
+  fi
+  if [[ ${E2E_KEEP_CLUSTER:-} == 1 ]]; then
+    echo "cluster left running (E2E_KEEP_CLUSTER=1); stop it with e2e/cluster/down.sh"
+  else
+    step "tearing the cluster down"
+    "$REPO_ROOT/e2e/cluster/down.sh" || true
+  fi
+  "$REPO_ROOT/e2e/ingress/stop.sh" || true
+  "$REPO_ROOT/e2e/oauth/stop.sh" || true
+  # The release's registry and files, if the run stopped between its publish and its install.
+  "$REPO_ROOT/e2e/registry/stop.sh" >/dev/null 2>&1 || true
+  rm -rf "${TMPDIR:-/tmp}/sandboxrun-release-test"
+  stop_postgres
+  stop_prometheus
+  stop_node_prometheus
+  exit "$rc"
+}
+trap cleanup EXIT
+background cluster-up "$REPO_ROOT/e2e/cluster/up.sh"
+fi
+
 # Every test binary and every binary of the workspace (the agent's tests start the embedded
 # server next to the agent binary; the images carry the operator and the frontend built here,
 # in the dev profile: SANDBOXRUN_CARGO_PROFILE=dev below). Every cargo command of this script
@@ -138,6 +177,13 @@ no_cluster_suites() {
   CARGO_TARGET_DIR="$TARGET/clippy" bounded 10 cargo clippy --workspace --features sandboxrun-mcp/conformance --all-targets --locked -- -D warnings
   bounded 15 cargo test --workspace --features sandboxrun-mcp/conformance --locked --bin sandboxrun-mcp -- conformance::
   bounded 20 "$REPO_ROOT/e2e/conformance/run.sh"
+  # The release's first half needs no cluster either: its images, tarball and SBOM, pushed to a
+  # registry on this machine, which stays up for the second half, the install from it (the last
+  # step). It took 70 s at the end of a warm run's critical path (2026-12-04), apt included.
+  if [[ ${E2E_SKIP_CLUSTER:-} != 1 ]]; then
+    step "the release, published: e2e/release.sh to an OCI registry here (e2e/release/install-test.sh publish)"
+    bounded 10 "$REPO_ROOT/e2e/release/install-test.sh" publish
+  fi
 }
 await client-installs   # Node 22 and oidc-provider, for e2e/oauth; the SDK, for the e2e clients
 if [[ ${E2E_SKIP_CLUSTER:-} == 1 && -z $INSTALL_ONLY ]]; then
@@ -155,38 +201,11 @@ fi
 # it slowed by a minute even at nice 19. start_ingress waits for it.
 background traefik-build nice -n 19 "$REPO_ROOT/e2e/cluster/build.sh" traefik
 
-step "local cluster: e2e/cluster/up.sh"
-# A second Prometheus on the node's bridge address, which the operator's Pod can reach.
-stop_node_prometheus() { SANDBOXRUN_PROM_PORT=59091 "$REPO_ROOT/e2e/prometheus/stop.sh" >/dev/null 2>&1 || true; }
-kill_tree() { local p; for p in $(pgrep -P "$1"); do kill_tree "$p"; done; kill "$1" 2>/dev/null || true; }
-cleanup() {
-  local rc=$?
-  local job
-  for job in no-cluster traefik-build ingress-suite; do   # gone unless a suite failed
-    [[ -n ${BG_PID[$job]:-} ]] && kill_tree "${BG_PID[$job]}"
-  done
-  if (( rc != 0 )) && [[ -n ${KUBECONFIG:-} ]]; then
-    # What the cluster looked like when a test failed: the first thing to read after a red run.
-    step "cluster state after the failure"
-    kubectl get deployments,replicasets,pods -A -o wide 2>&1 | head -60 || true
-    kubectl -n sandboxrun-system get events --sort-by=.lastTimestamp 2>&1 | tail -30 || true
-  fi
-  if [[ ${E2E_KEEP_CLUSTER:-} == 1 ]]; then
-    echo "cluster left running (E2E_KEEP_CLUSTER=1); stop it with e2e/cluster/down.sh"
-  else
-    step "tearing the cluster down"
-    "$REPO_ROOT/e2e/cluster/down.sh" || true
-  fi
-  "$REPO_ROOT/e2e/ingress/stop.sh" || true
-  "$REPO_ROOT/e2e/oauth/stop.sh" || true
-  stop_postgres
-  stop_prometheus
-  stop_node_prometheus
-  exit "$rc"
-}
-trap cleanup EXIT
-up_output="$("$REPO_ROOT/e2e/cluster/up.sh")"
-export "${up_output##*$'\n'}"   # the last line is KUBECONFIG=<path>
+step "local cluster: e2e/cluster/up.sh, started beside the workspace's compile: its log"
+await cluster-up
+cat "${BG_LOG[cluster-up]}"
+up_kubeconfig="$(grep '^KUBECONFIG=' "${BG_LOG[cluster-up]}" | tail -1)"
+export "$up_kubeconfig"   # up.sh's last line is KUBECONFIG=<path>
 echo "KUBECONFIG=$KUBECONFIG"
 kubectl() { "$(dirname "$KUBECONFIG")/bin/kubectl" "$@"; }
 kubectl get nodes -o wide
@@ -318,7 +337,7 @@ step "warm against cold through MCP, short form (the full benchmark: e2e/BENCHMA
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
   bounded 20 "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" "$REPO_ROOT/e2e/mcp/bench_warm.py" \
-  --sequential 10 --block 5 --staggered 0 --burst 6 --rounds 1 --replicas 2 --refill --min-warm-share 0.8
+  --sequential 6 --block 3 --staggered 0 --burst 6 --rounds 1 --replicas 2 --refill --min-warm-share 0.8
 
 step "import pandas warm against cold (the data profile's pool), short form"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
@@ -454,8 +473,8 @@ if ((no_cluster_rc != 0)); then
   exit 1
 fi
 
-step "the release: e2e/release.sh to an OCI registry here, installed from it with the README's commands (e2e/release/install-test.sh)"
+step "the release, installed from the OCI registry with the README's commands (e2e/release/install-test.sh install)"
 # After the client tests (the README's laptop snippet serves on port 8000, as does this one's
 # port-forward) and after the chart's uninstall (one release per cluster).
-bounded 20 "$REPO_ROOT/e2e/release/install-test.sh"
+bounded 20 "$REPO_ROOT/e2e/release/install-test.sh" install
 step "all green"

@@ -3,7 +3,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 packages=(runc bubblewrap containernetworking-plugins iptables conntrack iproute2 openssl curl
-  debootstrap gcc libc6-dev ethtool socat nftables)
+  debootstrap gcc libc6-dev ethtool socat nftables
+  # The release test's registry and its pushes (e2e/registry/start.sh would install them late in a
+  # run, beside other suites; here they wait on the network beside the rest).
+  docker-registry skopeo)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -28,10 +28,11 @@ if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-  # Where the package's service did start (no policy-rc.d), it is not ours: stop it.
-  if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
-    systemctl disable --now docker-registry >&2 2>/dev/null || true
-  fi
+fi
+# Where the package's service started (no policy-rc.d; it may have been installed by
+# e2e/cluster/install-deps.sh), it is not ours: stop it.
+if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+  systemctl disable --now docker-registry >&2 2>/dev/null || true
 fi
 
 running() { [[ -f $BASE/pid ]] && kill -0 "$(cat "$BASE/pid")" 2>/dev/null; }

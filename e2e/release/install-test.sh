@@ -23,15 +23,21 @@ cd "$REPO_ROOT"
 NAMESPACE=sandboxrun-system       # the README's
 SANDBOX_NAMESPACE=sandboxrun-runs # the chart's default
 VERSION="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"$/\1/p' Cargo.toml)"
-WORK="$(mktemp -d)"
+PHASE="${1:-all}"
+[[ $PHASE =~ ^(all|publish|install)$ ]] || die "usage: $0 [publish|install]"
+# What `publish` leaves for `install`: the release's files, the registry's address and CA.
+WORK="${TMPDIR:-/tmp}/sandboxrun-release-test"
 HOSTS_DIR=""
 cleanup() {
   local rc=$?
-  if ((rc != 0)); then
+  if ((rc != 0)) && [[ $PHASE != publish ]]; then
     kubectl get pods -A -o wide 2>&1 | grep -v kube-system | head -30 >&2 || true
     kubectl -n "$NAMESPACE" logs deploy/sandboxrun-operator --tail=30 >&2 2>/dev/null || true
   fi
-  helm uninstall sandboxrun -n "$NAMESPACE" --wait --timeout 2m >/dev/null 2>&1 || true
+  if ((rc == 0)) && [[ $PHASE == publish ]]; then
+    exit 0
+  fi
+  [[ $PHASE == publish ]] || helm uninstall sandboxrun -n "$NAMESPACE" --wait --timeout 2m >/dev/null 2>&1 || true
   [[ -n $HOSTS_DIR ]] && rm -rf "$HOSTS_DIR"
   "$REPO_ROOT/e2e/registry/stop.sh" || true
   rm -rf "$WORK"
@@ -39,24 +45,14 @@ cleanup() {
 }
 trap cleanup EXIT
 
+if [[ $PHASE != install ]]; then
+rm -rf "$WORK"
+mkdir -p "$WORK"
 registry_out="$("$REPO_ROOT/e2e/registry/start.sh")"
 REGISTRY="$(sed -n 's/^REGISTRY=//p' <<<"$registry_out")"
 REGISTRY_CA="$(sed -n 's/^REGISTRY_CA=//p' <<<"$registry_out")"
 log "registry: https://$REGISTRY"
-
-# The node trusts the registry's CA, as an administrator sets up a private registry.
-HOSTS_DIR="$STATE_DIR/containerd/certs.d/$REGISTRY"
-mkdir -p "$HOSTS_DIR"
-cp "$REGISTRY_CA" "$HOSTS_DIR/ca.crt"
-cat >"$HOSTS_DIR/hosts.toml" <<TOML
-server = "https://$REGISTRY"
-[host."https://$REGISTRY"]
-  capabilities = ["pull", "resolve"]
-  ca = "$HOSTS_DIR/ca.crt"
-TOML
-# No image of this registry on the node, so each one the release runs is pulled.
-ctr --address "$CONTAINERD_SOCK" -n k8s.io images ls -q | { grep "^$REGISTRY/" || true; } |
-  xargs -r ctr --address "$CONTAINERD_SOCK" -n k8s.io images rm >/dev/null
+printf 'REGISTRY=%q\nREGISTRY_CA=%q\n' "$REGISTRY" "$REGISTRY_CA" > "$WORK/registry.env"
 
 log "e2e/release.sh --registry $REGISTRY/sandboxrun --version $VERSION"
 SANDBOXRUN_PREBUILT=1 SANDBOXRUN_CARGO_PROFILE=dev "$REPO_ROOT/e2e/release.sh" \
@@ -71,6 +67,25 @@ need = {"sandboxrun-operator", "sandboxrun-mcp", "kubectl-sandboxrun", "sandboxr
         "sandbox-python", "sandbox-python-data", "kube", "tokio", "rmcp", "python3", "python3-pandas"}
 assert need <= names, need - names
 PY
+log "release $VERSION: published to $REGISTRY"
+[[ $PHASE == publish ]] && exit 0
+fi
+
+[[ -f $WORK/registry.env ]] || die "nothing published: run $0 publish first"
+source "$WORK/registry.env"
+# The node trusts the registry's CA, as an administrator sets up a private registry.
+HOSTS_DIR="$STATE_DIR/containerd/certs.d/$REGISTRY"
+mkdir -p "$HOSTS_DIR"
+cp "$REGISTRY_CA" "$HOSTS_DIR/ca.crt"
+cat >"$HOSTS_DIR/hosts.toml" <<TOML
+server = "https://$REGISTRY"
+[host."https://$REGISTRY"]
+  capabilities = ["pull", "resolve"]
+  ca = "$HOSTS_DIR/ca.crt"
+TOML
+# No image of this registry on the node, so each one the release runs is pulled.
+ctr --address "$CONTAINERD_SOCK" -n k8s.io images ls -q | { grep "^$REGISTRY/" || true; } |
+  xargs -r ctr --address "$CONTAINERD_SOCK" -n k8s.io images rm >/dev/null
 
 # The README's commands. The uninstall before may still be deleting the sandbox namespace.
 kubectl wait --for=delete "namespace/$SANDBOX_NAMESPACE" --timeout=120s >/dev/null 2>&1 || true

@@ -324,10 +324,21 @@ impl Metrics {
 
     /// Sets the ready idle sandboxes of pool `pool` (namespace/name).
     pub fn set_pool_ready(&self, pool: &str, ready: usize) {
-        self.pools
+        let new = self
+            .pools
             .lock()
             .expect("not poisoned")
             .insert(pool.to_owned());
+        if new {
+            // Its claim counters from 0, before its first claim: a rate over them (the warm hit
+            // ratio) sees that claim, where a series born at 1 would show no increase.
+            for result in ["hit", "miss"] {
+                self.warm_claims.get_or_create(&ClaimLabels {
+                    pool: pool.to_owned(),
+                    result: result.to_owned(),
+                });
+            }
+        }
         self.pool_ready
             .get_or_create(&PoolLabels {
                 pool: pool.to_owned(),
@@ -335,13 +346,19 @@ impl Metrics {
             .set(i64::try_from(ready).unwrap_or(i64::MAX));
     }
 
-    /// Drops the ready-sandboxes series of every pool for which `exists` is false: a deleted
-    /// pool is never reconciled again, and its last value (often 0) would stay forever.
+    /// Drops the ready-sandboxes and claim series of every pool for which `exists` is false: a
+    /// deleted pool is never reconciled again, and its last values would stay forever.
     pub fn retain_pools(&self, exists: impl Fn(&str) -> bool) {
         self.pools.lock().expect("not poisoned").retain(|pool| {
             let keep = exists(pool);
             if !keep {
                 self.pool_ready.remove(&PoolLabels { pool: pool.clone() });
+                for result in ["hit", "miss"] {
+                    self.warm_claims.remove(&ClaimLabels {
+                        pool: pool.clone(),
+                        result: result.to_owned(),
+                    });
+                }
             }
             keep
         });
@@ -486,6 +503,12 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("r/gone"), "{text}");
+        // A pool's claim counters exist from its first reconcile, at 0 (a rate sees its first
+        // claim).
+        assert!(
+            text.contains("sandboxrun_warm_claims_total{pool=\"r/default\",result=\"hit\"} 0"),
+            "{text}"
+        );
         m.set_pool_ready("r/gone", 1);
         assert!(
             m.render().contains("r/gone"),
