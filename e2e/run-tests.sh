@@ -343,7 +343,7 @@ step "import pandas warm against cold (the data profile's pool), short form"
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
   bounded 20 "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/bench_warm.py" --pool data --profile data \
-  --code $'import pandas\nprint(1)' --sequential 3 --block 3 --staggered 0 --burst 0 --replicas 1 \
+  --code $'import pandas\nprint(1)' --sequential 2 --block 2 --staggered 0 --burst 0 --replicas 1 \
   --refill --min-warm-share 0.8
 # The data pool's idle sandbox is not needed past here: the heavy suites below (load, faults,
 # scale, NetworkPolicy, the chart's lifecycle) get the node without it. In one dry run the last

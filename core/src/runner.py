@@ -957,16 +957,15 @@ def preload(modules, reader):
 
 
 def mark_idle():
-    """Creates TMP/.sandboxrun-idle (core/src/runner.rs, IDLE_MARK: the startup probe of a pool's
-    preloading sandbox waits for it); returns its path, or None if it could not be made, which only
-    keeps such a sandbox out of its pool's ready ones (replaced when the probe gives up)."""
-    path = os.path.join(TMP, ".sandboxrun-idle")
+    """Creates the empty file TMP/.sandboxrun-idle (core/src/runner.rs, IDLE_MARK: the startup
+    probe of a pool's preloading sandbox waits for it). It stays: the code may see it, as it sees
+    the .matplotlib directory of the preload. If it cannot be made, such a sandbox is never counted
+    ready (the pool replaces it after maxIdleSeconds); a run that took it still runs."""
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600))
+        fd = os.open(os.path.join(TMP, ".sandboxrun-idle"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
     except OSError as exc:
         sys.stderr.write("runner: cannot mark the sandbox idle: %r\n" % (exc,))
-        return None
-    return path
 
 
 def make_unreachable():
@@ -1050,17 +1049,15 @@ def main(argv):
     # The code's process is forked now, while a warm or armed sandbox waits for its program
     # (Prepared), unless the code may not run at all.
     prepared = Prepared(replaced, max_procs, env) if why is None and unsafe is None else None
+    if modules and prepared is not None:
+        # The imports are done and the code's process forked: a pool's sandbox of a profile with
+        # a PRELOAD counts as ready from here (its startup probe tests for this file), not from
+        # its start, or a run given it would wait for the imports. Made even if the program
+        # came meanwhile (a run took the sandbox while it imported), so the probe stops; never
+        # made by a runner that will refuse to run code (such a sandbox is never ready).
+        mark_idle()
     if not received:
-        # Idle: nothing is left to do before the program. A pool's sandbox of a profile with a
-        # PRELOAD is counted ready only from here (its startup probe tests for this file), not
-        # from its start: a run given it before would wait for the imports.
-        idle = mark_idle()
         program = receive_program()
-        if idle is not None:
-            try:
-                os.unlink(idle)
-            except OSError:
-                pass
     if program is None:
         if prepared is not None:
             prepared.discard()

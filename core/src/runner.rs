@@ -18,10 +18,10 @@ pub const RUNNER_SCRIPT: &str = include_str!("runner.py");
 /// The protocol version this crate reads and the runner writes (`"sandboxrun": 1`).
 pub const ENVELOPE_VERSION: u64 = 1;
 
-/// The file the runner creates in its /tmp when it has nothing left to do before its program
-/// (its imports done, the code's process forked), and removes when the program has come: a
-/// pool's sandbox that preloads is ready from then on (its startup probe tests for it), not from
-/// its container's start.
+/// The empty file a runner with a PRELOAD creates in its /tmp once it has nothing left to do
+/// before its program (its imports done, the code's process forked), and leaves: a pool's sandbox
+/// that preloads is ready from then on (its startup probe tests for it), not from its container's
+/// start.
 pub const IDLE_MARK: &str = "/tmp/.sandboxrun-idle";
 
 /// The command line of a sandbox of `profile`:

@@ -198,7 +198,8 @@ pub struct SandboxPoolStatus {
     /// Idle sandboxes of the current profile, ready or starting (the scale subresource's count).
     #[serde(default)]
     pub replicas: i32,
-    /// Idle sandboxes whose runner waits for a program.
+    /// Idle sandboxes whose runner waits for a program, with nothing left to do before it (a
+    /// profile that preloads: its imports done).
     #[serde(default)]
     pub ready_replicas: i32,
     /// Idle sandboxes still starting.

@@ -333,7 +333,7 @@ impl Metrics {
             // Its claim counters from 0, before its first claim: a rate over them (the warm hit
             // ratio) sees that claim, where a series born at 1 would show no increase.
             for result in ["hit", "miss"] {
-                self.warm_claims.get_or_create(&ClaimLabels {
+                let _ = self.warm_claims.get_or_create(&ClaimLabels {
                     pool: pool.to_owned(),
                     result: result.to_owned(),
                 });

@@ -250,7 +250,7 @@ pub fn build(pool: &SandboxPool, operator: &SandboxConfig) -> Option<Pod> {
     if !pool.spec.profile.preloaded_modules().is_empty() {
         let containers = idle.spec.as_mut().map(|s| s.containers.iter_mut());
         for container in containers.into_iter().flatten() {
-            container.startup_probe = Some(pod::idle_probe());
+            container.startup_probe = Some(pod::idle_probe(deadline));
         }
     }
     Some(idle)

@@ -175,7 +175,8 @@ fn a_data_pool_sandbox_runs_the_data_image_and_imports_its_stack_while_it_waits(
     let mut p = pool(1);
     p.spec.profile = Profile::Data;
     let built = build(&p, &operator()).unwrap();
-    let c = &built.spec.unwrap().containers[0];
+    let spec = built.spec.unwrap();
+    let c = &spec.containers[0];
     assert_eq!(
         c.image.as_deref(),
         Some("localhost/sandboxrun/sandbox-python-data:dev")
@@ -195,6 +196,12 @@ fn a_data_pool_sandbox_runs_the_data_image_and_imports_its_stack_while_it_waits(
     let probe = c.startup_probe.as_ref().expect("a startup probe");
     let exec = probe.exec.as_ref().unwrap().command.as_ref().unwrap();
     assert_eq!(exec, &["/usr/bin/test", "-e", sandboxrun_core::IDLE_MARK]);
+    // It never kills the container: it gives up only after the Pod's own hard bound.
+    let gives_up = i64::from(probe.failure_threshold.unwrap() * probe.period_seconds.unwrap());
+    assert!(
+        gives_up > spec.active_deadline_seconds.unwrap(),
+        "{probe:?}"
+    );
     // The minimal profile imports nothing: ready when it runs, no exec into it.
     let minimal = build(&pool(1), &operator()).unwrap();
     assert_eq!(minimal.spec.unwrap().containers[0].startup_probe, None);

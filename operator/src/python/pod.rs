@@ -289,11 +289,14 @@ pub fn limits_annotation(limits: &Limits) -> BTreeMap<String, String> {
 }
 
 /// The startup probe of a pool's sandbox whose runner preloads: the container counts as started
-/// (and the Pod as ready to claim) once the runner has marked itself idle, its imports done
+/// (and the Pod as ready) once the runner has marked itself idle, its imports done
 /// ([`IDLE_MARK`]); before, a claimed sandbox would make its run wait for the imports (seconds
 /// under gVisor). A run's own Pod has none: its program comes during the imports. `test` is
 /// coreutils' (both images are Debian); one exec a second until the mark is there, none after.
-pub fn idle_probe() -> Probe {
+/// It never fails the container: it gives up only after `deadline_seconds`, the Pod's own hard
+/// bound (a sandbox that never finishes its imports is replaced by its pool after maxIdleSeconds;
+/// one a run took meanwhile runs its program, which its runner read beside the imports).
+pub fn idle_probe(deadline_seconds: i64) -> Probe {
     Probe {
         exec: Some(ExecAction {
             command: Some(vec![
@@ -304,9 +307,7 @@ pub fn idle_probe() -> Probe {
         }),
         period_seconds: Some(1),
         timeout_seconds: Some(5),
-        // Ten minutes for the imports of a crowded node; then the kubelet kills the container and
-        // the pool replaces its Pod (restartPolicy Never).
-        failure_threshold: Some(600),
+        failure_threshold: Some(i32::try_from(deadline_seconds + 60).unwrap_or(i32::MAX)),
         ..Default::default()
     }
 }
