@@ -143,5 +143,4 @@ async fn returned_files_reach_the_model_and_images_the_disk() {
             files_dir.join("chart-2.png").display()
         )
     );
-    std::fs::remove_dir_all(home).unwrap();
 }

@@ -72,14 +72,33 @@ pub fn postgres_url(var: &str) -> Option<String> {
     }
 }
 
-/// A fresh directory for one test.
-pub fn temp_dir(name: &str) -> PathBuf {
+/// A fresh directory for one test, removed with everything in it when the test is done with it
+/// (a test that fails leaves nothing behind either: the value is dropped as the panic unwinds).
+pub fn temp_dir(name: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!(
         "sandboxrun-agent-test-{name}-{}",
         uuid::Uuid::new_v4().simple()
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    TempDir(dir)
+}
+
+/// See [`temp_dir`].
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A finished agent run.
