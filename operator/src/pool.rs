@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -30,8 +30,7 @@ use crate::metrics::Metrics;
 use crate::outcome::set_condition;
 use crate::pool_scale;
 use crate::python::pod::{
-    self, ACTIVE_DEADLINE_GRACE_SECONDS, CONTAINER, LABEL_MANAGED_BY, LABEL_TOOL, MANAGER,
-    SandboxConfig,
+    self, ACTIVE_DEADLINE_GRACE_SECONDS, LABEL_MANAGED_BY, LABEL_TOOL, MANAGER, SandboxConfig,
 };
 
 /// Label of an idle sandbox: the pool it belongs to (removed when a run claims it).
@@ -270,25 +269,16 @@ pub struct Sorted {
 /// Whether `pod`'s sandbox is ready: running, with nothing left to do before its program (with
 /// a preload, its startup probe saw the imports done: [`pod::idle_probe`]).
 pub fn is_ready(pod: &Pod) -> bool {
-    is_running(pod) && container_status(pod).is_some_and(|c| c.started == Some(true))
+    is_running(pod) && pod::sandbox_container(pod).is_some_and(|c| c.started == Some(true))
 }
 
 /// Whether `pod`'s sandbox can take a program: its runner runs and reads stdin (a preloading one
 /// may still be importing: the program is read beside the imports).
 pub fn is_running(pod: &Pod) -> bool {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        && container_status(pod).is_some_and(|c| {
+        && pod::sandbox_container(pod).is_some_and(|c| {
             c.state.as_ref().is_some_and(|s| s.running.is_some()) && c.restart_count == 0
         })
-}
-
-fn container_status(pod: &Pod) -> Option<&ContainerStatus> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == CONTAINER)
 }
 
 /// Sorts a pool's Pods: ready, starting, or to be deleted. Pods being deleted count as gone.

@@ -4,7 +4,7 @@
 //! kubelet saw. No I/O, no clock: `now` is a parameter, so every transition is unit-tested.
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use sandboxrun_api::{CONDITION_COMPLETED, CONDITION_STARTED, SandboxRunStatus};
 use sandboxrun_core::tools::python::classify;
@@ -12,7 +12,7 @@ use sandboxrun_core::{
     EnvelopeError, FileCaps, Limits, Observed, Phase, Reason, Tool, parse_envelope,
 };
 
-use super::pod::{ACTIVE_DEADLINE_GRACE_SECONDS, CONTAINER};
+use super::pod::{ACTIVE_DEADLINE_GRACE_SECONDS, sandbox_container};
 use crate::admission::Placement;
 use crate::outcome::{Outcome, base, set_condition};
 
@@ -106,15 +106,6 @@ fn unschedulable(pod: &Pod) -> bool {
                 && c.status == "False"
                 && c.reason.as_deref() == Some("Unschedulable")
         })
-}
-
-fn sandbox_container(pod: &Pod) -> Option<&ContainerStatus> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == CONTAINER)
 }
 
 /// When the operator stops waiting for a Pod: its deadline counted from when the kubelet

@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, ExecAction, Pod, PodDNSConfig,
-    PodSecurityContext, PodSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
-    Volume, VolumeMount,
+    Capabilities, Container, ContainerStatus, EmptyDirVolumeSource, EnvVar, ExecAction, Pod,
+    PodDNSConfig, PodSecurityContext, PodSpec, Probe, ResourceRequirements, SeccompProfile,
+    SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -310,6 +310,16 @@ pub fn idle_probe(deadline_seconds: i64) -> Probe {
         failure_threshold: Some(i32::try_from(deadline_seconds + 60).unwrap_or(i32::MAX)),
         ..Default::default()
     }
+}
+
+/// The status of `pod`'s sandbox container ([`CONTAINER`]), once the kubelet reports it.
+pub fn sandbox_container(pod: &Pod) -> Option<&ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == CONTAINER)
 }
 
 /// A sandbox Pod with `metadata`: every isolation setting, the runner waiting for its program on
