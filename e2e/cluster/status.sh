@@ -9,4 +9,4 @@ for name in containerd etcd kube-apiserver kube-controller-manager kube-schedule
     echo "$name is not running"; exit 1
   fi
 done
-"$K8S_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" wait --for=condition=Ready "node/$NODE_NAME" --timeout=5s
+"$TOOLS_BIN/kubectl" --kubeconfig "$KUBECONFIG_FILE" wait --for=condition=Ready "node/$NODE_NAME" --timeout=5s

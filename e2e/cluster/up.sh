@@ -68,8 +68,8 @@ ip route replace unreachable "$SERVICE_CIDR"
 
 # Binaries on containerd's and kubelet's PATH: the gVisor shim and runsc, plus crictl for humans.
 ln -sf "$GVISOR_BIN/runsc" "$GVISOR_BIN/containerd-shim-runsc-v1" "$STATE_DIR/bin/"
-ln -sf "$TOOLS_BIN/crictl" "$TOOLS_BIN/helm" "$STATE_DIR/bin/"
-ln -sf "$K8S_BIN/kubectl" "$CONTAINERD_BIN/ctr" "$CONTAINERD_BIN/containerd-shim-runc-v2" "$STATE_DIR/bin/"
+ln -sf "$TOOLS_BIN/crictl" "$TOOLS_BIN/helm" "$TOOLS_BIN/kubectl" "$STATE_DIR/bin/"
+ln -sf "$CONTAINERD_BIN/ctr" "$CONTAINERD_BIN/containerd-shim-runc-v2" "$STATE_DIR/bin/"
 export PATH="$STATE_DIR/bin:$K8S_BIN:$ETCD_BIN:$PATH"
 
 # ---------------------------------------------------------------------------------------------
