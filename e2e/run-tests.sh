@@ -69,33 +69,28 @@ export SANDBOXRUN_REQUIRE_ENGINES=gvisor,bubblewrap
 export SANDBOXRUN_REQUIRE_DATA_PROFILE=1
 await cargo-fetch
 
-if [[ -z $INSTALL_ONLY ]]; then
-step "checks: cargo fmt (clippy runs beside the cluster's suites, below); the docs' links; the README's snippets; quickstart.sh as a new non-root user"
-cargo fmt --all -- --check
-python3 "$REPO_ROOT/e2e/docs/check_links.py"
-python3 "$REPO_ROOT/e2e/docs/snippets.py" --check
-bounded 2 "$REPO_ROOT/e2e/quickstart/test-nonroot.sh"
-
-step "Helm chart: helm lint, helm template validated against the Kubernetes schemas (e2e/chart/validate.sh)"
-"$REPO_ROOT/e2e/chart/validate.sh"
-fi
-
-step "PostgreSQL for the execute_sql tests: e2e/postgres/start.sh"
+# PostgreSQL and Prometheus start beside the compile (12 s of a warm run's critical path before,
+# 2026-12-04); the suites that use them come after it. Each prints its URLs last.
 stop_postgres() { "$REPO_ROOT/e2e/postgres/stop.sh" >/dev/null 2>&1 || true; }
-trap stop_postgres EXIT
-pg_output="$("$REPO_ROOT/e2e/postgres/start.sh")"
-export SANDBOXRUN_TEST_POSTGRES_URL="${pg_output##*DATABASE_URL=}"   # the last line is DATABASE_URL=<url>
-# A writable database for the agent's thread store tests.
-SANDBOXRUN_TEST_POSTGRES_STATE_URL="$(sed -n 's/^STATE_DATABASE_URL=//p' <<<"$pg_output")"
-export SANDBOXRUN_TEST_POSTGRES_STATE_URL
-export SANDBOXRUN_REQUIRE_POSTGRES=1
-
-step "Prometheus for the fetch_metrics tests: e2e/prometheus/start.sh"
 stop_prometheus() { "$REPO_ROOT/e2e/prometheus/stop.sh" >/dev/null 2>&1 || true; }
 trap 'stop_postgres; stop_prometheus' EXIT
-prom_output="$("$REPO_ROOT/e2e/prometheus/start.sh")"
-export SANDBOXRUN_TEST_PROMETHEUS_URL="${prom_output##*PROMETHEUS_URL=}"   # the last line is PROMETHEUS_URL=<url>
-export SANDBOXRUN_REQUIRE_PROMETHEUS=1
+pg_urls="$(mktemp --suffix=.postgres)" prom_urls="$(mktemp --suffix=.prometheus)"
+background postgres sh -c '"$1" > "$2"' - "$REPO_ROOT/e2e/postgres/start.sh" "$pg_urls"
+background prometheus sh -c '"$1" > "$2"' - "$REPO_ROOT/e2e/prometheus/start.sh" "$prom_urls"
+services_up() {   # after the compile: PostgreSQL for the execute_sql tests, Prometheus for fetch_metrics'
+  step "PostgreSQL for the execute_sql tests (e2e/postgres/start.sh) and Prometheus for the fetch_metrics tests (e2e/prometheus/start.sh), started beside the compile: their logs"
+  await postgres
+  await prometheus
+  cat "${BG_LOG[postgres]}" "${BG_LOG[prometheus]}"
+  SANDBOXRUN_TEST_POSTGRES_URL="$(sed -n 's/^DATABASE_URL=//p' "$pg_urls")"
+  # A writable database for the agent's thread store tests.
+  SANDBOXRUN_TEST_POSTGRES_STATE_URL="$(sed -n 's/^STATE_DATABASE_URL=//p' "$pg_urls")"
+  SANDBOXRUN_TEST_PROMETHEUS_URL="$(sed -n 's/^PROMETHEUS_URL=//p' "$prom_urls")"
+  [[ -n $SANDBOXRUN_TEST_POSTGRES_URL && -n $SANDBOXRUN_TEST_POSTGRES_STATE_URL && -n $SANDBOXRUN_TEST_PROMETHEUS_URL ]] ||
+    { echo "PostgreSQL or Prometheus printed no URL (above)"; exit 1; }
+  export SANDBOXRUN_TEST_POSTGRES_URL SANDBOXRUN_TEST_POSTGRES_STATE_URL SANDBOXRUN_TEST_PROMETHEUS_URL
+  export SANDBOXRUN_REQUIRE_POSTGRES=1 SANDBOXRUN_REQUIRE_PROMETHEUS=1
+}
 
 # The cluster starts beside the compile: up.sh mostly waits (containerd's image imports, the
 # control plane's start), 50 s of a warm run's critical path (2026-12-04) when it ran after it.
@@ -107,7 +102,7 @@ kill_tree() { local p; for p in $(pgrep -P "$1"); do kill_tree "$p"; done; kill 
 cleanup() {
   local rc=$?
   local job
-  for job in cluster-up no-cluster traefik-build ingress-suite; do   # gone unless a suite failed
+  for job in postgres prometheus cluster-up no-cluster traefik-build ingress-suite data-bench; do   # gone unless a suite failed
     [[ -n ${BG_PID[$job]:-} ]] && kill_tree "${BG_PID[$job]}"
   done
   if (( rc != 0 )) && [[ -n ${KUBECONFIG:-} ]]; then
@@ -149,12 +144,15 @@ cargo build --workspace --all-targets --locked
 # both builds (the workspace's Cargo.toml), so only sandboxrun-mcp compiles again. Cargo writes both
 # binaries to one path: the fixtures' build is copied out, then the default one put back (no
 # compile). Before, built in a target directory of its own, it compiled the tree again: 8 of the
-# 47 minutes of a fresh run (e2e/BENCHMARKS.md).
-cargo build --workspace --locked --features sandboxrun-mcp/conformance --bin sandboxrun-mcp
+# 47 minutes of a fresh run (e2e/BENCHMARKS.md). One test target comes along (a small one, built
+# above): a build with no test in it leaves the dev-dependencies' features out (resolver 2), which
+# changed sqlx's and sandboxrun-core's, and compiled those again (36 s of a warm run, 2026-12-04).
+cargo build --workspace --locked --features sandboxrun-mcp/conformance --bin sandboxrun-mcp --test policy_sample
 cp "$TARGET/debug/sandboxrun-mcp" "$TARGET/debug/sandboxrun-mcp-conformance"
 cargo build --workspace --all-targets --locked
 export SANDBOXRUN_MCP_BIN="$TARGET/debug/sandboxrun-mcp"   # the client tests' and run.sh's
 export SANDBOXRUN_MCP_CONFORMANCE_BIN="$TARGET/debug/sandboxrun-mcp-conformance"   # run.sh's
+services_up
 
 # What needs no cluster: the lints, the unit and integration tests, the MCP clients against the
 # frontend. Measured on a fresh machine (e2e/BENCHMARKS.md, "The cluster harness"): the cluster's
@@ -165,6 +163,15 @@ export SANDBOXRUN_MCP_CONFORMANCE_BIN="$TARGET/debug/sandboxrun-mcp-conformance"
 # cargo commands for as long as it runs.
 niced() { renice -n 10 -p "$BASHPID" >/dev/null; "$@"; }   # in a background subshell
 no_cluster_suites() {
+  # Off the critical path too: 11 s of a warm run before the compile, and on a fresh machine
+  # the build of kubeconform besides.
+  step "checks: cargo fmt; the docs' links; the README's snippets; quickstart.sh as a new non-root user"
+  cargo fmt --all -- --check
+  python3 "$REPO_ROOT/e2e/docs/check_links.py"
+  python3 "$REPO_ROOT/e2e/docs/snippets.py" --check
+  bounded 2 "$REPO_ROOT/e2e/quickstart/test-nonroot.sh"
+  step "Helm chart: helm lint, helm template validated against the Kubernetes schemas (e2e/chart/validate.sh)"
+  "$REPO_ROOT/e2e/chart/validate.sh"
   step "lints: cargo clippy"
   CARGO_TARGET_DIR="$TARGET/clippy" bounded 20 cargo clippy --workspace --all-targets --locked -- -D warnings
   step "unit and integration tests (no cluster)"
@@ -339,17 +346,12 @@ MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   bounded 20 "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" "$REPO_ROOT/e2e/mcp/bench_warm.py" \
   --sequential 6 --block 3 --staggered 0 --burst 6 --rounds 1 --replicas 2 --refill --min-warm-share 0.8
 
-step "import pandas warm against cold (the data profile's pool), short form"
-MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
-  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
-  bounded 20 "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/bench_warm.py" --pool data --profile data \
-  --code $'import pandas\nprint(1)' --sequential 2 --block 2 --staggered 0 --burst 0 --replicas 1 \
-  --refill --min-warm-share 0.8
-# The data pool's idle sandbox is not needed past here: the heavy suites below (load, faults,
-# scale, NetworkPolicy, the chart's lifecycle) get the node without it. In one dry run the last
-# test's `helm uninstall --wait` timed out with every Pod of the release stuck Terminating (the
-# kubelet could not remove their network namespaces: EBUSY) while the data pool's sandbox was
-# still up; not explained (gVisor's sandbox processes were checked and hold no copies of them).
+# The data profile's pool is not needed until its benchmark, which runs beside the Ingress tests
+# (below): the heavy suites before it (load, faults) get the node without its idle sandbox. And
+# the last steps too: in one dry run the chart's uninstall timed out with every Pod of the release
+# stuck Terminating (the kubelet could not remove their network namespaces: EBUSY) while the data
+# pool's sandbox was still up; not explained (gVisor's sandbox processes were checked and hold no
+# copies of them).
 kubectl -n sandboxrun-runs scale sandboxpool data --replicas=0
 
 step "load, short form: 20 agents x 5 calls, every call answered once (the full 100 x 20: e2e/BENCHMARKS.md)"
@@ -413,7 +415,7 @@ kubectl -n sandboxrun-system rollout status deployment sandboxrun-operator --tim
 step "faults, short form: operator killed, failover, sandbox Pods deleted, API server restarted, kubelet stopped"
 faults --agents 4 --rounds 1 --pace 0.5 --kills 1
 
-step "the frontend through a real ingress controller (Traefik, e2e/ingress/start.sh) with the official Python MCP SDK: beside the next two steps"
+step "the frontend through a real ingress controller (Traefik, e2e/ingress/start.sh) with the official Python MCP SDK, and import pandas warm against cold (the data profile's pool), short form: both beside the next two steps"
 # Late, for Traefik's compile, but before NetworkPolicy: in a dry run after it (2026-12-04) the
 # approval test's call never came back through the ingress although its run had succeeded (not
 # explained yet; the NetworkPolicy suite takes the frontend's policy away and back). Beside the
@@ -421,8 +423,16 @@ step "the frontend through a real ingress controller (Traefik, e2e/ingress/start
 # (sandboxrun-scale): the Ingress tests mostly wait (one call stays quiet for 90 s), and the
 # step cost 3 minutes on the critical path of a fresh run (e2e/BENCHMARKS.md, "The cluster
 # harness").
+# The data benchmark waits mostly for its sandboxes' imports, and it checks which path each call
+# took, not how long it took: beside the Ingress tests (another pool) it left a warm run's critical
+# path (58 s, 2026-12-04). It leaves the data pool at 0, as it found it (see above).
 start_ingress
 background ingress-suite mcp_suite_part ingress
+MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
+  KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
+  background data-bench bounded 20 "$MCP_PYTHON" "$REPO_ROOT/e2e/mcp/bench_warm.py" --pool data \
+  --profile data --code $'import pandas\nprint(1)' --sequential 2 --block 2 --staggered 0 --burst 0 \
+  --replicas 1 --refill --min-warm-share 0.8
 
 step "an API server without WatchList (Kubernetes 1.33's default): the operator and the frontend list in pages"
 # The operator settles 100 stored runs (the scale benchmark, kept for the next step), and the
@@ -447,11 +457,15 @@ bounded 20 "$TARGET"/debug/scale 500 2000 --idle-seconds 5 --operator "$TARGET"/
 grep -q "the API server serves streaming lists" "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log" || {
   tail -20 "${TMPDIR:-/tmp}/sandboxrun-scale-operator.log"; echo "the operator did not use a streaming list"; exit 1; }
 
-step "the Ingress tests, run beside the last two steps: their log"
-ingress_rc=0
+step "the Ingress tests and the data benchmark, run beside the last two steps: their logs"
+ingress_rc=0 data_rc=0
 wait "${BG_PID[ingress-suite]}" || ingress_rc=$?
 cat "${BG_LOG[ingress-suite]}"
+wait "${BG_PID[data-bench]}" || data_rc=$?
+echo "-- import pandas warm against cold (the data profile's pool), short form"
+cat "${BG_LOG[data-bench]}"
 ((ingress_rc == 0)) || { echo "the Ingress tests failed (above)"; exit 1; }
+((data_rc == 0)) || { echo "the data benchmark failed (above)"; exit 1; }
 
 step "NetworkPolicy enforced (kube-network-policies): sandbox and frontend Pods with a network stack, each block paired with its control"
 # One at a time: each takes one of the chart's policies away for its control.
