@@ -393,6 +393,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
     let now = Timestamp::now();
     let sorted = sort(&listed.items, &profile, pool.spec.max_idle_seconds, now);
     let pool_key = key(&ns, &name);
+    let pool_ref = ObjectRef::from_obj(pool.as_ref());
     // The version the status write is conditional on: the one read, or the one our own scale
     // write made (its claim count is still the one read).
     let mut read_at = pool.metadata.resource_version.clone();
@@ -409,12 +410,9 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
                 })
                 .collect();
             let start = pool_scale::start_time(&ready);
-            let peak = ctx.demand.peak(
-                &ObjectRef::from_obj(pool.as_ref()),
-                start,
-                bounds.scale_down_delay,
-                now,
-            );
+            let peak = ctx
+                .demand
+                .peak(&pool_ref, start, bounds.scale_down_delay, now);
             let size = pool_scale::desired(bounds, peak);
             if size != pool.spec.replicas {
                 info!(pool = %name, from = pool.spec.replicas, to = size, peak, "sizing the pool to its demand");
@@ -443,7 +441,12 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
     }
     let mut refill_error = None;
     let mut created = 0;
-    if plan.create > 0 {
+    // A replacement waits for the hand-over of the claims it replaces (pool_scale's module doc).
+    let hold = (plan.create > 0)
+        .then(|| ctx.demand.refill_hold(&pool_ref, Timestamp::now()))
+        .flatten();
+    if plan.create > 0 && hold.is_none() {
+        ctx.demand.refilled(&pool_ref);
         let Some(desired) = build(&pool, &ctx.sandbox) else {
             return Err(Error::Unidentified);
         };
@@ -561,7 +564,9 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
         Some(bounds) => pool_scale::shrink_check(bounds, replicas, RESYNC),
         None => RESYNC,
     };
-    Ok(Action::requeue(if refill_error.is_some() {
+    Ok(Action::requeue(if let Some(hold) = hold {
+        hold.min(resync)
+    } else if refill_error.is_some() {
         Duration::from_secs(10).min(resync)
     } else {
         resync

@@ -11,6 +11,12 @@
 //! The size is written to `spec.replicas` through the scale subresource, as a HorizontalPodAutoscaler
 //! would: `kubectl get sandboxpools` shows it, and a pool without `maxReplicas` is left to its
 //! replicas (set by hand, or by an HPA or KEDA on the same subresource; the two are not combined).
+//!
+//! Demand also times a pool's refill: the replacement of a sandbox just claimed starts once the
+//! claim's hand-over is likely done ([`Demand::refill_hold`]). A gVisor sandbox's start is about a
+//! second of one core; started at the claim, it competed with the call it replaces the sandbox
+//! of (the program's hand-over through the API server, the kubelet and containerd), and in a
+//! burst ten of them competed with ten calls.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -32,15 +38,24 @@ const START_BOUNDS: (SignedDuration, SignedDuration) =
     (SignedDuration::from_secs(1), SignedDuration::from_secs(30));
 /// Most demand events kept per pool (a burst beyond this many is already at any sane maximum).
 const MAX_EVENTS: usize = 1024;
+/// How long after a pool's latest claim its refill waits: about the time a claim's hand-over takes
+/// (the program sent and confirmed: 50-150 ms on a quiet 2-core node, more in a burst).
+const HANDOVER: SignedDuration = SignedDuration::from_millis(300);
+/// The longest a refill waits for hand-overs, from the first claim it would replace: a pool
+/// claimed from without pause still refills.
+const MAX_REFILL_HOLD: SignedDuration = SignedDuration::from_secs(1);
 
 /// When runs wanted a sandbox of one pool, and which runs, the oldest first.
 type Wanted = VecDeque<(Timestamp, String)>;
+/// Per pool, the first and the latest claim since its last refill.
+type Unrefilled = HashMap<ObjectRef<SandboxPool>, (Timestamp, Timestamp)>;
 
 /// When runs wanted a sandbox of each pool, shared by the run controller (which records) and the
 /// pool controller (which sizes).
 #[derive(Clone)]
 pub struct Demand {
     events: Arc<Mutex<HashMap<ObjectRef<SandboxPool>, Wanted>>>,
+    unrefilled: Arc<Mutex<Unrefilled>>,
     wake: mpsc::UnboundedSender<ObjectRef<SandboxPool>>,
     wakeups: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<ObjectRef<SandboxPool>>>>,
 }
@@ -50,6 +65,7 @@ impl Default for Demand {
         let (wake, wakeups) = mpsc::unbounded_channel();
         Self {
             events: Arc::default(),
+            unrefilled: Arc::default(),
             wake,
             wakeups: Arc::new(tokio::sync::Mutex::new(wakeups)),
         }
@@ -57,9 +73,27 @@ impl Default for Demand {
 }
 
 impl Demand {
-    /// Run `run` claimed a sandbox of the pool.
+    /// Run `run` claimed a sandbox of the pool (`now`: when its claim was accepted).
     pub fn claimed(&self, namespace: &str, pool: &str, run: &str, now: Timestamp) {
         self.record(namespace, pool, run, now);
+        let mut unrefilled = self.unrefilled.lock().expect("not poisoned");
+        unrefilled
+            .entry(ObjectRef::new(pool).within(namespace))
+            .and_modify(|(_, latest)| *latest = (*latest).max(now))
+            .or_insert((now, now));
+    }
+
+    /// How much longer the pool's refill should wait for the hand-over of its latest claims, if
+    /// at all.
+    pub fn refill_hold(&self, pool: &ObjectRef<SandboxPool>, now: Timestamp) -> Option<Duration> {
+        let unrefilled = self.unrefilled.lock().expect("not poisoned");
+        let (first, latest) = unrefilled.get(pool)?;
+        refill_hold(*first, *latest, now)
+    }
+
+    /// The pool started its replacements: later claims start a new hold.
+    pub fn refilled(&self, pool: &ObjectRef<SandboxPool>) {
+        self.unrefilled.lock().expect("not poisoned").remove(pool);
     }
 
     /// Run `run` fit the pool and found no sandbox: recorded (once per run: a run waiting in
@@ -115,6 +149,14 @@ impl Demand {
             next.map(|pool| (pool, wakeups))
         })
     }
+}
+
+/// How much longer a refill waits, given the first and the latest claim it would replace: until
+/// [`HANDOVER`] after the latest, and no later than [`MAX_REFILL_HOLD`] after the first.
+fn refill_hold(first: Timestamp, latest: Timestamp, now: Timestamp) -> Option<Duration> {
+    let until = (latest + HANDOVER).min(first + MAX_REFILL_HOLD);
+    let left = until.duration_since(now);
+    left.is_positive().then(|| left.unsigned_abs())
 }
 
 /// The most of `times` (in order) within any interval of length `start`.
@@ -246,6 +288,34 @@ mod tests {
         burst.insert(0, at(0));
         burst.push(at(40_000));
         assert_eq!(peak_within(&burst, s), 10);
+    }
+
+    #[test]
+    fn a_refill_waits_for_the_latest_claims_hand_over_but_not_past_the_bound() {
+        let demand = Demand::default();
+        let key = ObjectRef::new("p").within("runs");
+        let ms = Duration::from_millis;
+        // No claim, no hold: a pool short for any other reason refills at once.
+        assert_eq!(demand.refill_hold(&key, at(0)), None);
+        demand.claimed("runs", "p", "r1", at(0));
+        assert_eq!(demand.refill_hold(&key, at(100)), Some(ms(200)));
+        // Each claim moves the hold...
+        demand.claimed("runs", "p", "r2", at(250));
+        assert_eq!(demand.refill_hold(&key, at(300)), Some(ms(250)));
+        assert_eq!(demand.refill_hold(&key, at(550)), None);
+        // ... but not past a second from the first claim it would replace.
+        for i in 0..10 {
+            demand.claimed("runs", "p", &format!("s{i}"), at(600 + i * 100));
+        }
+        assert_eq!(demand.refill_hold(&key, at(1500)), None);
+        // Another pool's claims hold only that pool; a refill ends the hold.
+        demand.claimed("runs", "q", "r3", at(2000));
+        assert_eq!(demand.refill_hold(&key, at(2000)), None);
+        demand.refilled(&key);
+        demand.claimed("runs", "p", "r4", at(2000));
+        assert_eq!(demand.refill_hold(&key, at(2000)), Some(ms(300)));
+        demand.refilled(&key);
+        assert_eq!(demand.refill_hold(&key, at(2000)), None);
     }
 
     #[test]

@@ -234,7 +234,10 @@ impl Reconcile<'_> {
                     Ok(_) => {
                         let key = pool::key(&self.ns, &name);
                         ctx.pool_claims.add(&key);
-                        ctx.pool_demand.claimed(&self.ns, &name, &uid, self.now);
+                        // When the claim was accepted, not when this reconcile began: the
+                        // pool's refill waits for its hand-over from then.
+                        ctx.pool_demand
+                            .claimed(&self.ns, &name, &uid, Timestamp::now());
                         ctx.metrics
                             .warm_claim
                             .observe(started.elapsed().as_secs_f64());
