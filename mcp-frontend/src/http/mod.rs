@@ -13,10 +13,13 @@ pub mod oauth;
 pub mod origin;
 pub mod owners;
 pub mod ratelimit;
+pub mod replay;
 pub mod sse;
 
 #[cfg(test)]
 mod fuzz_tests;
+#[cfg(test)]
+mod resume_tests;
 #[cfg(test)]
 mod revision_tests;
 
@@ -69,6 +72,8 @@ pub struct HttpState {
     origin: OriginPolicy,
     sessions: sse::Sessions,
     owners: owners::SessionOwners,
+    /// Streamable HTTP's events, for resumption (rmcp's event store).
+    replay: replay::ReplayLog,
     body_limit: usize,
     /// Cancelled at shutdown: ends SSE sessions and Streamable HTTP sessions.
     shutdown: CancellationToken,
@@ -94,6 +99,7 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
         origin: config.origin.clone(),
         sessions: sse::Sessions::default(),
         owners: owners::SessionOwners::default(),
+        replay: replay::ReplayLog::default(),
         body_limit: config.body_limit,
         shutdown: shutdown.clone(),
     });
@@ -107,7 +113,8 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
     };
     let streamable = StreamableHttpService::new(
         move || Ok(handler(SandboxRunServer::new(shared.clone(), None))),
-        Arc::new(LocalSessionManager::default()),
+        // Resumable streams: a response whose stream broke reaches its client on reconnection.
+        Arc::new(LocalSessionManager::default().with_event_store(Arc::new(state.replay.clone()))),
         mcp_config,
     );
 
@@ -244,16 +251,49 @@ async fn session_owner(State(state): State<Arc<HttpState>>, req: Request, next: 
             "session not found: start a new one with an initialize request",
         );
     }
+    // A resumption (a GET with Last-Event-ID in a session of this agent) names an event of one
+    // of that session's own streams, or it gets what rmcp gives an unknown id: an empty stream
+    // (see `replay`). rmcp answers for unknown sessions itself.
+    if req.method() == axum::http::Method::GET
+        && let Some(last) = req.headers().get("last-event-id")
+        && let Some(session) = &presented
+        && state.owners.owns(session, &agent)
+        && !state.replay.belongs(last.to_str().unwrap_or(""), session)
+    {
+        return (
+            [(header::CONTENT_TYPE, "text/event-stream")],
+            axum::body::Body::empty(),
+        )
+            .into_response();
+    }
     let resp = next.run(req).await;
-    match (
+    let session = match (
         &presented,
         resp.headers().get(SESSION).and_then(|v| v.to_str().ok()),
     ) {
-        (None, Some(created)) => state.owners.record(created, &agent),
-        (Some(session), _) if delete && resp.status().is_success() => state.owners.forget(session),
-        _ => {}
+        (None, Some(created)) => {
+            state.owners.record(created, &agent);
+            Some(created.to_owned())
+        }
+        (Some(session), _) if delete && resp.status().is_success() => {
+            state.owners.forget(session);
+            None
+        }
+        (session, _) => session.clone(),
+    };
+    let events = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    match session {
+        Some(session) if events => {
+            let (parts, body) = resp.into_parts();
+            let body = replay::bind_session(state.replay.clone(), session, body);
+            Response::from_parts(parts, body)
+        }
+        _ => resp,
     }
-    resp
 }
 
 /// rmcp answers a session DELETE with 202; clients (the Python SDK among them) expect 200 or
