@@ -4,7 +4,8 @@ official Python MCP SDK as the client, over HTTPS. Each test checks what a proxy
 tends to break: output streamed while the code runs must arrive as it is printed (not buffered to
 the end), a call whose code then prints nothing for 90 s (past the 60 s after which proxies
 commonly end a quiet response) must come back whole, the legacy SSE endpoint's long-lived stream
-must carry the session, and an approval wait must reach the client with its decision.
+must carry the session, an approval wait must reach the client with its decision, and a client
+whose stream broke must get its call's result by resuming the stream (Last-Event-ID).
 
 Short form in CI: the approval comes 10 s after the frontend's approval wait has started. The full form (INGRESS_FULL=1, see e2e/ingress/full.sh) holds an approval wait
 for 10 minutes.
@@ -112,6 +113,73 @@ def test_output_streams_through_the_ingress_and_a_call_quiet_for_90s_comes_back_
     # unless the ingress or the frontend held the lines back).
     assert all(t < ended - QUIET_SECONDS / 2 for t, _ in ticks), \
         ([round(t - started, 1) for t, _ in ticks], round(ended - started, 1))
+
+
+def sse_events(lines) -> list[dict]:
+    """The events of an SSE body, as {"id": ..., "data": parsed JSON or None}."""
+    events, event = [], {}
+    for line in lines:
+        if not line:
+            if event:
+                events.append(event)
+            event = {}
+        elif line.startswith("id:"):
+            event["id"] = line[3:].strip()
+        elif line.startswith("data:") and line[5:].strip():
+            event["data"] = json.loads(line[5:].strip())
+    if event:
+        events.append(event)
+    return events
+
+
+def test_a_call_whose_stream_broke_gets_its_result_by_resuming_through_the_ingress():
+    """A client whose stream broke (here: it hangs up after the first event, before the code
+    has printed) reconnects with Last-Event-ID through Traefik and gets the call's result; a
+    made-up id gets an empty stream."""
+    version = "2025-11-25"
+    with httpx2.Client(headers=HEADERS, verify=tls(), timeout=60) as http:
+        accept = {"Accept": "application/json, text/event-stream"}
+        init = http.post(f"{BASE}/mcp", headers=accept, json={
+            "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": version, "capabilities": {},
+                "clientInfo": {"name": "resume-test", "version": "1"}}})
+        assert init.status_code == 200, init.text
+        session = {"Mcp-Session-Id": init.headers["mcp-session-id"],
+                   "Mcp-Protocol-Version": version}
+        note = http.post(f"{BASE}/mcp", headers={**accept, **session},
+                         json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert note.status_code == 202, note.text
+
+        code = "import time\ntime.sleep(3)\nprint('resumed', 6 * 7)\n"
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "run_python", "arguments": {"code": code}}}
+        first = None
+        with http.stream("POST", f"{BASE}/mcp", headers={**accept, **session}, json=call) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("id:"):
+                    first = line[3:].strip()
+                    break
+        assert first, "the call's stream has an event with an id before its result"
+
+        # Twice: the first resumption comes while the code still runs and follows the stream to
+        # the result; the second comes after the result went out, which rmcp alone can no longer
+        # replay (the frontend keeps the stream's events, http/replay.rs).
+        resume = {**session, "Accept": "text/event-stream"}
+        for attempt in range(2):
+            with http.stream("GET", f"{BASE}/mcp", headers={**resume, "Last-Event-ID": first},
+                             timeout=120) as r:
+                assert r.status_code == 200
+                events = sse_events(r.iter_lines())
+            answers = [e["data"] for e in events if e.get("data", {}).get("id") == 2]
+            assert len(answers) == 1, (attempt, events)
+            result = answers[0]["result"]
+            assert result["isError"] is False, result
+            assert result["structuredContent"]["stdout"] == "resumed 42\n", result
+
+        made_up = http.get(f"{BASE}/mcp", headers={**resume, "Last-Event-ID": f"{uuid.uuid4().hex}.0"})
+        assert made_up.status_code == 200 and sse_events(made_up.text.splitlines()) == []
+        http.delete(f"{BASE}/mcp", headers=session)
 
 
 def test_the_legacy_sse_endpoint_works_through_the_ingress():
