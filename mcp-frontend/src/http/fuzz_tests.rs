@@ -542,6 +542,21 @@ impl Harness {
     }
 }
 
+/// Runs `body` against a fresh harness (no rate limit to speak of) in a scratch directory of
+/// its own, on a runtime of its own.
+pub(super) fn with_harness(test: &str, body: impl AsyncFnOnce(&Harness)) {
+    let dir = scratch_dir(test);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let h = Harness::new(&dir, u32::MAX, u32::MAX).await;
+        body(&h).await;
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 pub(super) fn clean_post(
     key: &str,
     session: Option<&str>,
@@ -2122,13 +2137,7 @@ fn fuzz_http_requests_tight_rate_limit() {
 /// session all got 204; the spec wants 404 for a session that is unknown or has ended.
 #[test]
 fn delete_needs_a_live_session_of_the_caller() {
-    let dir = scratch_dir("delete");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let h = Harness::new(&dir, u32::MAX, u32::MAX).await;
+    with_harness("delete", async |h| {
         let delete = |key: &str, session: &str| {
             let (key, session) = (key.to_owned(), session.to_owned());
             move || {
@@ -2165,7 +2174,6 @@ fn delete_needs_a_live_session_of_the_caller() {
             "another agent's ended session"
         );
     });
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Regression (found by `fuzz_http_requests`): a JSON-RPC response POSTed to the stateless
@@ -2173,13 +2181,7 @@ fn delete_needs_a_live_session_of_the_caller() {
 /// `"id": null` when the id is unknown.
 #[test]
 fn stateless_errors_carry_a_null_id() {
-    let dir = scratch_dir("null-id");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let h = Harness::new(&dir, u32::MAX, u32::MAX).await;
+    with_harness("null-id", async |h| {
         let reply = json!({"jsonrpc": "2.0", "id": 0, "error": {"code": -32000, "message": "x"}});
         let resp = h
             .send(|| clean_post(KEY_A, None, Some("2026-07-28"), &reply))
@@ -2190,5 +2192,4 @@ fn stateless_errors_carry_a_null_id() {
         assert_eq!(check_jsonrpc_error(&body), Ok(()), "{body}");
         assert_eq!(body["id"], Value::Null);
     });
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -173,19 +173,23 @@ impl ReplayLog {
         id
     }
 
-    /// The events of `token`'s stream after `after`, and whether the stream has ended, or
-    /// `None` if the stream is gone.
-    fn after(&self, token: &str, after: u64) -> Option<(VecDeque<ServerSseMessage>, bool)> {
+    /// The events of `token`'s stream after `after`, the seq of the last of them, and whether
+    /// the stream has ended, or `None` if the stream is gone.
+    fn after(&self, token: &str, after: u64) -> Option<(VecDeque<ServerSseMessage>, u64, bool)> {
         let mut state = self.lock();
         let stream = state.streams.get_mut(token)?;
         stream.touched = Instant::now();
+        let mut last = after;
         let events = stream
             .events
             .iter()
             .filter(|(seq, _, _)| *seq > after)
-            .map(|(_, _, event)| event.clone())
+            .map(|(seq, _, event)| {
+                last = *seq;
+                event.clone()
+            })
             .collect();
-        Some((events, stream.ended.is_some()))
+        Some((events, last, stream.ended.is_some()))
     }
 
     /// Ties `token`'s stream to `session`, unless it is tied already.
@@ -250,14 +254,9 @@ impl Follow {
             }
             // Marked seen before reading, so an event recorded after the read wakes us.
             self.changes.borrow_and_update();
-            let (events, ended) = self.log.after(&self.token, self.after)?;
-            if let Some(last) = events.back() {
-                self.after = last
-                    .event_id
-                    .as_deref()
-                    .and_then(|id| id.rsplit_once('.'))
-                    .and_then(|(_, seq)| seq.parse().ok())
-                    .unwrap_or(self.after);
+            let (events, last, ended) = self.log.after(&self.token, self.after)?;
+            if !events.is_empty() {
+                self.after = last;
                 self.pending = events;
                 continue;
             }

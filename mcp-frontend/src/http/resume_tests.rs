@@ -13,7 +13,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
-use super::fuzz_tests::{Harness, KEY_A, KEY_B, clean_post, read_all, scratch_dir, sse_data};
+use super::fuzz_tests::{Harness, KEY_A, KEY_B, clean_post, read_all, sse_data, with_harness};
 
 const VERSION: &str = "2025-11-25";
 
@@ -69,13 +69,7 @@ async fn resumed(h: &Harness, key: &str, session: &str, last_event_id: &str) -> 
 
 #[test]
 fn a_response_whose_stream_broke_comes_back_on_resumption_to_its_session_only() {
-    let dir = scratch_dir("resume");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let h = Harness::new(&dir, u32::MAX, u32::MAX).await;
+    with_harness("resume", async |h| {
         let session = h.open_session(KEY_A, VERSION).await;
         let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {
             "name": "execute_sql",
@@ -90,21 +84,30 @@ fn a_response_whose_stream_broke_comes_back_on_resumption_to_its_session_only() 
         // Twice: the first resumption may come while the call still runs; the second comes
         // after its response went out, when rmcp alone has nothing left to replay.
         for attempt in 0..2 {
-            let events = resumed(&h, KEY_A, &session, &primed).await;
+            let events = resumed(h, KEY_A, &session, &primed).await;
             let answer = events
                 .iter()
                 .find(|e| e["id"] == 5)
                 .unwrap_or_else(|| panic!("attempt {attempt}: the response in {events:?}"));
             assert_eq!(answer["result"]["isError"], false, "{answer}");
-            assert!(answer["result"]["structuredContent"].is_object(), "{answer}");
+            assert!(
+                answer["result"]["structuredContent"].is_object(),
+                "{answer}"
+            );
         }
 
         // Agent B, in its own session, presenting A's event id: nothing.
         let other = h.open_session(KEY_B, VERSION).await;
-        assert_eq!(resumed(&h, KEY_B, &other, &primed).await, Vec::<Value>::new());
+        assert_eq!(
+            resumed(h, KEY_B, &other, &primed).await,
+            Vec::<Value>::new()
+        );
         // A second session of A's own agent: nothing either; a stream is its session's.
         let second = h.open_session(KEY_A, VERSION).await;
-        assert_eq!(resumed(&h, KEY_A, &second, &primed).await, Vec::<Value>::new());
+        assert_eq!(
+            resumed(h, KEY_A, &second, &primed).await,
+            Vec::<Value>::new()
+        );
         // Made-up ids in A's session.
         let (token, _) = primed.split_once('.').unwrap();
         for made_up in [
@@ -115,7 +118,7 @@ fn a_response_whose_stream_broke_comes_back_on_resumption_to_its_session_only() 
             format!("{token}x.0"),
         ] {
             assert_eq!(
-                resumed(&h, KEY_A, &session, &made_up).await,
+                resumed(h, KEY_A, &session, &made_up).await,
                 Vec::<Value>::new(),
                 "{made_up}"
             );
@@ -124,5 +127,4 @@ fn a_response_whose_stream_broke_comes_back_on_resumption_to_its_session_only() 
         let resp = h.send(|| resume(KEY_B, &session, &primed)).await;
         assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     });
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use serde_json::{Value, json};
 
-use super::fuzz_tests::{Harness, KEY_A, clean_post, read_all, scratch_dir, sse_data};
+use super::fuzz_tests::{Harness, KEY_A, clean_post, read_all, sse_data, with_harness};
 
 const STATELESS: &str = "2026-07-28";
 const SESSION: &str = "2025-11-25";
@@ -71,22 +71,9 @@ async fn in_session(h: &Harness, session: &str, method: &str, params: Value) -> 
     answer(&bytes, 7)
 }
 
-fn run(test: &str, body: impl AsyncFnOnce(&Harness)) {
-    let dir = scratch_dir(test);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let h = Harness::new(&dir, u32::MAX, u32::MAX).await;
-        body(&h).await;
-    });
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
 #[test]
 fn set_level_is_a_session_method_and_gone_from_the_stateless_revision() {
-    run("set-level", async |h| {
+    with_harness("set-level", async |h| {
         let session = h.open_session(KEY_A, SESSION).await;
         let ok = in_session(h, &session, "logging/setLevel", json!({"level": "info"})).await;
         assert_eq!(ok["result"], json!({}), "{ok}");
@@ -116,7 +103,7 @@ fn set_level_is_a_session_method_and_gone_from_the_stateless_revision() {
 
 #[test]
 fn the_server_declares_logging_prompts_and_resources() {
-    run("capabilities", async |h| {
+    with_harness("capabilities", async |h| {
         let (status, discovered) =
             stateless(h, "server/discover", json!({"_meta": meta(json!({}))})).await;
         assert_eq!(status, StatusCode::OK, "{discovered}");
@@ -132,7 +119,7 @@ fn the_server_declares_logging_prompts_and_resources() {
 
 #[test]
 fn the_lists_carry_caching_hints_for_2026_07_28() {
-    run("lists", async |h| {
+    with_harness("lists", async |h| {
         let session = h.open_session(KEY_A, SESSION).await;
         // No prompts; the demo database's schema (this server offers execute_sql; no run of
         // the caller returned a file yet); both templates. Resources depend on the caller:
@@ -184,7 +171,7 @@ fn the_lists_carry_caching_hints_for_2026_07_28() {
 
 #[test]
 fn an_unknown_resource_is_invalid_params_naming_its_uri() {
-    run("resource-not-found", async |h| {
+    with_harness("resource-not-found", async |h| {
         let uri = "sandboxrun://nothing/here";
         let (status, read) = stateless(
             h,
@@ -200,7 +187,7 @@ fn an_unknown_resource_is_invalid_params_naming_its_uri() {
 
 #[test]
 fn a_request_needing_an_undeclared_client_capability_gets_32021_and_400() {
-    run("capability", async |h| {
+    with_harness("capability", async |h| {
         // tasks/get needs the tasks extension, which this client did not declare.
         let (status, refused) = stateless(
             h,
@@ -222,7 +209,7 @@ fn a_request_needing_an_undeclared_client_capability_gets_32021_and_400() {
 
 #[test]
 fn a_page_of_the_servers_own_origin_is_served_and_a_foreign_one_refused() {
-    run("same-origin", async |h| {
+    with_harness("same-origin", async |h| {
         let discover = json!({"jsonrpc": "2.0", "id": 7, "method": "server/discover",
             "params": {"_meta": meta(json!({}))}});
         let post = |host: &str, origin: &str| {
