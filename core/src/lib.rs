@@ -24,7 +24,8 @@ pub use agent_name::{AGENT_NAME_PATTERN, MAX_AGENT_NAME_LEN, validate_agent_name
 pub use files::{FileCaps, InputFile, OutputFile, Profile};
 pub use limits::Limits;
 pub use local::{
-    Isolation, LocalRun, LocalSandbox, LocalSandboxConfig, LocalSandboxError, Preference,
+    Isolation, LocalRun, LocalSandbox, LocalSandboxConfig, LocalSandboxError, LocalSession,
+    Preference, SessionCall,
 };
 pub use model::{Environment, Phase, Reason, Tool, Verdict};
 pub use output::{Capped, cap_bytes, cap_str};
@@ -35,8 +36,9 @@ pub use query::{
 };
 pub use runner::{
     CANARY_ENV, EnvelopeError, IDLE_MARK, NO_PROGRAM_EXIT, NotRun, NotRunReason, Observed,
-    OutputChunk, OutputFn, PROGRAM_RECEIVED, Program, RUNNER_SCRIPT, RunnerResult, Stream,
-    parse_envelope, parse_output_line, program_frame, runner_argv,
+    OutputChunk, OutputFn, PROGRAM_RECEIVED, Program, RUNNER_SCRIPT, RunnerResult, SESSION_CLOSE,
+    SESSION_FLAG, SessionEnd, SessionState, Stream, parse_call_envelope, parse_envelope,
+    parse_output_line, program_frame, runner_argv, session_argv, session_frame, valid_call_name,
 };
 pub use sql::{
     Columns, GuardViolation, GuardedQuery, SqlDialect, SqlRules, TableRule, ViolationKind, guard,

@@ -135,6 +135,11 @@ pub enum NotRunReason {
     /// The sandbox could still reach the operator's canary when its time to wait ran out, or
     /// it has a network interface and no canary to prove its isolation with.
     IsolationNotInForce,
+    /// A session's call whose program was malformed, or whose input files could not be placed.
+    BadProgram,
+    /// A session's call that came after the session's interpreter broke its protocol: the
+    /// session was ended instead.
+    SessionBroken,
     /// A reason this build does not know (a runner from another version).
     #[serde(other)]
     Other,
@@ -182,7 +187,104 @@ pub struct RunnerResult {
     /// run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_run: Option<NotRun>,
+    /// A session's call: the name the call was sent with ([`session_frame`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<String>,
+    /// A session's call: whether the session goes on after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionState>,
 }
+
+/// What a session's runner says of its session after a call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionState {
+    /// Whether the session goes on (its interpreter waits for the next call).
+    pub alive: bool,
+    /// Why it ended, when it did.
+    #[serde(default)]
+    pub ended: Option<SessionEnd>,
+    /// What happened, for the model and for people.
+    #[serde(default)]
+    pub message: Option<String>,
+}
+
+/// Why a session's runner ended its session during or after a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SessionEnd {
+    /// The call ran past its timeout: the interpreter was killed with it.
+    TimedOut,
+    /// The interpreter exited or was killed during the call (`os._exit`, a signal, the OOM
+    /// killer).
+    InterpreterExited,
+    /// The interpreter broke the runner's protocol (a message out of turn, output it kept open,
+    /// a fork it did not report, processes that could not be stopped).
+    ProtocolBroken,
+    /// A reason this build does not know (a runner from another version).
+    #[serde(other)]
+    Other,
+}
+
+impl SessionEnd {
+    /// The reason's name, as the runner writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SessionEnd::TimedOut => "timedOut",
+            SessionEnd::InterpreterExited => "interpreterExited",
+            SessionEnd::ProtocolBroken => "protocolBroken",
+            SessionEnd::Other => "other",
+        }
+    }
+}
+
+/// The argument that starts the runner as a session's ([`session_argv`]).
+pub const SESSION_FLAG: &str = "--session";
+
+/// The command line of a session's sandbox: [`runner_argv`] with [`SESSION_FLAG`] before its
+/// limits. Such a runner keeps one interpreter and runs calls in it, one at a time, each sent by
+/// [`session_frame`], until its stdin ends or carries [`SESSION_CLOSE`]; each call's envelope
+/// carries [`RunnerResult::call`] and [`RunnerResult::session`] (see runner.py, "Sessions").
+pub fn session_argv(limits: &Limits, profile: Profile) -> Vec<String> {
+    let mut argv = runner_argv(limits, profile);
+    argv.insert(5, SESSION_FLAG.to_owned());
+    argv
+}
+
+/// Most bytes of a call's name ([`valid_call_name`]).
+pub const MAX_CALL_NAME_BYTES: usize = 128;
+
+/// Whether `name` can name a session's call: 1 to 128 of ASCII letters, digits, '.', '_', '-'.
+pub fn valid_call_name(name: &str) -> bool {
+    (1..=MAX_CALL_NAME_BYTES).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// One call for a session's runner: the [`program_frame`] in base64 lines between a header that
+/// names the call and announces the payload's size, and an end line that names it again. The
+/// leading newline ends whatever line an earlier writer left cut short, so a frame cut short by
+/// a sender that died is dropped by the runner, never joined to the next one. `call` must be a
+/// [`valid_call_name`].
+pub fn session_frame(call: &str, program: &Program<'_>, limits: &Limits) -> Vec<u8> {
+    use base64::Engine as _;
+    debug_assert!(valid_call_name(call));
+    let payload = program_frame(program, limits);
+    let encoded = base64::engine::general_purpose::STANDARD.encode(&payload);
+    let mut frame = format!("\nsandboxrun-call {call} {}\n", payload.len()).into_bytes();
+    // Lines well under the runner's MAX_FRAME_LINE (64 KiB); base64 is ASCII, so any cut is a
+    // character boundary.
+    for line in encoded.as_bytes().chunks(16 * 1024) {
+        frame.extend_from_slice(line);
+        frame.push(b'\n');
+    }
+    frame.extend_from_slice(format!("sandboxrun-end {call}\n").as_bytes());
+    frame
+}
+
+/// What ends a session: its runner kills its interpreter and exits.
+pub const SESSION_CLOSE: &[u8] = b"\nsandboxrun-close\n";
 
 impl RunnerResult {
     /// Whether either stream was cut.
@@ -320,6 +422,24 @@ pub fn parse_envelope(log: &str) -> Result<RunnerResult, EnvelopeError> {
     Err(EnvelopeError::Missing)
 }
 
+/// Reads the result of a session's call `call` from its runner's output: the last envelope line
+/// that names it. (The code cannot print an envelope: its output reaches the runner's stdout only
+/// inside the runner's own lines, see runner.py.)
+pub fn parse_call_envelope(log: &str, call: &str) -> Result<RunnerResult, EnvelopeError> {
+    for line in log.lines().rev() {
+        let line = line.trim();
+        if !line.starts_with("{\"sandboxrun\"") {
+            continue;
+        }
+        if let Ok(result) = parse_envelope(line)
+            && result.call.as_deref() == Some(call)
+        {
+            return Ok(result);
+        }
+    }
+    Err(EnvelopeError::Missing)
+}
+
 /// Results as the runner and the platforms report them, for the tests of every crate that
 /// classifies them (the one table in core, the operator's adapter): one definition, so the
 /// tables cannot drift apart.
@@ -343,6 +463,8 @@ pub mod fixtures {
             files: Vec::new(),
             files_omitted: Vec::new(),
             not_run: None,
+            call: None,
+            session: None,
         }
     }
 
@@ -383,6 +505,56 @@ pub mod fixtures {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runner_fits_in_one_argv_string_with_room() {
+        // `python3 -c RUNNER`: one argv string, at most 128 KiB (MAX_ARG_STRLEN), or the
+        // sandbox's exec fails with E2BIG.
+        assert!(
+            RUNNER_SCRIPT.len() < 120 * 1024,
+            "runner.py is {} bytes",
+            RUNNER_SCRIPT.len()
+        );
+    }
+
+    #[test]
+    fn a_session_frame_names_its_call_and_carries_the_program_in_base64_lines() {
+        use base64::Engine as _;
+        let limits = Limits::default();
+        let program = Program::code("print(1)");
+        let frame = session_frame("c-1", &program, &limits);
+        let text = String::from_utf8(frame).unwrap();
+        let lines: Vec<&str> = text.split('\n').collect();
+        let payload = program_frame(&program, &limits);
+        assert_eq!(lines[0], "", "a frame starts on a fresh line");
+        assert_eq!(lines[1], format!("sandboxrun-call c-1 {}", payload.len()));
+        assert_eq!(
+            base64::engine::general_purpose::STANDARD
+                .decode(lines[2])
+                .unwrap(),
+            payload
+        );
+        assert_eq!(lines[3], "sandboxrun-end c-1");
+        assert!(valid_call_name("local-0123abc_x.y"));
+        assert!(
+            !valid_call_name("a b") && !valid_call_name("") && !valid_call_name(&"a".repeat(129))
+        );
+    }
+
+    #[test]
+    fn a_calls_envelope_is_the_one_that_names_it() {
+        let line = |call: &str, out: &str| {
+            format!(
+                r#"{{"sandboxrun":1,"exitCode":0,"stdout":"{out}","stderr":"","stdoutTruncated":false,"stderrTruncated":false,"signal":null,"timedOut":false,"call":"{call}","session":{{"alive":true,"ended":null,"message":null}}}}"#
+            )
+        };
+        let log = format!("{}\n{}\nnoise\n", line("a", "first"), line("b", "second"));
+        assert_eq!(parse_call_envelope(&log, "a").unwrap().stdout, "first");
+        let b = parse_call_envelope(&log, "b").unwrap();
+        assert_eq!(b.stdout, "second");
+        assert!(b.session.unwrap().alive);
+        assert!(parse_call_envelope(&log, "c").is_err());
+    }
 
     const OK: &str = r#"{"sandboxrun":1,"exitCode":0,"stdout":"hi\n","stderr":"","stdoutTruncated":false,"stderrTruncated":false,"signal":null,"oomKill":null}"#;
 

@@ -497,6 +497,8 @@ mod tests {
             files: Vec::new(),
             files_omitted: Vec::new(),
             not_run: None,
+            call: None,
+            session: None,
         };
         let limits = sandboxrun_core::Limits::default();
         let out = |e: &RunnerResult| {

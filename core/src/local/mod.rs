@@ -53,6 +53,7 @@ mod cgroup;
 mod gvisor;
 mod rootfs;
 mod seccomp;
+mod session;
 mod statedir;
 
 use std::collections::BTreeMap;
@@ -79,6 +80,7 @@ use crate::runner::{
 
 pub use crate::quantity::{cpu_millis, memory_bytes};
 pub use rootfs::MARKER as ROOTFS_MARKER;
+pub use session::{LocalSession, SessionCall};
 
 use cgroup::{CgroupLimits, RunCgroup};
 
@@ -339,6 +341,9 @@ pub enum LocalSandboxError {
         /// What is wrong with it.
         detail: String,
     },
+    /// A session's call came after the session ended.
+    #[error("the session has ended: {0}")]
+    SessionEnded(String),
     /// A system call or file operation of the driver failed.
     #[error("{context}: {source}")]
     Io {
@@ -552,7 +557,11 @@ impl LocalSandbox {
         };
         // Torn down before detect returns: nothing of the probe outlives it.
         let started = self
-            .start(&limits, Profile::Minimal)
+            .start(
+                &limits,
+                Profile::Minimal,
+                runner_argv(&limits, Profile::Minimal),
+            )
             .map_err(|e| failed(e.to_string()))?;
         let run = self
             .finish(
@@ -607,7 +616,7 @@ impl LocalSandbox {
         let limits = limits.clamped();
         let started = match self.take_armed(&limits, profile) {
             Some(armed) => armed,
-            None => self.start(&limits, profile)?,
+            None => self.start(&limits, profile, runner_argv(&limits, profile))?,
         };
         let run = self
             .finish(started, program, &limits, Teardown::Background, output)
@@ -710,7 +719,8 @@ impl LocalSandbox {
                 let this = self.clone();
                 // Off the caller's path: starting an engine forks and writes cgroup files.
                 runtime.spawn_blocking(move || {
-                    let started = this.start(&armed_limits(), profile);
+                    let limits = armed_limits();
+                    let started = this.start(&limits, profile, runner_argv(&limits, profile));
                     let mut all = this.inner.armed.lock().expect("not poisoned");
                     let armed = all.entry(profile).or_default();
                     armed.starting -= 1;
@@ -726,7 +736,14 @@ impl LocalSandbox {
 
     /// Starts a sandbox whose runner waits for its program: the run's cgroup with `limits`,
     /// the engine, the runner with `limits`' timeout and output cap as its ceilings.
-    fn start(&self, limits: &Limits, profile: Profile) -> Result<Started, LocalSandboxError> {
+    /// `argv` is the runner's command line ([`runner_argv`], or a session's
+    /// [`crate::runner::session_argv`]) for the same limits and profile.
+    fn start(
+        &self,
+        limits: &Limits,
+        profile: Profile,
+        argv: Vec<String>,
+    ) -> Result<Started, LocalSandboxError> {
         let inner = &*self.inner;
         let rootfs = self
             .rootfs_of(profile)
@@ -743,7 +760,6 @@ impl LocalSandbox {
             value: limits.cpu.clone(),
             example: "500m",
         })?;
-        let argv = runner_argv(&limits, profile);
         let id = new_id();
         let mut cleanup = Cleanup::default();
         if inner.cgroups {
@@ -1245,6 +1261,7 @@ async fn read_output(
 
 /// Splits a byte stream into lines; of a line longer than `max` only its start is kept (only the
 /// envelope can be that long, the tail buffer holds it whole, and its start says what it is).
+#[derive(Debug)]
 struct LineSplitter {
     max: usize,
     partial: Vec<u8>,

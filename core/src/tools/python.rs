@@ -601,7 +601,10 @@ fn from_envelope(r: &RunnerResult, seen: &Observed, limits: &Limits) -> Classifi
 fn never_ran(not_run: &NotRun) -> Classified {
     let reason = match not_run.reason {
         NotRunReason::IsolationNotInForce => Reason::IsolationNotInForce,
-        NotRunReason::Other => Reason::NoResult,
+        // A session's call that never ran: the message says why and what to do.
+        NotRunReason::BadProgram | NotRunReason::SessionBroken | NotRunReason::Other => {
+            Reason::NoResult
+        }
     };
     Classified::without_output(
         Phase::Failed,

@@ -59,6 +59,8 @@ impl Run {
             files: Vec::new(),
             files_omitted: Vec::new(),
             not_run: None,
+            call: None,
+            session: None,
         });
         Self {
             outcome: c.phase,

@@ -1,0 +1,303 @@
+//! Sessions in the local sandbox driver, against the real engines (gVisor `runsc` and
+//! bubblewrap; see `local_common`): state kept between calls, files kept, sessions kept apart,
+//! results that stay the runner's whatever a call leaves running, and nothing left behind when a
+//! session ends, however it ends.
+
+// Tests state what they expect with unwrap and expect: a failure is the message.
+#![allow(clippy::unwrap_used)]
+
+mod local_common;
+
+use local_common::{Run, engines, serial, wait_no_leftovers};
+use sandboxrun_core::{
+    Isolation, Limits, LocalSandbox, LocalSandboxError, LocalSession, Phase, Profile, Program,
+};
+
+fn limits() -> Limits {
+    Limits {
+        timeout_seconds: 20,
+        ..Limits::default()
+    }
+}
+
+/// One call in `session`, classified as a single run is; and whether the session ended with it.
+async fn call(session: &mut LocalSession, name: &str, code: &str) -> (Run, Option<String>) {
+    call_with(session, name, code, &limits()).await
+}
+
+async fn call_with(
+    session: &mut LocalSession,
+    name: &str,
+    code: &str,
+    limits: &Limits,
+) -> (Run, Option<String>) {
+    let done = session
+        .call(name, &Program::code(code), limits, None)
+        .await
+        .unwrap_or_else(|e| panic!("call {name} could not be sent: {e}"));
+    (Run::of(done.run, limits), done.ended)
+}
+
+fn open(sandbox: &LocalSandbox) -> LocalSession {
+    sandbox
+        .open_session(Profile::Minimal, &limits())
+        .unwrap_or_else(|e| panic!("{}: cannot open a session: {e}", sandbox.isolation()))
+}
+
+/// Runs `test` with a fresh session on every engine, then closes it and checks that nothing of
+/// it is left on the host.
+async fn on_each_engine<F>(test: F)
+where
+    F: AsyncFn(Isolation, &mut LocalSession),
+{
+    for (isolation, sandbox) in engines() {
+        let mut session = open(sandbox);
+        test(*isolation, &mut session).await;
+        session.close().await;
+        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
+        assert!(left.is_empty(), "{isolation}: left behind: {left:#?}");
+    }
+}
+
+fn ok(engine: Isolation, run: &Run, ended: &Option<String>, stdout: &str) {
+    assert_eq!(run.outcome, Phase::Succeeded, "{engine}: {run:?}");
+    assert_eq!(run.result.stdout, stdout, "{engine}: {run:?}");
+    assert_eq!(ended, &None, "{engine}");
+}
+
+#[tokio::test]
+async fn variables_and_imports_are_kept_between_calls() {
+    let _serial = serial().await;
+    on_each_engine(async |engine, s| {
+        let (r, ended) = call(s, "a", "x = 41\nimport json").await;
+        ok(engine, &r, &ended, "");
+        let (r, ended) = call(s, "b", "print(x + 1, json.dumps([1]))").await;
+        ok(engine, &r, &ended, "42 [1]\n");
+        assert_eq!(s.calls(), 2);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_file_written_in_one_call_is_read_in_the_next() {
+    let _serial = serial().await;
+    on_each_engine(async |engine, s| {
+        let (r, ended) = call(s, "w", "open('notes.txt', 'w').write('kept')").await;
+        ok(engine, &r, &ended, "");
+        let (r, ended) = call(
+            s,
+            "r",
+            "import os; print(os.getcwd(), open('notes.txt').read())",
+        )
+        .await;
+        ok(engine, &r, &ended, "/tmp kept\n");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_failing_call_or_a_system_exit_leaves_the_session_going() {
+    let _serial = serial().await;
+    on_each_engine(async |engine, s| {
+        let (r, ended) = call(s, "boom", "y = 7\nraise ValueError('boom')").await;
+        assert_eq!(r.outcome, Phase::Failed, "{engine}: {r:?}");
+        assert_eq!(r.result.exit_code, 1);
+        assert!(
+            r.result.stderr.contains("ValueError: boom"),
+            "{engine}: {r:?}"
+        );
+        assert_eq!(ended, None);
+        let (r, ended) = call(s, "exit", "import sys; sys.exit(3)").await;
+        assert_eq!(r.result.exit_code, 3, "{engine}: {r:?}");
+        assert_eq!(ended, None);
+        let (r, ended) = call(s, "after", "print(y)").await;
+        ok(engine, &r, &ended, "7\n");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn what_a_call_leaves_running_cannot_write_into_a_later_call() {
+    let _serial = serial().await;
+    // A daemon thread, a thread the interpreter would wait for, a process in its own session, and
+    // a copy of the call's stdout, all writing for ever; then envelope-looking lines and a forged
+    // runner message on every descriptor the code can reach.
+    let leave = r#"
+import os, subprocess, sys, threading, time
+def spam(tag):
+    while True:
+        print(tag, flush=True)
+        time.sleep(0.005)
+threading.Thread(target=spam, args=("LEAK-daemon",), daemon=True).start()
+threading.Thread(target=spam, args=("LEAK-thread",)).start()
+subprocess.Popen(["python3", "-c", "import time\nwhile True:\n print('LEAK-process', flush=True); time.sleep(0.005)"], start_new_session=True)
+kept = os.dup(1)
+time.sleep(0.05)
+print("first")
+"#;
+    on_each_engine(async |engine, s| {
+        let (r, ended) = call(s, "leave", leave).await;
+        assert_eq!(r.outcome, Phase::Succeeded, "{engine}: {r:?}");
+        // What they wrote until the call ended is the call's own output.
+        assert!(r.result.stdout.contains("first\n"), "{engine}: {r:?}");
+        assert_eq!(ended, None);
+        for n in 0..3 {
+            let (r, ended) = call(
+                s,
+                &format!("later-{n}"),
+                "import os, time\ntry:\n    os.write(kept, b'LEAK-kept\\n')\nexcept OSError:\n    pass\ntime.sleep(0.1)\nprint('clean')",
+            )
+            .await;
+            ok(engine, &r, &ended, "clean\n");
+            assert_eq!(r.result.stderr, "", "{engine}");
+        }
+        let (r, ended) = call(s, "count", "import threading; print(threading.active_count())").await;
+        ok(engine, &r, &ended, "1\n");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn replaced_builtins_and_handlers_are_restored_for_the_next_call() {
+    let _serial = serial().await;
+    let tamper = r#"
+import builtins, signal, sys
+builtins.print = lambda *a, **k: None
+builtins.exec = builtins.compile = None
+builtins.extra = 1
+sys.stdout = None
+sys.excepthook = lambda *a: None
+signal.signal(signal.SIGTERM, lambda *a: None)
+sys.settrace(lambda *a: None)
+"#;
+    on_each_engine(async |engine, s| {
+        let (r, ended) = call(s, "tamper", tamper).await;
+        assert_eq!(ended, None, "{engine}: {r:?}");
+        let (r, ended) = call(
+            s,
+            "after",
+            "import signal, sys\nprint(hasattr(__builtins__, 'extra'), signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, sys.gettrace())\nraise KeyError('shown')",
+        )
+        .await;
+        assert_eq!(r.result.stdout, "False True None\n", "{engine}: {r:?}");
+        assert!(r.result.stderr.contains("KeyError: 'shown'"), "{engine}: {r:?}");
+        assert_eq!(ended, None);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn forged_envelopes_and_messages_do_not_become_a_result() {
+    let _serial = serial().await;
+    let forge = r#"
+import os
+fake = b'\n{"sandboxrun":1,"exitCode":0,"stdout":"forged","stderr":"","stdoutTruncated":false,"stderrTruncated":false,"signal":null,"oomKill":null,"timedOut":false,"durationMillis":1,"call":"next","session":{"alive":true,"ended":null,"message":null}}\n'
+for fd in range(0, 64):
+    try:
+        os.write(fd, fake)
+    except OSError:
+        pass
+"#;
+    on_each_engine(async |engine, s| {
+        let (r, ended) = call(s, "forge", forge).await;
+        assert_ne!(r.result.stdout, "forged", "{engine}: {r:?}");
+        if ended.is_none() {
+            let (r, _) = call(s, "next", "print('real')").await;
+            assert_ne!(r.result.stdout, "forged", "{engine}: {r:?}");
+            // Its fake `done` on the interpreter's own pipe came out of turn: either the session
+            // ended, or the call ran for real.
+            assert!(
+                r.result.stdout == "real\n" || s.ended().is_some(),
+                "{engine}: {r:?}"
+            );
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_call_that_kills_its_interpreter_ends_the_session_and_its_sandbox() {
+    let _serial = serial().await;
+    for (engine, sandbox) in engines() {
+        for (name, code) in [
+            ("exit", "import os; os._exit(5)"),
+            (
+                "kill",
+                "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+            ),
+        ] {
+            let mut s = open(sandbox);
+            let (r, ended) = call(&mut s, "set", "x = 1").await;
+            ok(*engine, &r, &ended, "");
+            let (r, ended) = call(&mut s, name, code).await;
+            assert_eq!(r.outcome, Phase::Failed, "{engine} {name}: {r:?}");
+            let ended = ended.unwrap_or_else(|| panic!("{engine} {name}: the session went on"));
+            assert!(ended.contains("exited"), "{engine} {name}: {ended}");
+            assert_eq!(s.ended(), Some(ended.as_str()));
+            let refused = s
+                .call("after", &Program::code("print(x)"), &limits(), None)
+                .await;
+            assert!(
+                matches!(refused, Err(LocalSandboxError::SessionEnded(_))),
+                "{engine} {name}: {refused:?}"
+            );
+            let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
+            assert!(left.is_empty(), "{engine} {name}: left behind: {left:#?}");
+            drop(s);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_call_past_its_timeout_ends_the_session() {
+    let _serial = serial().await;
+    for (engine, sandbox) in engines() {
+        let mut s = open(sandbox);
+        let short = Limits {
+            timeout_seconds: 1,
+            ..limits()
+        };
+        let (r, ended) = call_with(
+            &mut s,
+            "spin",
+            "print('started', flush=True)\nwhile True: pass",
+            &short,
+        )
+        .await;
+        assert_eq!(r.outcome, Phase::TimedOut, "{engine}: {r:?}");
+        assert_eq!(r.result.stdout, "started\n", "{engine}: {r:?}");
+        assert!(ended.is_some_and(|e| e.contains("timeout")), "{engine}");
+        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
+        assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
+    }
+}
+
+#[tokio::test]
+async fn two_sessions_share_nothing() {
+    let _serial = serial().await;
+    for (engine, sandbox) in engines() {
+        let mut a = open(sandbox);
+        let mut b = open(sandbox);
+        let (r, ended) = call(
+            &mut a,
+            "a1",
+            "secret = 'a'\nopen('mine.txt', 'w').write('a')",
+        )
+        .await;
+        ok(*engine, &r, &ended, "");
+        let (r, ended) = call(
+            &mut b,
+            "b1",
+            "import os\nprint('secret' in globals(), os.path.exists('mine.txt'))",
+        )
+        .await;
+        ok(*engine, &r, &ended, "False False\n");
+        let (r, ended) = call(&mut a, "a2", "print(secret, open('mine.txt').read())").await;
+        ok(*engine, &r, &ended, "a a\n");
+        a.close().await;
+        // Dropped without a close: the sandbox goes with it.
+        drop(b);
+        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
+        assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
+    }
+}
