@@ -6,7 +6,9 @@
 use std::path::PathBuf;
 
 use sandboxrun_core::model::{Environment, Tool, Verdict};
-use sandboxrun_core::policy::{CallContext, Policy, PolicyStore};
+use sandboxrun_core::policy::{
+    CallContext, Policy, PolicyStore, PythonRequest, SessionRules, SessionUse,
+};
 
 fn sample_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config/policy/policy.yaml")
@@ -155,4 +157,28 @@ fn everything_else_is_blocked() {
         Environment::Staging,
     ));
     assert_eq!(d.verdict, Verdict::Allow);
+}
+
+#[test]
+fn analysts_may_use_sessions_in_the_sandbox_with_the_default_bounds() {
+    let p = sample();
+    let session = |agent: &str, env| {
+        let mut call = CallContext::new(agent, Tool::Python, env);
+        call.python = Some(PythonRequest {
+            session: Some(SessionUse::Open),
+            ..PythonRequest::default()
+        });
+        p.evaluate(&call)
+    };
+    let d = session("analyst-01", Environment::Sandbox);
+    assert_eq!(
+        (d.verdict, d.rule.as_str()),
+        (Verdict::Allow, "analysts-sandbox"),
+        "{d}"
+    );
+    assert_eq!(d.sessions, Some(SessionRules::default()));
+    // Production escalates, and its rule has no sessions: the session is what blocks it.
+    let d = session("analyst-01", Environment::Production);
+    assert_eq!(d.verdict, Verdict::Block, "{d}");
+    assert!(d.reason.contains("sessions are not allowed"), "{d}");
 }

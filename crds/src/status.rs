@@ -6,6 +6,7 @@ use kube::KubeSchema;
 use sandboxrun_core::files::{self, FileCaps, OmittedFile};
 use sandboxrun_core::limits::Limits;
 use sandboxrun_core::metrics::scope::MetricsRules;
+use sandboxrun_core::policy::SessionRules;
 use sandboxrun_core::sql::SqlRules;
 use sandboxrun_core::{Environment, Phase, Tool, Verdict};
 
@@ -240,6 +241,10 @@ pub struct Grant {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "sql_rules")]
     pub schema: Option<SqlRules>,
+    /// python in a session: the deciding rule's `python.sessions`, the bounds the session is
+    /// held to (how many one agent may hold, how long one lives).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<SessionRules>,
 }
 
 impl Grant {
@@ -253,6 +258,7 @@ impl Grant {
             files: decision.files,
             metrics: decision.metrics.clone(),
             schema: decision.schema.clone(),
+            sessions: decision.sessions,
         }
     }
 }
@@ -282,6 +288,7 @@ impl Decision {
             schema: grant.schema.clone(),
             metrics: grant.metrics.clone(),
             files: grant.files,
+            sessions: grant.sessions,
         })
     }
 }

@@ -101,6 +101,7 @@ pub fn allow_all(call: &CallContext) -> sandboxrun_core::Decision {
         schema: None,
         metrics: None,
         files: FileCaps::default(),
+        sessions: None,
     }
 }
 
@@ -120,6 +121,7 @@ pub fn block_all(call: &CallContext) -> sandboxrun_core::Decision {
         schema: None,
         metrics: None,
         files: FileCaps::default(),
+        sessions: None,
     }
 }
 

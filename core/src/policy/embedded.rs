@@ -2,7 +2,9 @@
 //!
 //! `config/policy/policy.yaml` is a sample for clusters, not a safe default for a laptop. The
 //! embedded default: any agent may run Python in the sandbox environment (the local sandbox's
-//! limits apply; both profiles, minimal and data, with the global file bounds), run `sql` on the `demo` database in the sandbox environment, reading only the
+//! limits apply; both profiles, minimal and data, with the global file bounds; in sessions too,
+//! with the default session bounds: 3 open per agent, 10 minutes idle, an hour at most), run
+//! `sql` on the `demo` database in the sandbox environment, reading only the
 //! `ledger` columns `id, account, amount, booked_at`, without `SELECT *`, with a LIMIT of at most
 //! 1000, and run `fetch_metrics` over the server's own call counters (any environment);
 //! everything else is blocked.
@@ -24,6 +26,8 @@ rules:
     reason: the embedded default policy allows Python in the local sandbox
     python:
       profiles: [minimal, data]
+      # A laptop user gets sessions out of the box, with the default bounds.
+      sessions: {}
   - name: embedded-demo-sql
     agents: ["*"]
     tools: [sql]
@@ -69,7 +73,7 @@ pub fn load(policy_file: Option<&std::path::Path>) -> Result<PolicyStore, Policy
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::CallContext;
+    use crate::policy::{CallContext, PythonRequest, SessionRules, SessionUse};
     use crate::sql::SqlDialect;
     use crate::{Environment, Tool, Verdict};
 
@@ -108,5 +112,13 @@ mod tests {
         assert_eq!(python(Environment::Sandbox).verdict, Verdict::Allow);
         assert_eq!(python(Environment::Sandbox).rule, "embedded-python");
         assert_eq!(python(Environment::Production).verdict, Verdict::Block);
+        let mut in_session = CallContext::new("anyone", Tool::Python, Environment::Sandbox);
+        in_session.python = Some(PythonRequest {
+            session: Some(SessionUse::Open),
+            ..PythonRequest::default()
+        });
+        let d = p.evaluate(&in_session);
+        assert_eq!(d.verdict, Verdict::Allow, "{d}");
+        assert_eq!(d.sessions, Some(SessionRules::default()));
     }
 }

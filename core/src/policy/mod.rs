@@ -12,6 +12,24 @@
 //! turns the decision into `Block` with the rule `<rule>/sql-guard` and the guard's reason, and an
 //! accepted query comes back rewritten (with its `LIMIT`) in [`Decision::rewritten_query`].
 //!
+//! For a `python` call, the matching rule's `python` section ([`PythonRules`]) bounds the
+//! profiles and files, and says whether the call may open or use a session (state kept between
+//! calls in a sandbox only that agent uses):
+//!
+//! ```yaml
+//! python:
+//!   profiles: [minimal, data]
+//!   sessions:                   # absent: no sessions under this rule
+//!     maxPerAgent: 3            # open sessions one agent may hold at once (1 to 20)
+//!     maxLifetimeSeconds: 3600  # longest a session lives from its start (60 to 3600)
+//!     idleTimeoutSeconds: 600   # a session with no call this long ends (10 to 3600, at most
+//!                               # maxLifetimeSeconds)
+//! ```
+//!
+//! A call that uses a session under a rule without `python.sessions` (or under the default,
+//! which has none) is blocked; an allowed one carries the rule's bounds in
+//! [`Decision::sessions`].
+//!
 //! Unknown fields anywhere in the file are errors, so a typo can never silently weaken policy;
 //! a malformed file is refused with the line, the column and the problem.
 
@@ -37,7 +55,11 @@ use crate::quantity::memory_bytes;
 use crate::sql::{self, SqlDialect, SqlRules};
 
 pub use file::LimitOverrides;
-pub use python::{PythonRequest, PythonRules};
+pub use python::{
+    DEFAULT_SESSION_IDLE_SECONDS, DEFAULT_SESSIONS_PER_AGENT, MAX_SESSION_IDLE_SECONDS,
+    MAX_SESSION_LIFETIME_SECONDS, MAX_SESSIONS_PER_AGENT, MIN_SESSION_IDLE_SECONDS,
+    MIN_SESSION_LIFETIME_SECONDS, PythonRequest, PythonRules, SessionRules, SessionUse,
+};
 pub use store::PolicyStore;
 
 /// Row cap of a query when neither the rule nor the call sets one.
@@ -182,8 +204,8 @@ pub struct CallContext {
     pub limits: limits::Limits,
     /// The row cap the call asks for, if any.
     pub rows: Option<u64>,
-    /// For `python` calls: the profile and the input files asked for (absent: the minimal
-    /// profile, no files).
+    /// For `python` calls: the profile, the input files and the session asked for (absent: the
+    /// minimal profile, no files, no session).
     #[serde(default)]
     pub python: Option<PythonRequest>,
 }
@@ -264,6 +286,12 @@ pub struct Decision {
     /// what the read shows (the tables and columns queries may read, the row cap).
     #[serde(default)]
     pub schema: Option<SqlRules>,
+    /// For an allowed or escalated `python` call that uses a session
+    /// ([`PythonRequest::session`]): the deciding rule's `python.sessions`, the bounds the caller
+    /// enforces (how many sessions the agent may hold, how long one lives) from this record
+    /// rather than from a second judgement. `None` for every other call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<SessionRules>,
 }
 
 impl fmt::Display for Decision {
@@ -341,6 +369,8 @@ impl Policy {
                 schema: None,
                 metrics: None,
                 files: FileCaps::default(),
+                // The defaults have no sessions: a call that uses one is refused below.
+                sessions: None,
             };
             if self.default == Verdict::Block {
                 decision
@@ -378,6 +408,7 @@ impl Policy {
                 .python
                 .as_ref()
                 .map_or_else(FileCaps::default, PythonRules::output_caps),
+            sessions: None,
         };
         if rule.verdict == Verdict::Block {
             return decision;
@@ -390,6 +421,7 @@ impl Policy {
             decision.reason = why;
             return decision;
         }
+        decision.sessions = python::session_rules(rule, call);
         if !lowered.is_empty() {
             decision.reason = format!(
                 "{} (limits lowered by rule {}: {})",
@@ -410,6 +442,7 @@ impl Policy {
                 schema: None,
                 metrics: None,
                 files: FileCaps::default(),
+                sessions: None,
             };
             let Some(request) = &call.sql else {
                 return block(

@@ -306,3 +306,227 @@ rules:
     );
     assert_eq!(q.verdict, Verdict::Escalate);
 }
+
+const SESSIONS: &str = r#"
+rules:
+  - name: with-sessions
+    agents: [a]
+    tools: [python]
+    verdict: allow
+    python:
+      profiles: [minimal, data]
+      sessions: {maxPerAgent: 5, maxLifetimeSeconds: 1800, idleTimeoutSeconds: 120}
+  - name: escalated-sessions
+    agents: [e]
+    tools: [python]
+    verdict: escalate
+    python: {sessions: {}}
+  - name: without-sessions
+    agents: [b]
+    tools: [python]
+    verdict: allow
+    python: {profiles: [minimal]}
+  - {name: no-python-section, agents: [c], tools: [python], verdict: allow}
+"#;
+
+/// A python call asking for `session` in the sandbox.
+fn python_call(agent: &str, session: Option<SessionUse>) -> CallContext {
+    let mut call = CallContext::new(agent, Tool::Python, Environment::Sandbox);
+    call.python = Some(PythonRequest {
+        session,
+        ..PythonRequest::default()
+    });
+    call
+}
+
+#[test]
+fn a_sessions_section_parses_with_its_defaults_and_is_absent_otherwise() {
+    let p = Policy::from_yaml(SESSIONS, "<test>").unwrap();
+    let sessions = |name: &str| {
+        let rule = p.rules().iter().find(|r| r.name == name).unwrap();
+        rule.python.as_ref().and_then(|python| python.sessions)
+    };
+    assert_eq!(
+        sessions("with-sessions"),
+        Some(SessionRules {
+            max_per_agent: 5,
+            max_lifetime_seconds: 1800,
+            idle_timeout_seconds: 120,
+        })
+    );
+    assert_eq!(
+        sessions("escalated-sessions"),
+        Some(SessionRules {
+            max_per_agent: 3,
+            max_lifetime_seconds: 3600,
+            idle_timeout_seconds: 600,
+        })
+    );
+    assert_eq!(sessions("escalated-sessions"), Some(SessionRules::default()));
+    assert_eq!(sessions("without-sessions"), None);
+    assert_eq!(sessions("no-python-section"), None);
+    assert_eq!(PythonRules::default().sessions, None);
+    let err = Policy::from_yaml(
+        "rules:\n  - name: a\n    tools: [python]\n    verdict: allow\n    python:\n      sessions: {maxPerAgnet: 2}\n",
+        "<test>",
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, PolicyError::Syntax { line: 6, message, .. } if message.contains("unknown field `maxPerAgnet`")),
+        "{err}"
+    );
+}
+
+#[test]
+fn session_bounds_are_checked_at_load_time() {
+    let with = |sessions: &str| {
+        invalid(&format!(
+            "rules:\n  - {{name: a, tools: [python], verdict: allow, python: {{sessions: {sessions}}}}}\n"
+        ))
+    };
+    for (sessions, expected) in [
+        (
+            "{maxPerAgent: 50}",
+            "python.sessions.maxPerAgent is 50; the most allowed is 20",
+        ),
+        (
+            "{maxPerAgent: 0}",
+            "python.sessions.maxPerAgent is 0; the least allowed is 1",
+        ),
+        (
+            "{maxLifetimeSeconds: 3601}",
+            "python.sessions.maxLifetimeSeconds is 3601; the most allowed is 3600",
+        ),
+        (
+            "{maxLifetimeSeconds: 59, idleTimeoutSeconds: 10}",
+            "python.sessions.maxLifetimeSeconds is 59; the least allowed is 60",
+        ),
+        (
+            "{idleTimeoutSeconds: 3601}",
+            "python.sessions.idleTimeoutSeconds is 3601; the most allowed is 3600",
+        ),
+        (
+            "{idleTimeoutSeconds: 9}",
+            "python.sessions.idleTimeoutSeconds is 9; the least allowed is 10",
+        ),
+        (
+            "{maxLifetimeSeconds: 300, idleTimeoutSeconds: 600}",
+            "python.sessions.idleTimeoutSeconds is 600, above maxLifetimeSeconds 300",
+        ),
+    ] {
+        let text = with(sessions);
+        assert!(text.contains(expected), "{sessions}: {text}");
+        assert!(text.contains("rule \"a\""), "{sessions}: {text}");
+    }
+    // The bounds themselves are accepted.
+    for sessions in [
+        "{maxPerAgent: 1, maxLifetimeSeconds: 60, idleTimeoutSeconds: 10}",
+        "{maxPerAgent: 20, maxLifetimeSeconds: 3600, idleTimeoutSeconds: 3600}",
+    ] {
+        let yaml = format!(
+            "rules:\n  - {{name: a, tools: [python], verdict: allow, python: {{sessions: {sessions}}}}}\n"
+        );
+        Policy::from_yaml(&yaml, "<test>").unwrap_or_else(|e| panic!("{sessions}: {e}"));
+    }
+}
+
+#[test]
+fn a_session_needs_a_rule_with_a_sessions_section() {
+    let p = Policy::from_yaml(SESSIONS, "<test>").unwrap();
+    for agent in ["b", "c"] {
+        for session in [SessionUse::Open, SessionUse::Continue] {
+            let d = p.evaluate(&python_call(agent, Some(session)));
+            assert_eq!(d.verdict, Verdict::Block, "{agent} {session:?}: {d}");
+            assert!(d.rule.ends_with("/python"), "{d}");
+            assert!(
+                d.reason.starts_with("sessions are not allowed by rule "),
+                "{d}"
+            );
+            assert!(
+                d.reason.contains("call run_python without session"),
+                "{d}"
+            );
+            assert!(d.reason.contains("python.sessions section"), "{d}");
+            assert_eq!(d.sessions, None);
+        }
+    }
+    // No rule matches: the defaults, which allow here, have no sessions.
+    let open = Policy::from_yaml("default: allow\n", "<test>").unwrap();
+    let d = open.evaluate(&python_call("anyone", Some(SessionUse::Open)));
+    assert_eq!((d.verdict, d.rule.as_str()), (Verdict::Block, DEFAULT_RULE));
+    assert!(
+        d.reason
+            .starts_with("sessions are not allowed by the policy default"),
+        "{d}"
+    );
+    assert_eq!(d.sessions, None);
+}
+
+#[test]
+fn an_allowed_or_escalated_session_call_carries_the_rules_session_bounds() {
+    let p = Policy::from_yaml(SESSIONS, "<test>").unwrap();
+    for session in [SessionUse::Open, SessionUse::Continue] {
+        let d = p.evaluate(&python_call("a", Some(session)));
+        assert_eq!(
+            (d.verdict, d.rule.as_str()),
+            (Verdict::Allow, "with-sessions"),
+            "{d}"
+        );
+        assert_eq!(
+            d.sessions,
+            Some(SessionRules {
+                max_per_agent: 5,
+                max_lifetime_seconds: 1800,
+                idle_timeout_seconds: 120,
+            })
+        );
+    }
+    let d = p.evaluate(&python_call("e", Some(SessionUse::Open)));
+    assert_eq!(d.verdict, Verdict::Escalate, "{d}");
+    assert_eq!(d.sessions, Some(SessionRules::default()));
+    // A call without a session records no session bounds, even under a rule that has them.
+    let d = p.evaluate(&python_call("a", None));
+    assert_eq!(d.verdict, Verdict::Allow, "{d}");
+    assert_eq!(d.sessions, None);
+}
+
+#[test]
+fn calls_without_a_session_are_judged_as_before() {
+    let p = Policy::from_yaml(SESSIONS, "<test>").unwrap();
+    for agent in ["b", "c"] {
+        let d = p.evaluate(&python_call(agent, None));
+        assert_eq!(d.verdict, Verdict::Allow, "{agent}: {d}");
+        assert_eq!(d.sessions, None);
+        let d = p.evaluate(&CallContext::new(agent, Tool::Python, Environment::Sandbox));
+        assert_eq!(d.verdict, Verdict::Allow, "{agent}: {d}");
+    }
+    let open = Policy::from_yaml("default: allow\n", "<test>").unwrap();
+    let d = open.evaluate(&python_call("anyone", None));
+    assert_eq!(d.verdict, Verdict::Allow, "{d}");
+    // The profile is still checked first, with its own message.
+    let mut call = python_call("b", Some(SessionUse::Open));
+    call.python.as_mut().unwrap().profile = crate::files::Profile::Data;
+    let d = p.evaluate(&call);
+    assert!(
+        d.reason.contains("the data profile is not allowed"),
+        "{d}"
+    );
+}
+
+#[test]
+fn a_session_use_serializes_in_camel_case_and_only_when_set() {
+    let json = serde_json::to_value(python_call("a", Some(SessionUse::Continue)).python).unwrap();
+    assert_eq!(json["session"], serde_json::json!("continue"));
+    let json = serde_json::to_value(python_call("a", None).python).unwrap();
+    assert!(json.get("session").is_none(), "{json}");
+    let d = Policy::from_yaml(SESSIONS, "<test>")
+        .unwrap()
+        .evaluate(&python_call("a", Some(SessionUse::Open)));
+    let json = serde_json::to_value(&d).unwrap();
+    assert_eq!(
+        json["sessions"],
+        serde_json::json!({"maxPerAgent": 5, "maxLifetimeSeconds": 1800, "idleTimeoutSeconds": 120})
+    );
+    let back: Decision = serde_json::from_value(json).unwrap();
+    assert_eq!(back, d);
+}

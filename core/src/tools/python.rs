@@ -130,6 +130,7 @@ pub fn call_context(
         profile,
         input_files: u32::try_from(files.len()).unwrap_or(u32::MAX),
         input_bytes: input_bytes(files),
+        session: None,
     });
     context
 }

@@ -17,6 +17,7 @@ fn decision(verdict: Verdict) -> Decision {
         schema: None,
         metrics: None,
         files: crate::files::FileCaps::default(),
+        sessions: None,
     }
 }
 
