@@ -162,6 +162,18 @@ pub enum SessionPhase {
     Ended,
 }
 
+impl SessionPhase {
+    /// The phase as the status writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Ready => "Ready",
+            Self::Busy => "Busy",
+            Self::Ended => "Ended",
+        }
+    }
+}
+
 /// Why a session ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum SessionEndReason {
