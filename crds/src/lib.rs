@@ -1,6 +1,7 @@
 //! sandboxrun-api: the `SandboxRun` custom resource (group `sandboxrun.dev`, version
-//! `v1alpha1`). Every tool call an agent makes becomes one SandboxRun; the operator executes it
-//! and writes the result into its status. The CRD YAML under `crds/` is generated from these
+//! `v1alpha1`), with `SandboxPool` (warm sandboxes) and `SandboxSession` (an agent's state kept
+//! between python calls). Every tool call an agent makes becomes one SandboxRun; the operator
+//! executes it and writes the result into its status. The CRD YAML under `crds/` is generated from these
 //! types by `cargo run -p sandboxrun-api --bin crdgen`, and a test fails when it is stale.
 
 mod approval;
@@ -8,12 +9,14 @@ pub mod client;
 pub mod list_strategy;
 mod pool;
 mod run;
+mod session;
 mod status;
 pub mod tools;
 
 pub use approval::*;
 pub use pool::*;
 pub use run::*;
+pub use session::*;
 pub use status::*;
 pub use tools::ClusterTool;
 
@@ -30,6 +33,11 @@ pub fn crd_yaml() -> String {
 /// The generated SandboxPool CustomResourceDefinition as YAML, exactly as checked in.
 pub fn pool_crd_yaml() -> String {
     generated(&SandboxPool::crd())
+}
+
+/// The generated SandboxSession CustomResourceDefinition as YAML, exactly as checked in.
+pub fn session_crd_yaml() -> String {
+    generated(&SandboxSession::crd())
 }
 
 fn generated(

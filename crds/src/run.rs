@@ -192,6 +192,15 @@ pub struct PythonSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "input_files_schema")]
     pub files: Vec<InputFile>,
+    /// The SandboxSession (in the run's namespace) the code runs in, with the state earlier calls
+    /// left there; absent: a fresh single-use sandbox. The session must belong to the run's
+    /// agent (`spec.agent`), and the calls of one session run one at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(crate::session::SESSION_NAME_PATTERN)
+    )]
+    pub session: Option<String>,
 }
 
 impl PythonSpec {

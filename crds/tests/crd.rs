@@ -8,11 +8,13 @@
 use std::path::PathBuf;
 
 use kube::CustomResourceExt;
-use sandboxrun_api::{SandboxRun, SandboxRunStatus, crd_yaml, pool_crd_yaml};
+use sandboxrun_api::{
+    SESSION_NAME_PATTERN, SandboxRun, SandboxRunStatus, crd_yaml, pool_crd_yaml, session_crd_yaml,
+};
 use sandboxrun_core::{Phase, Tool};
 use serde_json::{Value, json};
 
-const REGENERATE: &str = "cargo run -p sandboxrun-api --bin crdgen > crds/sandboxrun.dev_sandboxruns.yaml && cargo run -p sandboxrun-api --bin crdgen -- pool > crds/sandboxrun.dev_sandboxpools.yaml && cp crds/*.yaml charts/sandboxrun/crds/";
+const REGENERATE: &str = "cargo run -p sandboxrun-api --bin crdgen > crds/sandboxrun.dev_sandboxruns.yaml && cargo run -p sandboxrun-api --bin crdgen -- pool > crds/sandboxrun.dev_sandboxpools.yaml && cargo run -p sandboxrun-api --bin crdgen -- session > crds/sandboxrun.dev_sandboxsessions.yaml && cp crds/*.yaml charts/sandboxrun/crds/";
 
 #[test]
 fn crd_is_up_to_date() {
@@ -27,6 +29,14 @@ fn crd_is_up_to_date() {
         (
             "charts/sandboxrun/crds/sandboxrun.dev_sandboxpools.yaml",
             pool_crd_yaml(),
+        ),
+        (
+            "crds/sandboxrun.dev_sandboxsessions.yaml",
+            session_crd_yaml(),
+        ),
+        (
+            "charts/sandboxrun/crds/sandboxrun.dev_sandboxsessions.yaml",
+            session_crd_yaml(),
         ),
     ] {
         let checked_in = std::fs::read_to_string(root.join(path))
@@ -560,4 +570,56 @@ fn python_files_round_trip() {
     let bare: sandboxrun_api::PythonSpec = serde_json::from_value(json!({"code": "1"})).unwrap();
     assert_eq!(bare.sandbox_profile(), sandboxrun_core::Profile::Minimal);
     assert_eq!(serde_json::to_value(&bare).unwrap(), json!({"code": "1"}));
+}
+
+/// `spec.python.session` names a SandboxSession: a DNS-1123 subdomain the API server checks, and
+/// like the rest of `python` it cannot change.
+#[test]
+fn a_python_run_names_its_session_by_a_valid_object_name() {
+    let session = &schema()["properties"]["spec"]["properties"]["python"]["properties"]["session"];
+    assert_eq!(session["pattern"], json!(SESSION_NAME_PATTERN));
+    assert_eq!(
+        (session["minLength"].clone(), session["maxLength"].clone()),
+        (json!(1), json!(253))
+    );
+    let pattern = regex::Regex::new(SESSION_NAME_PATTERN).unwrap();
+    for (name, ok) in [
+        ("s-1a2b3c", true),
+        ("agent.session-7", true),
+        ("a", true),
+        ("S-1", false),
+        ("-s", false),
+        ("s-", false),
+        ("s..t", false),
+        ("s/../t", false),
+        ("s_1", false),
+        ("s 1", false),
+        ("", false),
+    ] {
+        assert_eq!(pattern.is_match(name), ok, "{name:?}");
+    }
+
+    let old = run(json!({"python": {"code": "x = 41", "session": "s-1"}}));
+    assert!(messages(&old, None).is_empty());
+    let mut other = old.clone();
+    other["spec"]["python"]["session"] = json!("s-2");
+    assert_eq!(messages(&other, Some(&old)), ["python is immutable"]);
+    let parsed: SandboxRun = serde_json::from_value(old.clone()).unwrap();
+    assert_eq!(
+        parsed.spec.python.as_ref().unwrap().session.as_deref(),
+        Some("s-1")
+    );
+    assert_eq!(
+        serde_json::to_value(&parsed).unwrap()["spec"]["python"],
+        old["spec"]["python"]
+    );
+    // A run without a session says nothing about one.
+    let single = serde_json::to_value(
+        serde_json::from_value::<SandboxRun>(run(json!({"python": {"code": "1"}}))).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        single["spec"]["python"].get("session").is_none(),
+        "{single}"
+    );
 }

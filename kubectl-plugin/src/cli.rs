@@ -14,14 +14,15 @@ pub const DEFAULT_NAMESPACE: &str = "sandboxrun-runs";
 /// Most characters a reason may have (the CRD's `spec.approval.reason` maxLength).
 pub const MAX_REASON_CHARS: usize = 1024;
 
-/// Approve, deny, run and follow SandboxRuns, and see which agents run what.
+/// Approve, deny, run and follow SandboxRuns, see which agents run what, and list or close
+/// SandboxSessions.
 #[derive(Parser, Debug, PartialEq)]
 #[command(
     name = "kubectl-sandboxrun",
     bin_name = "kubectl sandboxrun",
     version,
     about,
-    after_help = "Exit status: approve, deny and top agents 0 when done; logs and run the exit code \
+    after_help = "Exit status: approve, deny, sessions and top agents 0 when done; logs and run the exit code \
                   of the run's code (1 when it has none: rejected, cancelled, timed out before a \
                   result; 130 after Ctrl-C cancelled it); 1 on an error, 2 on a usage error."
 )]
@@ -60,6 +61,9 @@ pub enum Command {
     Logs(Logs),
     /// Run a Python file as a SandboxRun of your own, print its output, exit with its exit code.
     Run(Run),
+    /// List the SandboxSessions (an agent's state kept between python calls), or close one.
+    #[command(args_conflicts_with_subcommands = true)]
+    Sessions(Sessions),
     /// Summaries of the stored SandboxRuns.
     Top {
         /// What to summarize.
@@ -122,6 +126,28 @@ pub struct Run {
     /// default control characters are shown escaped.
     #[arg(long)]
     pub raw: bool,
+}
+
+/// `sessions [-A]` and `sessions close NAME`.
+#[derive(Args, Debug, PartialEq)]
+pub struct Sessions {
+    /// Every namespace, not only -n.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// What to do instead of listing them.
+    #[command(subcommand)]
+    pub action: Option<SessionAction>,
+}
+
+/// `sessions close NAME`.
+#[derive(Subcommand, Debug, PartialEq)]
+pub enum SessionAction {
+    /// Close a session: delete its SandboxSession, and with it its sandbox and the state kept
+    /// there.
+    Close {
+        /// Name of the SandboxSession.
+        session: String,
+    },
 }
 
 /// `top ...`.
@@ -317,6 +343,43 @@ mod tests {
         );
         assert!(parse(&["top"]).is_err(), "top needs what to show");
         assert!(parse(&["top", "pods"]).is_err());
+    }
+
+    #[test]
+    fn sessions_list_or_close_one() {
+        let cli = parse(&["sessions"]).unwrap();
+        assert_eq!(
+            cli.command,
+            Command::Sessions(Sessions {
+                all_namespaces: false,
+                action: None
+            })
+        );
+        let cli = parse(&["sessions", "-A"]).unwrap();
+        assert_eq!(
+            cli.command,
+            Command::Sessions(Sessions {
+                all_namespaces: true,
+                action: None
+            })
+        );
+        let cli = parse(&["sessions", "close", "s-1", "-n", "team-a"]).unwrap();
+        assert_eq!(cli.namespace, "team-a");
+        assert_eq!(
+            cli.command,
+            Command::Sessions(Sessions {
+                all_namespaces: false,
+                action: Some(SessionAction::Close {
+                    session: "s-1".into()
+                })
+            })
+        );
+        assert!(parse(&["sessions", "close"]).is_err(), "close needs a name");
+        assert!(
+            parse(&["sessions", "-A", "close", "s-1"]).is_err(),
+            "one namespace only"
+        );
+        assert!(parse(&["sessions", "open"]).is_err());
     }
 
     #[test]

@@ -16,8 +16,10 @@ use sandboxrun_api::client::{ClientRate, RateLimitLayer};
 
 use crate::cli::Cli;
 
-/// The resource every command works on, as RBAC and `kubectl auth can-i` name it.
+/// The resource every command but `sessions` works on, as RBAC and `kubectl auth can-i` name it.
 pub const RUNS: &str = "sandboxruns.sandboxrun.dev";
+/// The resource `sessions` works on.
+pub const SESSIONS: &str = "sandboxsessions.sandboxrun.dev";
 /// The resource `whoami` creates.
 const SELF_SUBJECT_REVIEWS: &str = "selfsubjectreviews.authentication.k8s.io";
 
@@ -101,6 +103,32 @@ impl<'a> Doing<'a> {
             name,
         }
     }
+
+    /// `verb` on SandboxSessions in `namespace` (`None`: every namespace; about `name`, if
+    /// given).
+    pub fn sessions(verb: &'static str, namespace: Option<&'a str>, name: Option<&'a str>) -> Self {
+        Self {
+            verb,
+            resource: SESSIONS,
+            namespace,
+            name,
+        }
+    }
+
+    /// The kind of the objects the request is about, as errors name them.
+    fn kind(&self) -> &'static str {
+        match self.resource {
+            SESSIONS => "SandboxSession",
+            _ => "SandboxRun",
+        }
+    }
+
+    /// The resource's plural, as `kubectl get` takes it.
+    fn plural(&self) -> &'static str {
+        self.resource
+            .split_once('.')
+            .map_or(self.resource, |(plural, _)| plural)
+    }
 }
 
 /// The error a person can act on for `e`, which `doing` met.
@@ -123,6 +151,7 @@ pub fn explain_status(status: &Status, doing: &Doing) -> String {
         .map(|ns| format!(" in namespace {ns}"))
         .unwrap_or_default();
     let message = status.message.trim();
+    let kind = doing.kind();
     match status.code {
         404 if message.contains("could not find the requested resource") => format!(
             "the cluster does not serve {}: is the sandboxrun CRD installed? (kubectl get crd {})",
@@ -130,7 +159,8 @@ pub fn explain_status(status: &Status, doing: &Doing) -> String {
         ),
         404 => match doing.name {
             Some(name) => {
-                format!("no SandboxRun {name}{in_ns} (list them: kubectl get sandboxruns -n {ns})")
+                let plural = doing.plural();
+                format!("no {kind} {name}{in_ns} (list them: kubectl get {plural} -n {ns})")
             }
             None => format!("not found: {message}"),
         },
@@ -140,7 +170,7 @@ pub fn explain_status(status: &Status, doing: &Doing) -> String {
                 .map_or(message, |(_, said)| said);
             let what = doing.name.map(|n| format!(" {n}")).unwrap_or_default();
             format!(
-                "the cluster's admission policy refused to {} SandboxRun{what}: {said}",
+                "the cluster's admission policy refused to {} {kind}{what}: {said}",
                 doing.verb
             )
         }
@@ -167,9 +197,7 @@ pub fn explain_status(status: &Status, doing: &Doing) -> String {
         ),
         409 => match doing.name {
             Some(name) => {
-                format!(
-                    "SandboxRun {name} changed while it was being written; try again ({message})"
-                )
+                format!("{kind} {name} changed while it was being written; try again ({message})")
             }
             None => format!("conflict: {message}"),
         },
@@ -284,6 +312,35 @@ mod tests {
         assert_eq!(
             explain_status(&other, &doing),
             "could not create sandboxruns.sandboxrun.dev in namespace runs: etcd is down (500 InternalError)"
+        );
+    }
+
+    #[test]
+    fn a_missing_session_is_named_as_a_session() {
+        let s = status(
+            404,
+            "NotFound",
+            "sandboxsessions.sandboxrun.dev \"s-9\" not found",
+        );
+        let m = explain_status(&s, &Doing::sessions("delete", Some("team-a"), Some("s-9")));
+        assert_eq!(
+            m,
+            "no SandboxSession s-9 in namespace team-a (list them: kubectl get sandboxsessions -n team-a)"
+        );
+        let s = status(
+            403,
+            "Forbidden",
+            "sandboxsessions.sandboxrun.dev is forbidden: User \"bob\" cannot list resource \
+             \"sandboxsessions\" in API group \"sandboxrun.dev\" at the cluster scope",
+        );
+        let m = explain_status(&s, &Doing::sessions("list", None, None));
+        assert!(
+            m.starts_with("forbidden by RBAC: you may not list sandboxsessions.sandboxrun.dev;"),
+            "{m}"
+        );
+        assert!(
+            m.contains("kubectl auth can-i list sandboxsessions.sandboxrun.dev)"),
+            "{m}"
         );
     }
 }

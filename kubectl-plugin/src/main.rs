@@ -5,6 +5,8 @@
 //!   (`spec.approval.by` is your user name, from the SelfSubjectReview API);
 //! - `logs RUN [-f]`: a run's stdout and stderr, and its exit code as the plugin's;
 //! - `run FILE.py`: the file as a run of your own, followed to its end (Ctrl-C cancels it);
+//! - `sessions [-A]` and `sessions close NAME`: the SandboxSessions (an agent's state kept between
+//!   python calls), and closing one;
 //! - `top agents`: each agent's runs by phase and their execution time.
 //!
 //! Whatever came from a run or an agent is printed with its control characters escaped
@@ -15,6 +17,7 @@ mod cluster;
 mod decide;
 mod follow;
 mod run;
+mod sessions;
 mod term;
 mod top;
 
@@ -22,7 +25,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::cli::{Cli, Command, Top};
+use crate::cli::{Cli, Command, SessionAction, Sessions, Top};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -62,6 +65,20 @@ async fn execute(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Logs(args) => follow::logs(&client, ns, &args.run, args.follow, args.raw).await,
         Command::Run(args) => run::run(&client, ns, args).await,
+        Command::Sessions(Sessions {
+            all_namespaces,
+            action: None,
+        }) => {
+            sessions::show(&client, (!all_namespaces).then_some(ns)).await?;
+            Ok(0)
+        }
+        Command::Sessions(Sessions {
+            action: Some(SessionAction::Close { session }),
+            ..
+        }) => {
+            sessions::close(&client, ns, session).await?;
+            Ok(0)
+        }
         Command::Top {
             what: Top::Agents { all_namespaces },
         } => {

@@ -189,6 +189,7 @@ mod tests {
             ("decide.rs", include_str!("decide.rs")),
             ("follow.rs", include_str!("follow.rs")),
             ("run.rs", include_str!("run.rs")),
+            ("sessions.rs", include_str!("sessions.rs")),
             ("top.rs", include_str!("top.rs")),
         ];
         for (file, source) in sources {

@@ -115,12 +115,21 @@ pub fn table(agents: &[AgentRuns]) -> String {
         row.extend([total, avg]);
         rows.push(row);
     }
-    let widths: Vec<usize> = (0..rows[0].len())
+    columns(&rows)
+}
+
+/// `rows` (the header first) as kubectl prints a table: left-aligned columns three spaces apart.
+/// Each cell must already be escaped ([`term::escape`]), so that its width is what is printed.
+pub fn columns(rows: &[Vec<String>]) -> String {
+    let Some(header) = rows.first() else {
+        return String::new();
+    };
+    let widths: Vec<usize> = (0..header.len())
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
     for row in rows {
-        let last = row.len() - 1;
+        let last = row.len().saturating_sub(1);
         for (i, cell) in row.iter().enumerate() {
             out.push_str(cell);
             if i < last {

@@ -116,39 +116,34 @@ impl SessionRules {
                 None
             }
         };
-        let problem = within(
-            "maxPerAgent",
-            self.max_per_agent,
-            1,
-            MAX_SESSIONS_PER_AGENT,
-        )
-        .or_else(|| {
-            within(
-                "maxLifetimeSeconds",
-                self.max_lifetime_seconds,
-                MIN_SESSION_LIFETIME_SECONDS,
-                MAX_SESSION_LIFETIME_SECONDS,
-            )
-        })
-        .or_else(|| {
-            within(
-                "idleTimeoutSeconds",
-                self.idle_timeout_seconds,
-                MIN_SESSION_IDLE_SECONDS,
-                MAX_SESSION_IDLE_SECONDS,
-            )
-        })
-        .or_else(|| {
-            // An idle timeout past the lifetime would never fire: a sign the operator meant
-            // something else, so it is refused rather than silently ignored.
-            (self.idle_timeout_seconds > self.max_lifetime_seconds).then(|| {
-                format!(
-                    "python.sessions.idleTimeoutSeconds is {}, above maxLifetimeSeconds {}: a \
-                     session cannot stay idle longer than it may live",
-                    self.idle_timeout_seconds, self.max_lifetime_seconds
+        let problem = within("maxPerAgent", self.max_per_agent, 1, MAX_SESSIONS_PER_AGENT)
+            .or_else(|| {
+                within(
+                    "maxLifetimeSeconds",
+                    self.max_lifetime_seconds,
+                    MIN_SESSION_LIFETIME_SECONDS,
+                    MAX_SESSION_LIFETIME_SECONDS,
                 )
             })
-        });
+            .or_else(|| {
+                within(
+                    "idleTimeoutSeconds",
+                    self.idle_timeout_seconds,
+                    MIN_SESSION_IDLE_SECONDS,
+                    MAX_SESSION_IDLE_SECONDS,
+                )
+            })
+            .or_else(|| {
+                // An idle timeout past the lifetime would never fire: a sign the operator meant
+                // something else, so it is refused rather than silently ignored.
+                (self.idle_timeout_seconds > self.max_lifetime_seconds).then(|| {
+                    format!(
+                        "python.sessions.idleTimeoutSeconds is {}, above maxLifetimeSeconds {}: a \
+                     session cannot stay idle longer than it may live",
+                        self.idle_timeout_seconds, self.max_lifetime_seconds
+                    )
+                })
+            });
         problem.map_or(Ok(()), Err)
     }
 }
@@ -234,7 +229,9 @@ impl PythonRules {
         if let Some(problem) = problem {
             return Err(problem);
         }
-        self.sessions.as_ref().map_or(Ok(()), SessionRules::validate)
+        self.sessions
+            .as_ref()
+            .map_or(Ok(()), SessionRules::validate)
     }
 
     /// The bounds on the files a call returns.

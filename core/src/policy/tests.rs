@@ -362,7 +362,10 @@ fn a_sessions_section_parses_with_its_defaults_and_is_absent_otherwise() {
             idle_timeout_seconds: 600,
         })
     );
-    assert_eq!(sessions("escalated-sessions"), Some(SessionRules::default()));
+    assert_eq!(
+        sessions("escalated-sessions"),
+        Some(SessionRules::default())
+    );
     assert_eq!(sessions("without-sessions"), None);
     assert_eq!(sessions("no-python-section"), None);
     assert_eq!(PythonRules::default().sessions, None);
@@ -442,10 +445,7 @@ fn a_session_needs_a_rule_with_a_sessions_section() {
                 d.reason.starts_with("sessions are not allowed by rule "),
                 "{d}"
             );
-            assert!(
-                d.reason.contains("call run_python without session"),
-                "{d}"
-            );
+            assert!(d.reason.contains("call run_python without session"), "{d}");
             assert!(d.reason.contains("python.sessions section"), "{d}");
             assert_eq!(d.sessions, None);
         }
@@ -507,10 +507,7 @@ fn calls_without_a_session_are_judged_as_before() {
     let mut call = python_call("b", Some(SessionUse::Open));
     call.python.as_mut().unwrap().profile = crate::files::Profile::Data;
     let d = p.evaluate(&call);
-    assert!(
-        d.reason.contains("the data profile is not allowed"),
-        "{d}"
-    );
+    assert!(d.reason.contains("the data profile is not allowed"), "{d}");
 }
 
 #[test]
