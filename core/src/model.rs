@@ -266,6 +266,13 @@ pub enum Reason {
     /// The sandbox's network isolation could not be shown to hold (its NetworkPolicy was not in
     /// force yet when its time to wait ran out): its runner never read the code.
     IsolationNotInForce,
+    /// A call named a session that is not one of the caller's open sessions (unknown, another
+    /// agent's, or ended).
+    SessionNotFound,
+    /// A call would open more sessions than policy lets the agent hold at once.
+    SessionLimit,
+    /// The session's sandbox could not be started.
+    SessionUnavailable,
 }
 
 impl Reason {
@@ -304,6 +311,9 @@ impl Reason {
             Reason::PrometheusUnavailable => "PrometheusUnavailable",
             Reason::ProfileUnavailable => "ProfileUnavailable",
             Reason::IsolationNotInForce => "IsolationNotInForce",
+            Reason::SessionNotFound => "SessionNotFound",
+            Reason::SessionLimit => "SessionLimit",
+            Reason::SessionUnavailable => "SessionUnavailable",
         }
     }
 }

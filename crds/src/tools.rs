@@ -10,6 +10,7 @@ use sandboxrun_core::metrics::{MetricsQuery, MetricsResult, QueryTime};
 use sandboxrun_core::tools::ToolSpec;
 use sandboxrun_core::tools::metrics::{FetchMetrics, MetricsCall, MetricsOutput};
 use sandboxrun_core::tools::python::{PythonCall, PythonOutput, RunPython};
+use sandboxrun_core::tools::python_session::{NEW_SESSION, SessionArg};
 use sandboxrun_core::tools::sql::{ExecuteSql, ExecuteSqlArgs, SqlOutput, SqlResult};
 use sandboxrun_core::tools::sql_schema::{self, SchemaArgs, SchemaOutput, SchemaResult, SqlSchema};
 use sandboxrun_core::{Environment, Limits, Phase, Verdict};
@@ -80,8 +81,10 @@ impl ClusterTool for RunPython {
                 // Absent for the default: a minimal run's spec is what it always was.
                 profile: Some(call.profile).filter(|p| *p != Profile::Minimal),
                 files: call.files.clone(),
-                // A PythonCall has no session yet: the tool plumbing sets it.
-                session: None,
+                session: call.session.as_ref().map(|session| match session {
+                    SessionArg::New => NEW_SESSION.to_owned(),
+                    SessionArg::Named(name) => name.clone(),
+                }),
             }),
             ..spec(agent, Environment::Sandbox, call.limits.clone())
         }
@@ -114,6 +117,8 @@ impl ClusterTool for RunPython {
             files,
             files_omitted,
             retry_after_seconds: status.retry_after_seconds,
+            session: None,
+            session_ended: None,
         })
     }
 }

@@ -27,6 +27,7 @@ fn python_call() -> PythonCall {
             ..Limits::default()
         },
         max_timeout_seconds: 600,
+        session: None,
     }
 }
 
@@ -89,6 +90,15 @@ fn python_spec_carries_profile_and_files() {
     let python = RunPython::spec("a", &call).python.unwrap();
     assert_eq!(python.profile, Some(Profile::Data));
     assert_eq!(python.files, call.files);
+    assert_eq!(python.session, None);
+    let in_session = PythonCall {
+        session: Some(sandboxrun_core::tools::python_session::SessionArg::Named(
+            "sbs-1".into(),
+        )),
+        ..python_call()
+    };
+    let python = RunPython::spec("a", &in_session).python.unwrap();
+    assert_eq!(python.session.as_deref(), Some("sbs-1"));
     assert_eq!(
         serde_json::to_value(&python).unwrap(),
         json!({"code": "print(1)", "profile": "data",

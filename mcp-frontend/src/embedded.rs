@@ -37,6 +37,7 @@ pub async fn load(args: &BackendArgs, calls: CallStore) -> anyhow::Result<Embedd
         sandbox: Some(sandbox),
         databases,
         calls,
+        sessions: Default::default(),
     })
 }
 

@@ -569,6 +569,7 @@ mod tests {
             sandbox: None,
             databases: None,
             calls: calls.clone(),
+            sessions: Default::default(),
         };
         let shared = Shared {
             backend: Backend::Local(crate::backend::local::LocalBackend::new(Arc::new(embedded))),

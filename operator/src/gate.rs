@@ -24,7 +24,9 @@ use sandboxrun_api::{
     SandboxRunStatus,
 };
 use sandboxrun_core::policy::DEFAULT_ROWS;
+use sandboxrun_core::policy::SessionUse;
 use sandboxrun_core::tools::python as python_tool;
+use sandboxrun_core::tools::python_session::NEW_SESSION;
 use sandboxrun_core::{CallContext, FileCaps, Phase, Reason, Tool, Verdict};
 
 use crate::outcome::{Outcome, rejected, set_condition};
@@ -50,6 +52,10 @@ pub fn call_context(spec: &SandboxRunSpec, tool: Tool) -> CallContext {
             limits,
             python.sandbox_profile(),
             &python.files,
+            python.session.as_ref().map(|name| match name.as_str() {
+                NEW_SESSION => SessionUse::Open,
+                _ => SessionUse::Continue,
+            }),
         );
     }
     let mut call = CallContext::new(spec.agent.clone(), tool, spec.environment);

@@ -13,6 +13,7 @@ pub mod args;
 pub mod governed;
 pub mod metrics;
 pub mod python;
+pub mod python_session;
 pub mod sql;
 pub mod sql_schema;
 
@@ -86,6 +87,8 @@ pub struct Embedded {
     pub databases: Option<Databases>,
     /// Every tool call of this process, which `fetch_metrics` queries.
     pub calls: CallStore,
+    /// `run_python`'s open sessions.
+    pub sessions: python_session::Sessions,
 }
 
 /// Content a call returns besides its structured output, independent of MCP: the frontend

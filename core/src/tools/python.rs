@@ -15,6 +15,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 
 use super::args::{json_kind, unknown_argument};
+pub use super::python_session::SessionArg;
 use super::{Attachment, CallSummary, Embedded, JsonObject, ParseContext, ToolSpec};
 use crate::files::{
     FileCaps, InputFile, MAX_INPUT_FILES, MAX_NAME_BYTES, OmittedFile, OutputFile, Profile,
@@ -25,7 +26,7 @@ use crate::limits::{Limits, MAX_CODE_BYTES, MAX_TIMEOUT_SECONDS, MIN_TIMEOUT_SEC
 use crate::model::{Environment, Phase, Reason, Tool, Verdict};
 use crate::output::{cap_str, fit_json_budget};
 use crate::policy::CallContext;
-use crate::policy::PythonRequest;
+use crate::policy::{PythonRequest, SessionUse};
 use crate::runner::Program;
 use crate::runner::{NotRun, NotRunReason, Observed, RunnerResult};
 
@@ -65,6 +66,13 @@ pub struct RunPythonArgs {
     #[serde(default)]
     #[schemars(with = "Vec<InputFileArg>", length(max = MAX_INPUT_FILES))]
     pub files: Option<Vec<InputFile>>,
+    /// Keep state between calls: `"new"` starts a session (its id comes back as `session`),
+    /// the id of one of your open sessions runs the code in it, with the variables, imports and
+    /// files earlier calls left (one call at a time; threads and processes a call starts end with
+    /// it). Absent: a fresh sandbox for this call alone. End a session with `close_session`.
+    #[serde(default)]
+    #[schemars(with = "String", length(min = 1, max = 63))]
+    pub session: Option<SessionArg>,
 }
 
 /// One input file as agents pass it.
@@ -98,6 +106,8 @@ pub struct PythonCall {
     pub limits: Limits,
     /// The largest timeout the caller could have asked for, for the timeout advice.
     pub max_timeout_seconds: u32,
+    /// The session the call runs in, if any.
+    pub session: Option<SessionArg>,
 }
 
 impl PythonCall {
@@ -110,6 +120,7 @@ impl PythonCall {
             self.limits.clone(),
             self.profile,
             &self.files,
+            self.session.as_ref().map(SessionArg::usage),
         )
     }
 }
@@ -123,6 +134,7 @@ pub fn call_context(
     limits: Limits,
     profile: Profile,
     files: &[InputFile],
+    session: Option<SessionUse>,
 ) -> CallContext {
     let mut context = CallContext::new(agent, Tool::Python, environment);
     context.limits = limits;
@@ -130,7 +142,7 @@ pub fn call_context(
         profile,
         input_files: u32::try_from(files.len()).unwrap_or(u32::MAX),
         input_bytes: input_bytes(files),
-        session: None,
+        session,
     });
     context
 }
@@ -139,11 +151,15 @@ pub fn call_context(
 /// a message that says exactly what to fix.
 pub fn parse_args(args: &JsonObject, max_timeout: u32) -> Result<RunPythonArgs, String> {
     const EXAMPLE: &str = r#"for example {"code": "print(6*7)"}"#;
-    if let Some(unknown) = unknown_argument(args, &["code", "timeoutSeconds", "profile", "files"]) {
+    if let Some(unknown) = unknown_argument(
+        args,
+        &["code", "timeoutSeconds", "profile", "files", "session"],
+    ) {
         return Err(format!(
             "unknown argument `{unknown}`; run_python accepts `code` (string, required), \
-             `timeoutSeconds` (integer), `profile` (\"minimal\" or \"data\") and `files` (a \
-             list of {{\"name\", \"text\" or \"base64\"}})"
+             `timeoutSeconds` (integer), `profile` (\"minimal\" or \"data\"), `files` (a \
+             list of {{\"name\", \"text\" or \"base64\"}}) and `session` (\"new\" or a session \
+             id)"
         ));
     }
     let code = match args.get("code") {
@@ -215,11 +231,23 @@ pub fn parse_args(args: &JsonObject, max_timeout: u32) -> Result<RunPythonArgs, 
             ));
         }
     };
+    let session = match args.get("session") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(SessionArg::parse(s)?),
+        Some(other) => {
+            return Err(format!(
+                "argument `session` must be the string \"new\" or a session id from an earlier \
+                 result, not {}",
+                json_kind(other)
+            ));
+        }
+    };
     Ok(RunPythonArgs {
         code: code.clone(),
         timeout_seconds: timeout,
         profile,
         files,
+        session,
     })
 }
 
@@ -321,6 +349,15 @@ pub struct PythonOutput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "u32")]
     pub retry_after_seconds: Option<u32>,
+    /// The session the call ran in (the id to pass as `session` next time), when it used one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
+    pub session: Option<String>,
+    /// Why the session ended with this call (a timeout, code that ended the interpreter), when
+    /// it did: its state is gone, and a new call needs `session: "new"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "String")]
+    pub session_ended: Option<String>,
 }
 
 impl PythonOutput {
@@ -344,6 +381,8 @@ impl PythonOutput {
             files: c.files,
             files_omitted: c.files_omitted,
             retry_after_seconds: None,
+            session: None,
+            session_ended: None,
         }
     }
 
@@ -362,6 +401,8 @@ impl PythonOutput {
             files: Vec::new(),
             files_omitted: Vec::new(),
             retry_after_seconds: None,
+            session: None,
+            session_ended: None,
         }
     }
 
@@ -420,7 +461,13 @@ impl PythonOutput {
             // Non-terminal phases never reach the agent; say so rather than panic.
             other => format!("the run ended in the unexpected phase {other}"),
         };
-        Some(text)
+        Some(match &self.session_ended {
+            Some(why) => format!(
+                "{text}. The session ended with this call ({why}): its variables and files are \
+                 gone; pass session \"new\" to start another"
+            ),
+            None => text,
+        })
     }
 
     fn stderr_hint(&self) -> String {
@@ -682,6 +729,7 @@ impl ToolSpec for RunPython {
             files: parsed.files.unwrap_or_default(),
             limits,
             max_timeout_seconds: max,
+            session: parsed.session,
         })
     }
 
@@ -768,6 +816,12 @@ impl ToolSpec for RunPython {
             inputs: &call.files,
             outputs: decision.files,
         };
+        if let Some(session) = &call.session {
+            return Ok(run_in_session(
+                embedded, sandbox, agent, run_name, &call, session, &decision, &program, output,
+            )
+            .await);
+        }
         // The decision's limits: the requested ones, lowered to the rule's ceilings.
         let run = sandbox
             .run(&program, call.profile, &decision.limits, output)
@@ -784,6 +838,115 @@ impl ToolSpec for RunPython {
             classified,
             run.duration_ms,
         ))
+    }
+}
+
+/// Runs an allowed call in its session on this machine (see [`super::python_session`]): opens
+/// the session for `"new"`, else finds the caller's open one, then runs the call in its sandbox.
+#[allow(clippy::too_many_arguments)]
+async fn run_in_session(
+    embedded: &Embedded,
+    sandbox: &crate::local::LocalSandbox,
+    agent: &str,
+    run_name: String,
+    call: &PythonCall,
+    session: &SessionArg,
+    decision: &crate::policy::Decision,
+    program: &Program<'_>,
+    output: Option<crate::runner::OutputFn>,
+) -> PythonOutput {
+    use super::python_session::{OpenError, not_found};
+    let (id, slot) = match session {
+        SessionArg::New => {
+            // Allowed means the deciding rule has a sessions section: its bounds are recorded.
+            let rules = decision.sessions.unwrap_or_default();
+            match embedded
+                .sessions
+                .open(agent, call.profile, &decision.limits, rules, sandbox)
+            {
+                Ok(opened) => opened,
+                Err(OpenError::Limit(why)) => {
+                    return PythonOutput::rejected(run_name, Reason::SessionLimit, why);
+                }
+                Err(OpenError::Unavailable(why)) => {
+                    return PythonOutput::rejected(run_name, Reason::SessionUnavailable, why);
+                }
+            }
+        }
+        SessionArg::Named(id) => match embedded.sessions.find(agent, id) {
+            Some(slot) => (id.clone(), slot),
+            None => {
+                return PythonOutput::rejected(run_name, Reason::SessionNotFound, not_found(id));
+            }
+        },
+    };
+    if call.profile != Profile::Minimal && call.profile != slot.profile() {
+        return PythonOutput::rejected(
+            run_name,
+            Reason::ProfileUnavailable,
+            format!(
+                "session {id} runs the {} profile; call it without `profile`, or start a new \
+                 session with profile {}",
+                slot.profile(),
+                call.profile
+            ),
+        );
+    }
+    // One call at a time: a second call waits here for the first to end.
+    let mut guard = CallInSession {
+        sandbox: slot.lock().await,
+        done: false,
+    };
+    let Some(local) = guard.sandbox.as_mut() else {
+        return PythonOutput::rejected(run_name, Reason::SessionNotFound, not_found(&id));
+    };
+    let result = local
+        .call(&run_name, program, &decision.limits, output)
+        .await;
+    guard.done = true;
+    slot.touch();
+    let (classified, duration_ms, ended) = match result {
+        Ok(done) => (
+            classify(
+                done.run.envelope.as_ref(),
+                &done.run.observed,
+                &decision.limits,
+                decision.files,
+            ),
+            done.run.duration_ms,
+            done.ended,
+        ),
+        Err(e) => {
+            guard.sandbox.take();
+            embedded.sessions.forget(&id);
+            return PythonOutput::rejected(run_name, Reason::SessionNotFound, e.to_string());
+        }
+    };
+    if ended.is_some() {
+        // Its sandbox is already stopped; the slot goes.
+        guard.sandbox.take();
+        embedded.sessions.forget(&id);
+    }
+    PythonOutput {
+        session: Some(id),
+        session_ended: ended,
+        ..PythonOutput::from_classified(run_name, classified, duration_ms)
+    }
+}
+
+/// A session's sandbox held for one call. Should the call's future be dropped before the call
+/// ended (the caller cancelled it), the sandbox is dropped with it, which kills it: the code in it
+/// cannot be stopped any other way, so the session ends.
+struct CallInSession<'a> {
+    sandbox: tokio::sync::MutexGuard<'a, Option<crate::local::LocalSession>>,
+    done: bool,
+}
+
+impl Drop for CallInSession<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.sandbox.take();
+        }
     }
 }
 

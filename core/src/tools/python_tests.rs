@@ -246,6 +246,8 @@ fn output(phase: Phase) -> PythonOutput {
         files: Vec::new(),
         files_omitted: Vec::new(),
         retry_after_seconds: None,
+        session: None,
+        session_ended: None,
     }
 }
 
@@ -340,6 +342,7 @@ fn valid_arguments_parse() {
             timeout_seconds: None,
             profile: None,
             files: None,
+            session: None,
         })
     );
     assert_eq!(
@@ -349,6 +352,7 @@ fn valid_arguments_parse() {
             timeout_seconds: Some(5),
             profile: None,
             files: None,
+            session: None,
         })
     );
     assert_eq!(
@@ -358,6 +362,7 @@ fn valid_arguments_parse() {
             timeout_seconds: None,
             profile: None,
             files: None,
+            session: None,
         })
     );
 }
@@ -400,6 +405,7 @@ fn embedded(policy: &str) -> Embedded {
         sandbox: None,
         databases: None,
         calls: crate::metrics::CallStore::new(),
+        sessions: Default::default(),
     }
 }
 
@@ -410,6 +416,7 @@ fn call() -> PythonCall {
         files: Vec::new(),
         limits: limits(),
         max_timeout_seconds: 600,
+        session: None,
     }
 }
 

@@ -478,6 +478,7 @@ mod tests {
             files: Vec::new(),
             limits: sandboxrun_core::Limits::default(),
             max_timeout_seconds: 600,
+            session: None,
         };
         let run = KubeBackend::build(RunPython::spec("analyst-01", &call));
         // A name of its own, so that a retried create cannot make a second run.

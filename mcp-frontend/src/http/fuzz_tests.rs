@@ -279,6 +279,7 @@ async fn shared_state(dir: &Path) -> Arc<Shared> {
         sandbox: None,
         databases: Some(databases),
         calls: calls.clone(),
+        sessions: Default::default(),
     };
     Arc::new(Shared {
         backend: Backend::Local(LocalBackend::new(Arc::new(embedded))),
