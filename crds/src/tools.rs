@@ -80,7 +80,7 @@ impl ClusterTool for RunPython {
                 // Absent for the default: a minimal run's spec is what it always was.
                 profile: Some(call.profile).filter(|p| *p != Profile::Minimal),
                 files: call.files.clone(),
-                // A PythonCall has no session yet: the tool plumbing sets it.
+                // A PythonCall names no session: it runs in a fresh single-use sandbox.
                 session: None,
             }),
             ..spec(agent, Environment::Sandbox, call.limits.clone())
