@@ -176,6 +176,12 @@ impl SandboxRunSpec {
     }
 }
 
+/// The name of a SandboxSession as a run's `spec.python.session` names it: a DNS-1123 subdomain
+/// (lower-case letters, digits, '-' and '.', starting and ending with a letter or digit), as
+/// Kubernetes requires of an object's name.
+pub const SESSION_NAME_PATTERN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
 /// A Python snippet, the sandbox profile it runs in and its input files.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct PythonSpec {
@@ -196,10 +202,7 @@ pub struct PythonSpec {
     /// left there; absent: a fresh single-use sandbox. The session must belong to the run's
     /// agent (`spec.agent`), and the calls of one session run one at a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(
-        length(min = 1, max = 253),
-        pattern(crate::session::SESSION_NAME_PATTERN)
-    )]
+    #[schemars(length(min = 1, max = 253), pattern(SESSION_NAME_PATTERN))]
     pub session: Option<String>,
 }
 

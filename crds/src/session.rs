@@ -18,12 +18,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::run::LimitsSpec;
 
-/// The name of a SandboxSession as a run's `spec.python.session` names it: a DNS-1123 subdomain
-/// (lower-case letters, digits, '-' and '.', starting and ending with a letter or digit), as
-/// Kubernetes requires of an object's name.
-pub const SESSION_NAME_PATTERN: &str =
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
-
 /// CEL on the spec: an idle timeout past the lifetime would never fire, so it is refused rather
 /// than silently ignored (as policy refuses it in a rule's `python.sessions`).
 const IDLE_WITHIN_LIFETIME_RULE: &str = "!has(self.idleTimeoutSeconds) || \

@@ -91,6 +91,11 @@ fn python_spec_carries_profile_and_files() {
     assert_eq!(python.profile, Some(Profile::Data));
     assert_eq!(python.files, call.files);
     assert_eq!(python.session, None);
+    assert_eq!(
+        serde_json::to_value(&python).unwrap(),
+        json!({"code": "print(1)", "profile": "data",
+            "files": [{"name": "a.csv", "content": "eCx5Cg=="}]})
+    );
     let in_session = PythonCall {
         session: Some(sandboxrun_core::tools::python_session::SessionArg::Named(
             "sbs-1".into(),
@@ -99,11 +104,6 @@ fn python_spec_carries_profile_and_files() {
     };
     let python = RunPython::spec("a", &in_session).python.unwrap();
     assert_eq!(python.session.as_deref(), Some("sbs-1"));
-    assert_eq!(
-        serde_json::to_value(&python).unwrap(),
-        json!({"code": "print(1)", "profile": "data",
-            "files": [{"name": "a.csv", "content": "eCx5Cg=="}]})
-    );
 }
 
 #[test]

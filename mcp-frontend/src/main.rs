@@ -20,6 +20,7 @@ mod revision;
 mod run_files;
 mod scope;
 mod server;
+mod sessions;
 mod tasks;
 mod transport;
 

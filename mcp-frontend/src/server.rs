@@ -27,6 +27,7 @@ use sandboxrun_core::metrics::CallStore;
 use sandboxrun_core::tools::ToolSpec;
 use sandboxrun_core::tools::metrics::{self as metrics_tool, FetchMetrics};
 use sandboxrun_core::tools::python::{self, RunPython};
+use sandboxrun_core::tools::python_session;
 use sandboxrun_core::tools::sql::{self, ExecuteSql};
 
 use tokio_util::sync::CancellationToken;
@@ -103,6 +104,9 @@ impl SandboxRunServer {
         if !shared.fetch_metrics {
             tool_router.remove_route(FetchMetrics::TOOL.mcp_name());
         }
+        if !shared.backend.runs_sessions() {
+            tool_router.remove_route(python_session::CLOSE_TOOL);
+        }
         Self {
             tool_router,
             shared,
@@ -123,6 +127,7 @@ impl SandboxRunServer {
     pub fn instructions(&self) -> String {
         let tools = [
             (RunPython::TOOL, RunPython::INSTRUCTIONS),
+            (RunPython::TOOL, python_session::CLOSE_INSTRUCTIONS),
             (ExecuteSql::TOOL, ExecuteSql::INSTRUCTIONS),
             (
                 ExecuteSql::TOOL,
@@ -155,6 +160,20 @@ impl SandboxRunServer {
         tokio::spawn(async move {
             if name == RunPython::TOOL.mcp_name() {
                 server.call_in::<RunPython>(args, scope).await
+            } else if name == python_session::CLOSE_TOOL {
+                let result = crate::sessions::close_session(
+                    &server.shared.backend,
+                    &scope.agent,
+                    scope.grant.as_ref(),
+                    &args,
+                )
+                .await;
+                let outcome = if result.is_error == Some(true) {
+                    crate::metrics::Outcome::Rejected
+                } else {
+                    crate::metrics::Outcome::Succeeded
+                };
+                (outcome, result)
             } else if name == ExecuteSql::TOOL.mcp_name() {
                 server.call_in::<ExecuteSql>(args, scope).await
             } else if name == FetchMetrics::TOOL.mcp_name() {
@@ -260,6 +279,37 @@ impl SandboxRunServer {
         Ok(self.call::<RunPython>(args, ctx).await)
     }
 
+    /// Ends a session that run_python started, destroying its sandbox.
+    #[tool(
+        name = "close_session",
+        title = "Close a Python session",
+        description = python_session::CLOSE_DESCRIPTION,
+        input_schema = schema_for_input::<python_session::CloseSessionArgs>()
+            .expect("close_session's arguments have an object schema"),
+        output_schema = schema_for_output::<python_session::CloseSessionOutput>(),
+        annotations(
+            title = "Close a Python session",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn close_session(
+        &self,
+        Parameters(args): Parameters<JsonObject>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let agent = self.caller(&ctx);
+        Ok(crate::sessions::close_session(
+            &self.shared.backend,
+            &agent,
+            self.grant(&ctx).as_ref(),
+            &args,
+        )
+        .await)
+    }
+
     /// Runs one read-only SQL query, checked by policy, and returns its columns and rows.
     #[tool(
         name = "execute_sql",
@@ -333,9 +383,15 @@ impl ServerHandler for SandboxRunServer {
             .into_iter()
             .filter(|t| {
                 let Some(grant) = &grant else { return true };
+                // close_session goes with run_python, whose sessions it ends.
+                let name = if t.name == python_session::CLOSE_TOOL {
+                    RunPython::TOOL.mcp_name()
+                } else {
+                    &t.name
+                };
                 Tool::ALL
                     .into_iter()
-                    .find(|tool| tool.mcp_name() == t.name)
+                    .find(|tool| tool.mcp_name() == name)
                     .is_none_or(|tool| grant.allows(tool))
             })
             .collect();

@@ -361,7 +361,7 @@ fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> LocalSan
 }
 
 /// What one run left: the runner's envelope and what the driver saw. How the run ended is
-/// decided by [`crate::tools::python::classify`], the same classification as a sandbox Pod's.
+/// decided by `tools::python::classify`, the same classification as a sandbox Pod's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalRun {
     /// What the runner reported, when its envelope could be read.

@@ -954,9 +954,13 @@ impl Drop for CallInSession<'_> {
 pub const INSTRUCTIONS: &str = "run_python runs untrusted Python code in a single-use sandbox \
 with no network, a read-only filesystem (only /tmp is writable and small), and CPU, memory, \
 process and time limits. Put the source in `code`; print what you need. Each call starts from a \
-clean sandbox: nothing persists between calls. The default profile has the Python standard \
-library only; pass `profile: \"data\"` for numpy, pandas, scipy and matplotlib. Pass input files \
-in `files` ([{\"name\": \"data.csv\", \"text\": \"...\"}], or `base64` for binary data): they are \
+clean sandbox unless it runs in a session. The default profile has the Python standard \
+library only; pass `profile: \"data\"` for numpy, pandas, scipy and matplotlib. To keep \
+state between calls (variables, imports, files in /tmp), pass `session: \"new\"` and then the \
+returned `session` id in later calls; they run one at a time in a sandbox of your own, threads \
+and processes a call starts end with it, a call that times out ends the session, and \
+close_session ends it when you are done (it also ends after a while without calls). Pass input \
+files in `files` ([{\"name\": \"data.csv\", \"text\": \"...\"}], or `base64` for binary data): they are \
 read-only in /tmp/inputs. Files the code writes directly in /tmp/outputs come back with the result: \
 raster images (PNG, JPEG, GIF, WebP) as images, text and CSV as embedded resources (SVG, HTML and \
 XML as plain text, never rendered), anything else as base64; save charts there as PNG with \
@@ -968,8 +972,10 @@ filesystem except a small /tmp, limited CPU, memory, processes and time) and ret
 stderr and exit code. The default profile has the standard library only; profile \"data\" adds \
 numpy, pandas, scipy and matplotlib. Input files (`files`) are placed read-only in /tmp/inputs; \
 files the code writes in /tmp/outputs are returned (images as images, e.g. \
-plt.savefig('/tmp/outputs/chart.png')). Print what you need. A non-zero exit, a timeout or a \
-rejection is reported as an error result that says what to change.";
+plt.savefig('/tmp/outputs/chart.png')). Print what you need. To keep variables and files between \
+calls (exploring data step by step), pass session \"new\", then the returned `session` id; close \
+it with close_session. A non-zero exit, a timeout or a rejection is reported as an error result \
+that says what to change.";
 
 #[cfg(test)]
 #[path = "python_tests.rs"]

@@ -290,3 +290,65 @@ async fn end(slot: Arc<Slot>) {
 fn new_id() -> String {
     format!("sbs-{}", uuid::Uuid::new_v4().simple())
 }
+
+/// The name of the tool that ends a session.
+pub const CLOSE_TOOL: &str = "close_session";
+
+/// Arguments of `close_session` (its `inputSchema`).
+#[derive(Debug, PartialEq, Eq, Deserialize, schemars::JsonSchema)]
+#[schemars(transform = crate::schema::portable)]
+pub struct CloseSessionArgs {
+    /// The id of one of your open sessions, as run_python returned it in `session`.
+    #[schemars(length(min = 1, max = 63))]
+    pub session: String,
+}
+
+/// What `close_session` returns (its `outputSchema`).
+#[derive(Debug, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[schemars(transform = crate::schema::portable)]
+pub struct CloseSessionOutput {
+    /// The session that was closed.
+    pub session: String,
+    /// Always true: a session that could not be closed is an error result instead.
+    pub closed: bool,
+}
+
+/// The `session` argument of a `close_session` call: an id (not `"new"`), or what to fix.
+pub fn parse_close_args(
+    args: &serde_json::Map<String, serde_json::Value>,
+) -> Result<String, String> {
+    use super::args::{json_kind, unknown_argument};
+    if let Some(unknown) = unknown_argument(args, &["session"]) {
+        return Err(format!(
+            "unknown argument `{unknown}`; close_session accepts `session` (the id run_python \
+             returned)"
+        ));
+    }
+    match args.get("session") {
+        Some(serde_json::Value::String(id)) => match SessionArg::parse(id)? {
+            SessionArg::Named(id) => Ok(id),
+            SessionArg::New => Err(
+                "argument `session` names the session to close: the id run_python returned in \
+                 `session`, not \"new\""
+                    .to_owned(),
+            ),
+        },
+        None | Some(serde_json::Value::Null) => Err(
+            "missing required argument `session`: the id run_python returned in `session`"
+                .to_owned(),
+        ),
+        Some(other) => Err(format!(
+            "argument `session` must be a session id string, not {}",
+            json_kind(other)
+        )),
+    }
+}
+
+/// What a model reads about `close_session`.
+pub const CLOSE_DESCRIPTION: &str = "End a Python session that run_python started with \
+session \"new\": its sandbox and everything in it (variables, files) are destroyed. Sessions \
+also end on their own after a while without calls; close one as soon as you are done with it.";
+
+/// `close_session`'s part of the server's instructions.
+pub const CLOSE_INSTRUCTIONS: &str = "close_session ends a run_python session (argument \
+`session`: its id) and destroys its sandbox.";

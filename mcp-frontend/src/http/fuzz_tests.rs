@@ -484,7 +484,12 @@ impl Harness {
             names.sort_unstable();
             assert_eq!(
                 names,
-                ["execute_sql", "fetch_metrics", "run_python"],
+                [
+                    "close_session",
+                    "execute_sql",
+                    "fetch_metrics",
+                    "run_python"
+                ],
                 "tools in {events:?}"
             );
             let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",

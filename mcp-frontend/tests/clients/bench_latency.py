@@ -7,6 +7,8 @@ time reported by the sandbox), and of a `tools/list` round trip (client, transpo
 without any sandbox), so the frontend's and the sandbox start-up's shares are visible.
 BENCH_PROFILE=data and BENCH_CODE='import pandas; print(1)' measure another program in another
 profile (the code must print 1), e.g. the data profile's `import pandas`.
+BENCH_SESSION=1 also measures the same calls in one open session (`session`), after the
+single-use ones, in the same run (embedded only: the cluster does not run sessions yet).
 Not collected by pytest (the file name does not start with test_).
 """
 
@@ -55,9 +57,26 @@ async def main(n: int, args: list[str]) -> None:
             inner.append(float(r.structured_content["durationMs"]))
             # An agent's calls come with its thinking in between; armed sandboxes refill then.
             await anyio.sleep(THINK_S)
-    print(f"{CALL['profile']} {' '.join(args)}: n={n} call p50={pct(wall, 50):.0f}ms p99={pct(wall, 99):.0f}ms "
-          f"mean={statistics.mean(wall):.0f}ms | durationMs p50={pct(inner, 50):.0f}ms "
-          f"p99={pct(inner, 99):.0f}ms | tools/list (MCP round trip alone) p50={pct(protocol, 50):.1f}ms")
+        print(f"{CALL['profile']} {' '.join(args)}: n={n} call p50={pct(wall, 50):.0f}ms p99={pct(wall, 99):.0f}ms "
+              f"mean={statistics.mean(wall):.0f}ms | durationMs p50={pct(inner, 50):.0f}ms "
+              f"p99={pct(inner, 99):.0f}ms | tools/list (MCP round trip alone) p50={pct(protocol, 50):.1f}ms")
+        if os.environ.get("BENCH_SESSION") == "1":
+            opened = await session.call_tool("run_python", {**CALL, "session": "new"})
+            assert opened.is_error is False, opened.content
+            sid = opened.structured_content["session"]
+            in_session = {**CALL, "session": sid}
+            wall, inner = [], []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                r = await session.call_tool("run_python", in_session)
+                wall.append((time.perf_counter() - t0) * 1000)
+                assert r.structured_content["stdout"] == "1\n", r
+                inner.append(float(r.structured_content["durationMs"]))
+                await anyio.sleep(THINK_S)
+            await session.call_tool("close_session", {"session": sid})
+            print(f"{CALL['profile']} {' '.join(args)} in a session: n={n} call p50={pct(wall, 50):.0f}ms "
+                  f"p99={pct(wall, 99):.0f}ms mean={statistics.mean(wall):.0f}ms | durationMs "
+                  f"p50={pct(inner, 50):.0f}ms p99={pct(inner, 99):.0f}ms")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def test_tool_is_listed_with_schemas_and_annotations(binary):
     async def main():
         async with session(binary) as s:
             tools = {t.name: t for t in (await s.list_tools()).tools}
-            assert set(tools) == {"run_python", "execute_sql"}
+            assert set(tools) == {"run_python", "close_session", "execute_sql"}
             tool = tools["execute_sql"]
             assert tool.input_schema["type"] == "object"
             assert set(tool.input_schema["required"]) == {"database", "query"}

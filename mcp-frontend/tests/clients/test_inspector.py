@@ -37,7 +37,7 @@ def targets(binary, server):
 def test_inspector_lists_and_calls(transport, binary, http_server):
     target = targets(binary, http_server)[transport]
     tools = inspector(*target, "--method", "tools/list")["tools"]
-    assert [t["name"] for t in tools] == ["run_python"]
+    assert [t["name"] for t in tools] == ["close_session", "run_python"]
     assert tools[0]["inputSchema"]["required"] == ["code"]
     assert "stdout" in tools[0]["outputSchema"]["properties"]
 

@@ -557,7 +557,7 @@ def test_a_run_python_token_runs_python_but_not_sql(oauth_server, auth_server, t
     async def main():
         async with session(oauth_server, token, transport) as s:
             # Only what the token grants is listed; the call is refused all the same.
-            assert [t.name for t in (await s.list_tools()).tools] == ["run_python"]
+            assert [t.name for t in (await s.list_tools()).tools] == ["close_session", "run_python"]
             result = await s.call_tool("run_python", {"code": "print(6*7)"})
             assert result.is_error is False, result.content
             assert result.structured_content["stdout"] == "42\n"

@@ -36,7 +36,7 @@ def test_tools_and_their_schemas(era, http_server):
         async with httpx2.AsyncClient(headers=auth(), timeout=60) as http, client(http_server, era, http) as c:
             assert c.protocol_version == ERAS[era]
             tools = {t.name: t for t in (await c.list_tools()).tools}
-            assert list(tools) == ["run_python"]
+            assert list(tools) == ["close_session", "run_python"]
             schema = tools["run_python"].input_schema
             assert schema["type"] == "object" and schema["required"] == ["code"]
             assert schema["properties"]["code"]["type"] == "string"

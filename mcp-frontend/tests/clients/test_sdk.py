@@ -54,7 +54,7 @@ def test_list_tools_and_run(transport, binary, request):
     async def main():
         async with connect(transport, binary, server) as session:
             tools = (await session.list_tools()).tools
-            assert [t.name for t in tools] == ["run_python"]
+            assert [t.name for t in tools] == ["close_session", "run_python"]
             tool = tools[0]
             assert tool.input_schema["type"] == "object"
             assert tool.input_schema["required"] == ["code"]
@@ -208,7 +208,7 @@ def test_stateless_revision_via_the_sdk_client(http_server):
             transport = streamable_http_client(f"{http_server.base}/mcp", http_client=http)
             async with Client(transport, mode="2026-07-28") as client:
                 tools = (await client.list_tools()).tools
-                assert [t.name for t in tools] == ["run_python"]
+                assert [t.name for t in tools] == ["close_session", "run_python"]
                 r = await client.call_tool("run_python", {"code": "print(6*7)"})
                 assert r.is_error is False
                 assert r.structured_content["stdout"] == "42\n"
