@@ -241,12 +241,31 @@ impl SessionEnd {
 /// The argument that starts the runner as a session's ([`session_argv`]).
 pub const SESSION_FLAG: &str = "--session";
 
-/// The command line of a session's sandbox: [`runner_argv`] with [`SESSION_FLAG`] before its
-/// limits. Such a runner keeps one interpreter and runs calls in it, one at a time, each sent by
-/// [`session_frame`], until its stdin ends or carries [`SESSION_CLOSE`]; each call's envelope
-/// carries [`RunnerResult::call`] and [`RunnerResult::session`] (see runner.py, "Sessions").
+/// What only a session's runner needs (runner_session.py), appended to [`RUNNER_SCRIPT`] by
+/// [`session_script`].
+const SESSION_PART: &str = include_str!("runner_session.py");
+
+/// The program a session's sandbox runs: [`RUNNER_SCRIPT`] without its closing `__main__` block,
+/// then runner_session.py (whose own block starts the session). A single run's sandbox carries,
+/// and compiles, only runner.py.
+pub fn session_script() -> &'static str {
+    static SCRIPT: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let body = RUNNER_SCRIPT
+            .rfind("\nif __name__ == \"__main__\":")
+            .map_or(RUNNER_SCRIPT, |end| &RUNNER_SCRIPT[..end]);
+        format!("{body}\n\n{SESSION_PART}")
+    });
+    &SCRIPT
+}
+
+/// The command line of a session's sandbox: [`runner_argv`] with [`session_script`] as the
+/// program and [`SESSION_FLAG`] before the limits. Such a runner keeps one interpreter and runs
+/// calls in it, one at a time, each sent by [`session_frame`], until its stdin ends or carries
+/// [`SESSION_CLOSE`]; each call's envelope carries [`RunnerResult::call`] and
+/// [`RunnerResult::session`] (see runner_session.py).
 pub fn session_argv(limits: &Limits, profile: Profile) -> Vec<String> {
     let mut argv = runner_argv(limits, profile);
+    session_script().clone_into(&mut argv[4]);
     argv.insert(5, SESSION_FLAG.to_owned());
     argv
 }
@@ -507,13 +526,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_runner_fits_in_one_argv_string_with_room() {
+    fn the_runners_fit_in_one_argv_string_with_room() {
         // `python3 -c RUNNER`: one argv string, at most 128 KiB (MAX_ARG_STRLEN), or the
         // sandbox's exec fails with E2BIG.
-        assert!(
-            RUNNER_SCRIPT.len() < 120 * 1024,
-            "runner.py is {} bytes",
-            RUNNER_SCRIPT.len()
+        for script in [RUNNER_SCRIPT, session_script()] {
+            assert!(script.len() < 120 * 1024, "{} bytes", script.len());
+        }
+        let session = session_argv(&Limits::default(), Profile::Minimal);
+        assert_eq!(session[4], session_script());
+        assert_eq!(session[5], SESSION_FLAG);
+        assert!(session_script().starts_with(RUNNER_SCRIPT.split("\nif __name__").next().unwrap()));
+        assert_eq!(
+            session_script()
+                .matches("\nif __name__ == \"__main__\":")
+                .count(),
+            1
         );
     }
 

@@ -1,5 +1,5 @@
 //! A session's local sandbox: one engine (bubblewrap or gVisor) whose runner keeps an
-//! interpreter between calls (`runner.py --session`), with the same isolation and limits as a
+//! interpreter between calls (`runner_session.py`), with the same isolation and limits as a
 //! single run's sandbox. The calls of a session are run one at a time (`&mut self`); each is sent
 //! with [`session_frame`] and its result is the envelope that names it. The sandbox is killed and
 //! removed when the session is closed, when its runner ends it (a call that timed out or killed
@@ -24,7 +24,7 @@ use crate::runner::{
 };
 
 /// Beyond the call's own timeout, how long a call may take: the runner's clean-up after the code
-/// (a fork of an interpreter the call left with threads, at most 30 s in runner.py) and, for the
+/// (a fork of an interpreter the call left with threads, at most 30 s in runner_session.py) and, for the
 /// first call, the engine's start.
 const CALL_GRACE: Duration = Duration::from_secs(30);
 
