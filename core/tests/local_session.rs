@@ -301,3 +301,162 @@ async fn two_sessions_share_nothing() {
         assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
     }
 }
+
+#[tokio::test]
+async fn hostile_code_inside_a_session_is_contained_as_in_a_single_run() {
+    let _serial = serial().await;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let network = format!(
+        "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=3).close()\n    print('connected')\nexcept OSError as e:\n    print('blocked')"
+    );
+    let forgery =
+        |signal: &str| include_str!("fixtures/forge_result.py").replace("THE_SIGNAL", signal);
+    for (engine, sandbox) in engines() {
+        let mut s = open(sandbox);
+        let (r, ended) = call(&mut s, "net", &network).await;
+        ok(*engine, &r, &ended, "blocked\n");
+        let (r, ended) = call(
+            &mut s,
+            "root",
+            "try:\n    open('/etc/evil', 'w')\n    print('wrote')\nexcept OSError:\n    print('refused')",
+        )
+        .await;
+        ok(*engine, &r, &ended, "refused\n");
+        for sig in ["SIGTERM", "SIGUSR1", "SIGINT"] {
+            let (r, ended) = call(&mut s, &format!("forge-{sig}"), &forgery(sig)).await;
+            assert!(
+                !r.result.stdout.contains("FORGED") && r.result.exit_code == 3,
+                "{engine} {sig}: {r:?}"
+            );
+            assert!(
+                r.result.stdout.contains("shut /proc/") && !r.result.stdout.contains("OPEN"),
+                "{engine} {sig}: a door was open: {}",
+                r.result.stdout
+            );
+            assert_eq!(ended, None, "{engine} {sig}");
+        }
+        // A fork bomb: the call fails or times out; the host still forks; if the session goes
+        // on, its next call runs.
+        let short = Limits {
+            timeout_seconds: 10,
+            ..limits()
+        };
+        let (r, ended) =
+            call_with(&mut s, "bomb", "import os\nwhile True: os.fork()", &short).await;
+        assert_ne!(r.outcome, Phase::Succeeded, "{engine}: {r:?}");
+        assert!(
+            std::process::Command::new("true")
+                .status()
+                .unwrap()
+                .success()
+        );
+        if ended.is_none() {
+            let (r, ended) = call(&mut s, "after-bomb", "print('still here')").await;
+            ok(*engine, &r, &ended, "still here\n");
+        } else {
+            s = open(sandbox);
+        }
+        // Memory past the limit: the interpreter is killed, and the session with it.
+        let (r, ended) = call(
+            &mut s,
+            "oom",
+            "x = bytearray(b'x') * (1 << 30)\nprint(len(x))",
+        )
+        .await;
+        assert_eq!(r.outcome, Phase::Failed, "{engine}: {r:?}");
+        assert_eq!(r.result.stdout, "", "{engine}: the allocation succeeded");
+        assert!(
+            ended.is_some(),
+            "{engine}: the session outlived its interpreter"
+        );
+        drop(s);
+        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
+        assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
+    }
+    listener.set_nonblocking(true).unwrap();
+    assert!(
+        listener.accept().is_err(),
+        "a session reached the host listener"
+    );
+}
+
+/// An embedded server's executor over `sandbox`, with the embedded default policy (which allows
+/// sessions).
+fn embedded(sandbox: &LocalSandbox) -> sandboxrun_core::tools::Embedded {
+    sandboxrun_core::tools::Embedded {
+        policy: sandboxrun_core::PolicyStore::new(
+            sandboxrun_core::Policy::from_yaml(
+                sandboxrun_core::policy::embedded::EMBEDDED_POLICY,
+                "<embedded>",
+            )
+            .unwrap(),
+        ),
+        sandbox: Some(sandbox.clone()),
+        databases: None,
+        calls: sandboxrun_core::metrics::CallStore::new(),
+        sessions: Default::default(),
+    }
+}
+
+async fn tool_call(
+    embedded: &sandboxrun_core::tools::Embedded,
+    agent: &str,
+    args: serde_json::Value,
+) -> sandboxrun_core::tools::python::PythonOutput {
+    use sandboxrun_core::tools::ToolSpec;
+    use sandboxrun_core::tools::python::RunPython;
+    let serde_json::Value::Object(args) = args else {
+        panic!("arguments are an object")
+    };
+    let call = RunPython::parse(&args, &Default::default()).unwrap();
+    RunPython::run_embedded(
+        embedded,
+        agent,
+        format!("local-{}", rand_suffix()),
+        call,
+        None,
+    )
+    .await
+    .unwrap()
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+#[tokio::test]
+async fn a_cancelled_call_ends_its_session_and_its_sandbox() {
+    use serde_json::json;
+    let _serial = serial().await;
+    for (engine, sandbox) in engines() {
+        let embedded = embedded(sandbox);
+        let opened = tool_call(&embedded, "a", json!({"code": "x = 1", "session": "new"})).await;
+        let id = opened
+            .session
+            .clone()
+            .unwrap_or_else(|| panic!("{engine}: {opened:?}"));
+        // The caller goes away while the call runs: the future is dropped.
+        let cancelled = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            tool_call(
+                &embedded,
+                "a",
+                json!({"code": "import time\ntime.sleep(60)", "session": id}),
+            ),
+        )
+        .await;
+        assert!(cancelled.is_err(), "{engine}: the call ended by itself");
+        let after = tool_call(&embedded, "a", json!({"code": "print(x)", "session": id})).await;
+        assert_eq!(
+            after.reason.as_deref(),
+            Some("SessionNotFound"),
+            "{engine}: {after:?}"
+        );
+        assert_eq!(embedded.sessions.held_by("a"), 0, "{engine}");
+        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
+        assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
+    }
+}

@@ -40,7 +40,7 @@ def test_tool_is_listed_with_schemas_and_annotations(binary):
     async def main():
         async with session(binary) as s:
             tools = {t.name: t for t in (await s.list_tools()).tools}
-            assert set(tools) == {"run_python", "fetch_metrics"}
+            assert set(tools) == {"run_python", "close_session", "fetch_metrics"}
             tool = tools["fetch_metrics"]
             assert tool.input_schema["required"] == ["query"]
             assert {"time", "range", "start", "end", "step", "environment"} <= set(tool.input_schema["properties"])

@@ -38,8 +38,8 @@ def test_inspector_lists_and_calls(transport, binary, http_server):
     target = targets(binary, http_server)[transport]
     tools = inspector(*target, "--method", "tools/list")["tools"]
     assert [t["name"] for t in tools] == ["close_session", "run_python"]
-    assert tools[0]["inputSchema"]["required"] == ["code"]
-    assert "stdout" in tools[0]["outputSchema"]["properties"]
+    assert tools[1]["inputSchema"]["required"] == ["code"]
+    assert "stdout" in tools[1]["outputSchema"]["properties"]
 
     result = inspector(*target, "--method", "tools/call", "--tool-name", "run_python",
                        "--tool-arg", "code=print(6*7)")

@@ -55,7 +55,7 @@ def test_list_tools_and_run(transport, binary, request):
         async with connect(transport, binary, server) as session:
             tools = (await session.list_tools()).tools
             assert [t.name for t in tools] == ["close_session", "run_python"]
-            tool = tools[0]
+            tool = tools[1]
             assert tool.input_schema["type"] == "object"
             assert tool.input_schema["required"] == ["code"]
             assert tool.input_schema["properties"]["code"]["type"] == "string"
@@ -145,7 +145,7 @@ def test_malformed_calls_get_actionable_errors(transport, binary, request):
             r = await session.call_tool("run_python", {"code": "#" * 300_000})
             assert r.is_error and "the limit is 262144 bytes" in r.content[0].text
 
-            with pytest.raises(Exception, match="unknown tool `no_such_tool`; this server offers: run_python"):
+            with pytest.raises(Exception, match="unknown tool `no_such_tool`; this server offers: close_session, run_python"):
                 await session.call_tool("no_such_tool", {})
 
             # The session still works.
