@@ -327,12 +327,14 @@ class Events:
                 continue
             self.push(("exit", pid, os.waitstatus_to_exitcode(status)))
 
-    def stray_message(self):
-        """A message that came between calls (none is due then), dropping the deaths reaped
-        meanwhile; None when there is none."""
+    def stray_message(self, interpreter):
+        """A message that came between calls (none is due then), or None. Drops the deaths of
+        other processes reaped meanwhile; keeps that of `interpreter` (it died idle: the next
+        call is told so at once)."""
         with self.cond:
             strays = [item for item in self.items if item[0] == "message"]
-            self.items = []
+            self.items = [item for item in self.items
+                          if item[0] == "exit" and item[1] == interpreter]
             return strays[0][1] if strays else None
 
     def next(self, deadline):
@@ -430,7 +432,7 @@ class Session:
 
     def run(self, call, payload, cap, timeout):
         """Runs one call and prints its envelope; returns whether the session goes on."""
-        stray = self.events.stray_message()
+        stray = self.events.stray_message(self.pid)
         if stray is not None:
             # Written after its call's `done` (code that wrote one of its own, or a process of an
             # earlier call): the interpreter's word can no longer be told from the code's.
@@ -638,7 +640,8 @@ class SessionInterpreter:
             os.read, os.write, os.open, os.dup2, os.close)
         self.fork, self.exit, self.getpid, self.waitpid = os.fork, os._exit, os.getpid, os.waitpid
         self.fstat, self.listdir, self.chdir = os.fstat, os.listdir, os.chdir
-        self.signal, self.getsignal = signal.signal, signal.getsignal
+        self.signal, self.getsignal, self.setitimer = signal.signal, signal.getsignal, signal.setitimer
+        self.timers = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
         self.settrace, self.setprofile = sys.settrace, sys.setprofile
         self.compile, self.exec = compile, exec
         self.pid = os.getpid()
@@ -763,6 +766,13 @@ class SessionInterpreter:
             # A process the code forked that returned instead of exiting: it ends here, as it
             # would have at the end of a program, and never joins the session's loop.
             self.exit(status)
+        # A timer the code set would fire while the session idles (SIGALRM's default action ends
+        # the interpreter): what a call starts ends with it.
+        for timer in self.timers:
+            try:
+                self.setitimer(timer, 0)
+            except (OSError, ValueError):
+                pass
         # Every descriptor on the call's FIFOs (0-2, and copies the code made) now points at
         # /dev/null: the call's output ends here, whatever the code kept.
         null = self.open("/dev/null", os.O_RDWR)

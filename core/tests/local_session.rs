@@ -460,3 +460,53 @@ async fn a_cancelled_call_ends_its_session_and_its_sandbox() {
         assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
     }
 }
+
+#[tokio::test]
+async fn a_session_idle_past_its_timeout_is_ended_with_its_sandbox() {
+    use sandboxrun_core::policy::SessionRules;
+    let _serial = serial().await;
+    for (engine, sandbox) in engines() {
+        let sessions = sandboxrun_core::tools::python_session::Sessions::default();
+        // Shorter than any policy may set (10 s): the registry enforces what it is given.
+        let rules = SessionRules {
+            idle_timeout_seconds: 1,
+            ..SessionRules::default()
+        };
+        let (id, _) = sessions
+            .open("a", Profile::Minimal, &limits(), rules, sandbox)
+            .unwrap_or_else(|e| panic!("{engine}: {e:?}"));
+        assert!(sessions.find("a", &id).is_some(), "{engine}");
+        assert!(
+            sessions.find("b", &id).is_none(),
+            "{engine}: another agent found it"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+        assert!(sessions.find("a", &id).is_none(), "{engine}: still open");
+        assert_eq!(sessions.held_by("a"), 0);
+        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
+        assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
+    }
+}
+
+#[tokio::test]
+async fn under_gvisor_two_sessions_are_two_kernels() {
+    let _serial = serial().await;
+    for (engine, sandbox) in engines() {
+        if *engine != Isolation::Gvisor {
+            continue;
+        }
+        let boot_id = "print(open('/proc/sys/kernel/random/boot_id').read().strip())";
+        let mut a = open(sandbox);
+        let mut b = open(sandbox);
+        let (ra, _) = call(&mut a, "a", boot_id).await;
+        let (rb, _) = call(&mut b, "b", boot_id).await;
+        assert_eq!(ra.outcome, Phase::Succeeded, "{ra:?}");
+        assert_eq!(rb.outcome, Phase::Succeeded, "{rb:?}");
+        assert_ne!(ra.result.stdout, rb.result.stdout, "the same boot id");
+        // And a session keeps its kernel from call to call.
+        let (again, _) = call(&mut a, "a2", boot_id).await;
+        assert_eq!(again.result.stdout, ra.result.stdout);
+        a.close().await;
+        b.close().await;
+    }
+}

@@ -202,3 +202,43 @@ fn a_close_ends_the_runner_and_its_interpreter() {
     let status = r.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn a_timer_a_call_set_does_not_fire_between_calls() {
+    let mut r = Runner::start();
+    let set = r.call(
+        "set",
+        &Program::code("import signal\nsignal.alarm(1)\nx = 5"),
+    );
+    assert_eq!(set.exit_code, 0, "{set:?}");
+    std::thread::sleep(std::time::Duration::from_millis(1600));
+    let after = r.call("after", &Program::code("print(x)"));
+    assert_eq!(after.stdout, "5\n", "{after:?}");
+    assert!(after.session.unwrap().alive);
+}
+
+#[test]
+fn an_interpreter_killed_while_idle_ends_the_next_call_at_once() {
+    let mut r = Runner::start();
+    assert_eq!(r.call("c", &Program::code("x = 1")).exit_code, 0);
+    let pid = r.child.id();
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
+    let interpreter: i32 = children.split_whitespace().next().unwrap().parse().unwrap();
+    // From outside, as the OOM killer or a crash would.
+    let killed = Command::new("kill")
+        .args(["-9", &interpreter.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let next = r.call("next", &Program::code("print(x)"));
+    // Told that it exited, not left to run out its timeout.
+    assert!(!next.timed_out, "{next:?}");
+    let session = next.session.clone().unwrap();
+    assert!(!session.alive, "{next:?}");
+    assert_eq!(
+        session.ended,
+        Some(sandboxrun_core::SessionEnd::InterpreterExited),
+        "{next:?}"
+    );
+}
