@@ -510,3 +510,39 @@ async fn under_gvisor_two_sessions_are_two_kernels() {
         b.close().await;
     }
 }
+
+#[tokio::test]
+async fn closing_a_session_stops_the_call_running_in_it() {
+    use serde_json::json;
+    let _serial = serial().await;
+    for (engine, sandbox) in engines() {
+        let embedded = embedded(sandbox);
+        let opened = tool_call(&embedded, "a", json!({"code": "x = 1", "session": "new"})).await;
+        let id = opened
+            .session
+            .clone()
+            .unwrap_or_else(|| panic!("{engine}: {opened:?}"));
+        let long = tool_call(
+            &embedded,
+            "a",
+            json!({"code": "import time\ntime.sleep(120)\nprint('finished')", "session": id, "timeoutSeconds": 300}),
+        );
+        let close = async {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            embedded.sessions.close("a", &id).await
+        };
+        let (stopped, closed) = tokio::join!(long, close);
+        closed.unwrap_or_else(|e| panic!("{engine}: {e}"));
+        assert_eq!(stopped.phase, Phase::Cancelled, "{engine}: {stopped:?}");
+        assert_eq!(stopped.stdout, "", "{engine}: {stopped:?}");
+        assert!(stopped.session_ended.is_some(), "{engine}: {stopped:?}");
+        let after = tool_call(&embedded, "a", json!({"code": "print(x)", "session": id})).await;
+        assert_eq!(
+            after.reason.as_deref(),
+            Some("SessionNotFound"),
+            "{engine}: {after:?}"
+        );
+        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
+        assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
+    }
+}

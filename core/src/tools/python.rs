@@ -900,9 +900,22 @@ async fn run_in_session(
     let Some(local) = guard.sandbox.as_mut() else {
         return PythonOutput::rejected(run_name, Reason::SessionNotFound, not_found(&id));
     };
-    let result = local
-        .call(&run_name, program, &decision.limits, output)
+    let result = slot
+        .unless_ended(local.call(&run_name, program, &decision.limits, output))
         .await;
+    let Some(result) = result else {
+        // Closed while it ran: the guard drops the sandbox, which stops the code.
+        return PythonOutput {
+            phase: Phase::Cancelled,
+            session: Some(id.clone()),
+            session_ended: Some("the session was closed while the call ran".to_owned()),
+            ..PythonOutput::rejected(
+                run_name,
+                Reason::CallCancelled,
+                format!("session {id} was closed while this call ran, and the call was stopped"),
+            )
+        };
+    };
     guard.done = true;
     slot.touch();
     let (classified, duration_ms, ended) = match result {

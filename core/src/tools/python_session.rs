@@ -3,7 +3,7 @@
 //!
 //! A session belongs to the agent that opened it: another agent naming it gets the answer an
 //! unknown id gets. Its calls run one at a time (its sandbox is locked for the length of a call).
-//! It ends when it is closed (`close_session`), when a call ends it (a timeout, code that ends
+//! It ends when it is closed (`close_session`; a call running in it is stopped), when a call ends it (a timeout, code that ends
 //! the interpreter), when a call on it is cancelled (its interpreter is killed: a call cannot be
 //! stopped otherwise), after its policy's idle timeout without a call, and at its policy's
 //! longest lifetime; its sandbox is killed and removed then. The bounds are the deciding rule's
@@ -101,6 +101,10 @@ pub struct Slot {
     last_call: Mutex<Instant>,
     /// The sandbox; `None` once the session ended. Locked for the length of a call.
     sandbox: tokio::sync::Mutex<Option<LocalSession>>,
+    /// Set when the session is being ended (closed, expired): a call in it stops.
+    ending: AtomicBool,
+    /// Wakes a call waiting in the session when `ending` is set.
+    ended: tokio::sync::Notify,
 }
 
 impl Slot {
@@ -112,6 +116,28 @@ impl Slot {
     /// Its sandbox, locked for one call: `None` when the session has ended.
     pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, Option<LocalSession>> {
         self.sandbox.lock().await
+    }
+
+    /// Runs `call` unless the session is ended first (closed while it runs): `None` then, and
+    /// the caller drops the sandbox, which kills the code.
+    pub async fn unless_ended<T>(&self, call: impl std::future::Future<Output = T>) -> Option<T> {
+        let ended = self.ended.notified();
+        tokio::pin!(ended);
+        // Registered before the flag is read: an end between the two still wakes it.
+        ended.as_mut().enable();
+        if self.ending.load(Ordering::SeqCst) {
+            return None;
+        }
+        tokio::select! {
+            out = call => Some(out),
+            () = ended => None,
+        }
+    }
+
+    /// Marks the session as ending and stops a call running in it.
+    fn stop(&self) {
+        self.ending.store(true, Ordering::SeqCst);
+        self.ended.notify_waiters();
     }
 
     /// Records a call's end: the idle timeout counts from here.
@@ -169,6 +195,8 @@ impl Sessions {
             opened: now,
             last_call: Mutex::new(now),
             sandbox: tokio::sync::Mutex::new(Some(local)),
+            ending: AtomicBool::new(false),
+            ended: tokio::sync::Notify::new(),
         });
         self.map
             .lock()
@@ -277,8 +305,9 @@ fn sweep(map: &Mutex<HashMap<String, Arc<Slot>>>) {
     }
 }
 
-/// Closes a session's sandbox (waiting for a call in it to end first).
+/// Closes a session's sandbox; a call running in it is stopped first.
 async fn end(slot: Arc<Slot>) {
+    slot.stop();
     let local = slot.sandbox.lock().await.take();
     if let Some(local) = local {
         local.close().await;
