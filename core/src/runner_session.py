@@ -795,7 +795,7 @@ def session_pairs(call, alive, ended, message):
 
 def session_main(argv):
     """`--session OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS [PRELOAD]`: see the top of this part."""
-    if len(argv) not in (4, 5):
+    if len(argv) not in (4, 5) or argv[0] != SESSION_FLAG:
         sys.stderr.write("usage: runner --session OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS [PRELOAD]"
                          " < calls\n")
         return 2
