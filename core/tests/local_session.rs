@@ -447,38 +447,72 @@ fn rand_suffix() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
+/// Opens a session for agent `a` through the executor (`x = 1` in it); its id.
+async fn open_through_the_tool(
+    embedded: &sandboxrun_core::tools::Embedded,
+    engine: Isolation,
+) -> String {
+    let opened = tool_call(
+        embedded,
+        "a",
+        serde_json::json!({"code": "x = 1", "session": "new"}),
+    )
+    .await;
+    opened
+        .session
+        .clone()
+        .unwrap_or_else(|| panic!("{engine}: {opened:?}"))
+}
+
+/// A two-minute call in session `id` that prints `started` first, and what wakes once it did.
+fn long_call<'a>(
+    embedded: &'a sandboxrun_core::tools::Embedded,
+    id: &str,
+) -> (
+    impl std::future::Future<Output = sandboxrun_core::tools::python::PythonOutput> + 'a,
+    std::sync::Arc<tokio::sync::Notify>,
+) {
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let call = tool_call_with_output(
+        embedded,
+        "a",
+        serde_json::json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(120)\nprint('finished')", "session": id, "timeoutSeconds": 300}),
+        Some(on_started(&started)),
+    );
+    (call, started)
+}
+
+/// Session `id` is gone for its agent, and nothing of it is left on the host.
+async fn assert_gone(embedded: &sandboxrun_core::tools::Embedded, engine: Isolation, id: &str) {
+    let after = tool_call(
+        embedded,
+        "a",
+        serde_json::json!({"code": "print(x)", "session": id}),
+    )
+    .await;
+    assert_eq!(
+        after.reason.as_deref(),
+        Some("SessionNotFound"),
+        "{engine}: {after:?}"
+    );
+    assert_eq!(embedded.sessions.held_by("a"), 0, "{engine}");
+    let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
+    assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
+}
+
 #[tokio::test]
 async fn a_cancelled_call_ends_its_session_and_its_sandbox() {
-    use serde_json::json;
     let _serial = serial().await;
     for (engine, sandbox) in engines() {
         let embedded = embedded(sandbox);
-        let opened = tool_call(&embedded, "a", json!({"code": "x = 1", "session": "new"})).await;
-        let id = opened
-            .session
-            .clone()
-            .unwrap_or_else(|| panic!("{engine}: {opened:?}"));
+        let id = open_through_the_tool(&embedded, *engine).await;
         // The caller goes away while the call runs: the future is dropped once the code runs.
-        let started = std::sync::Arc::new(tokio::sync::Notify::new());
-        let long = tool_call_with_output(
-            &embedded,
-            "a",
-            json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(120)", "session": id, "timeoutSeconds": 300}),
-            Some(on_started(&started)),
-        );
+        let (long, started) = long_call(&embedded, &id);
         tokio::select! {
             out = long => panic!("{engine}: the call ended by itself: {out:?}"),
             () = started.notified() => {}
         }
-        let after = tool_call(&embedded, "a", json!({"code": "print(x)", "session": id})).await;
-        assert_eq!(
-            after.reason.as_deref(),
-            Some("SessionNotFound"),
-            "{engine}: {after:?}"
-        );
-        assert_eq!(embedded.sessions.held_by("a"), 0, "{engine}");
-        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
-        assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
+        assert_gone(&embedded, *engine, &id).await;
     }
 }
 
@@ -534,22 +568,11 @@ async fn under_gvisor_two_sessions_are_two_kernels() {
 
 #[tokio::test]
 async fn closing_a_session_stops_the_call_running_in_it() {
-    use serde_json::json;
     let _serial = serial().await;
     for (engine, sandbox) in engines() {
         let embedded = embedded(sandbox);
-        let opened = tool_call(&embedded, "a", json!({"code": "x = 1", "session": "new"})).await;
-        let id = opened
-            .session
-            .clone()
-            .unwrap_or_else(|| panic!("{engine}: {opened:?}"));
-        let started = std::sync::Arc::new(tokio::sync::Notify::new());
-        let long = tool_call_with_output(
-            &embedded,
-            "a",
-            json!({"code": "import time\nprint('started', flush=True)\ntime.sleep(120)\nprint('finished')", "session": id, "timeoutSeconds": 300}),
-            Some(on_started(&started)),
-        );
+        let id = open_through_the_tool(&embedded, *engine).await;
+        let (long, started) = long_call(&embedded, &id);
         let close = async {
             started.notified().await;
             embedded.sessions.close("a", &id).await
@@ -562,13 +585,6 @@ async fn closing_a_session_stops_the_call_running_in_it() {
             "{engine}: {stopped:?}"
         );
         assert!(stopped.session_ended.is_some(), "{engine}: {stopped:?}");
-        let after = tool_call(&embedded, "a", json!({"code": "print(x)", "session": id})).await;
-        assert_eq!(
-            after.reason.as_deref(),
-            Some("SessionNotFound"),
-            "{engine}: {after:?}"
-        );
-        let left = wait_no_leftovers("\u{0}never\u{0}", 10).await;
-        assert!(left.is_empty(), "{engine}: left behind: {left:#?}");
+        assert_gone(&embedded, *engine, &id).await;
     }
 }
