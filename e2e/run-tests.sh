@@ -344,7 +344,8 @@ step "warm against cold through MCP, short form (the full benchmark: e2e/BENCHMA
 MCP_URL="http://10.244.0.1:$MCP_NODE_PORT/mcp" MCP_API_KEY="$MCP_API_KEY" \
   KUBECTL="$(dirname "$KUBECONFIG")/bin/kubectl" \
   bounded 20 "${SANDBOXRUN_CACHE:-$HOME/.cache/sandboxrun}/venv-mcp/bin/python" "$REPO_ROOT/e2e/mcp/bench_warm.py" \
-  --sequential 6 --block 3 --staggered 0 --burst 6 --rounds 1 --replicas 2 --refill --min-warm-share 0.8
+  --sequential 6 --block 3 --staggered 0 --burst 6 --rounds 1 --replicas 2 --refill --min-warm-share 0.8 \
+  --session 6
 
 # The data profile's pool is not needed until its benchmark, which runs beside the Ingress tests
 # (below): the heavy suites before it (load, faults) get the node without its idle sandbox. And

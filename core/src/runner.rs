@@ -238,6 +238,16 @@ impl SessionEnd {
     }
 }
 
+/// What a model reads when a session's runner ended the session (`reason`, `message`: its
+/// envelope's [`SessionState`]).
+pub fn session_ended_message(reason: Option<SessionEnd>, message: Option<&str>) -> String {
+    match (reason, message) {
+        (_, Some(message)) => message.to_owned(),
+        (Some(reason), None) => format!("the session ended ({})", reason.as_str()),
+        (None, None) => "the session ended".to_owned(),
+    }
+}
+
 /// The argument that starts the runner as a session's ([`session_argv`]).
 pub const SESSION_FLAG: &str = "--session";
 

@@ -20,6 +20,7 @@
 # header inside a frame starts over with the new frame, a line that is not base64 drops the frame,
 # and so does a payload of another size than announced. A sender starts every write with a
 # newline, so the rest of a line it left cut short never joins its next header.
+# A call whose name an earlier call had is dropped: each runs at most once.
 # For each call the runner prints `sandboxrun-program-received <CALL>`, the live output lines,
 # then one envelope as for a single program with two more fields, `"call": CALL` and
 # `"session": {"alive": b, "ended": reason|null, "message": text|null}`; once `alive` is false
@@ -827,11 +828,17 @@ def session_main(argv):
     if modules:
         mark_idle()
     calls = CallReader()
+    # A call is run once: a sender that could not tell whether its frame arrived (an operator
+    # that restarted before the confirmation reached the log) sends it again under its name.
+    taken = set()
     while True:
         item = calls.next_call()
         if item is None:
             break
         call, payload = item
+        if call in taken:
+            continue
+        taken.add(call)
         os.write(RESULT_FD, b"%s %s\n" % (PROGRAM_RECEIVED_LINE, call))
         if not session.run(call, payload, cap, timeout):
             return 0

@@ -107,7 +107,7 @@ fn a_call_cut_short_is_dropped_and_the_next_whole_one_runs() {
     // Every cut: mid-header, mid-base64, before the end line.
     for at in [10, cut.len() / 2, cut.len() - 5] {
         r.send(&cut[..at]);
-        let result = r.call("whole", &Program::code("print('whole')"));
+        let result = r.call(&format!("whole-{at}"), &Program::code("print('whole')"));
         assert_eq!(result.stdout, "whole\n");
     }
     // Lines outside any call, a payload of another size, a line that is not base64.
@@ -116,6 +116,19 @@ fn a_call_cut_short_is_dropped_and_the_next_whole_one_runs() {
     let result = r.call("after", &Program::code("print('after')"));
     assert_eq!(result.stdout, "after\n");
     assert!(result.session.unwrap().alive);
+}
+
+#[test]
+fn a_call_sent_again_under_its_name_runs_once() {
+    // An operator that restarted before the confirmation of a call reached the log sends it
+    // again: the code must not run twice.
+    let mut r = Runner::start();
+    let program = Program::code("n = globals().get('n', 0) + 1\nprint(n)");
+    let first = r.call("once", &program);
+    assert_eq!(first.stdout, "1\n");
+    r.send(&session_frame("once", &program, &Limits::default()));
+    let next = r.call("next", &Program::code("print(n)"));
+    assert_eq!(next.stdout, "1\n", "the call sent again ran a second time");
 }
 
 #[test]

@@ -183,6 +183,9 @@ pub enum SessionEndReason {
     SandboxLost,
     /// It was refused before it started (policy, or no sandbox could be given to it).
     Rejected,
+    /// A call was cancelled (or its run deleted) while it ran: its code could not be stopped
+    /// but with the interpreter.
+    CallCancelled,
 }
 
 /// What the operator last saw of a session. Absent fields are unknown or not applicable yet.
@@ -202,6 +205,16 @@ pub struct SandboxSessionStatus {
     /// When the last call ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_call_time: Option<Time>,
+    /// The run whose call holds the session now (phase `Busy`): calls run one at a time, and a
+    /// run takes the session only with a write conditional on the status it read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_run: Option<String>,
+    /// That run's uid (a run of the same name created later is another run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_run_uid: Option<String>,
+    /// When that run took the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_since: Option<Time>,
     /// When the session's sandbox was ready for its first call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,

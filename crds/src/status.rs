@@ -105,6 +105,14 @@ pub struct SandboxRunStatus {
     /// expect a sandbox in time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_seconds: Option<u32>,
+    /// A python run in a session: the SandboxSession the call ran in (for `spec.python.session:
+    /// new`, the one the operator opened for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// A python run in a session that ended with this call (its code ended the interpreter, or
+    /// it ran past its timeout): why. Absent: the session goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_ended: Option<String>,
     /// Machine-readable reason of the current phase (for example `OOMKilled`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

@@ -117,8 +117,8 @@ impl ClusterTool for RunPython {
             files,
             files_omitted,
             retry_after_seconds: status.retry_after_seconds,
-            session: None,
-            session_ended: None,
+            session: status.session.clone(),
+            session_ended: status.session_ended.clone(),
         })
     }
 }

@@ -4,7 +4,7 @@ and the operator installed by the chart, in one run so the two paths share the m
 Usage (MCP_URL, MCP_API_KEY and KUBECTL as for the e2e/mcp suite):
     bench_warm.py [--sequential N] [--block B] [--think S] [--staggered N] [--rate R]
                   [--burst K] [--rounds R] [--pool NAME] [--replicas N]
-                  [--profile minimal|data] [--code CODE]
+                  [--profile minimal|data] [--code CODE] [--session N]
 
 - sequential: N calls per path, one at a time, in alternating blocks of B: warm blocks with the
   pool at --replicas, cold blocks with the pool scaled to 0 (S seconds between calls, so the pool
@@ -12,6 +12,9 @@ Usage (MCP_URL, MCP_API_KEY and KUBECTL as for the e2e/mcp suite):
 - staggered: N calls arriving at random (Poisson, R per second) on one session, the pool at
   --replicas, each call counted under the path it took;
 - burst: R rounds of K concurrent calls, each round with the pool at K and full.
+
+- session: N calls, one at a time (S seconds apart), in one session opened for them (the opening
+  call is not counted), its Pod the session's own: a call there against warm single-use ones.
 
 --profile and --code measure another program in another profile's pool, for example
 `import pandas` warm and cold: `--pool data --profile data --code 'import pandas; print(1)'`
@@ -85,9 +88,9 @@ def pct(values: list[float], p: float) -> float:
 ARGS = {"code": "print(1)"}
 
 
-async def call(session: ClientSession) -> tuple[float, str]:
+async def call(session: ClientSession, sid: str | None = None) -> tuple[float, str]:
     t0 = time.perf_counter()
-    r = await session.call_tool("run_python", ARGS)
+    r = await session.call_tool("run_python", ARGS if sid is None else {**ARGS, "session": sid})
     ms = (time.perf_counter() - t0) * 1000
     out = r.structured_content or {}
     assert out.get("stdout") == "1\n" and out.get("phase") == "Succeeded", r
@@ -134,6 +137,17 @@ async def main(a: argparse.Namespace) -> int:
                             t += random.expovariate(a.rate)
                             delays.append(t)
                         await asyncio.gather(*(arrive(d) for d in delays))
+                    if a.session:
+                        opened = await session.call_tool("run_python", {**ARGS, "session": "new"})
+                        sid = (opened.structured_content or {}).get("session")
+                        assert sid, opened
+                        try:
+                            for _ in range(a.session):
+                                ms, name = await call(session, sid)
+                                calls.append(("session", ms, name, "session"))
+                                await asyncio.sleep(a.think)
+                        finally:
+                            await session.call_tool("close_session", {"session": sid})
                     for _ in range(a.rounds if a.burst else 0):
                         scale(a.pool, a.burst)
                         burst = await asyncio.gather(*(call(session) for _ in range(a.burst)))
@@ -141,8 +155,9 @@ async def main(a: argparse.Namespace) -> int:
                 finally:
                     scale(a.pool, original)
     paths = paths_of([n for _, _, n, _ in calls])
-    for phase, ms, name, _ in calls:
-        results.setdefault((phase, paths.get(name, "?")), []).append(ms)
+    for phase, ms, name, meant in calls:
+        path = "session" if meant == "session" else paths.get(name, "?")
+        results.setdefault((phase, path), []).append(ms)
     print("| phase | path | n | p50 | p95 | p99 | max |")
     print("|---|---|---|---|---|---|---|")
     for (phase, path), ms in sorted(results.items()):
@@ -192,6 +207,7 @@ if __name__ == "__main__":
     p.add_argument("--code", default="print(1)")
     p.add_argument("--min-warm-share", type=float, default=None)
     p.add_argument("--refill", action="store_true")
+    p.add_argument("--session", type=int, default=0)
     args = p.parse_args()
     ARGS.update({"code": args.code, "profile": args.profile})
     sys.exit(asyncio.run(main(args)))

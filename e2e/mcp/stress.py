@@ -79,9 +79,18 @@ def narrow_key() -> str:
     return hashlib.sha256(f"{KEY}:{NARROW_AGENT}".encode()).hexdigest()
 
 
+# An agent whose sessions end after 10 s without a call (e2e/values-governance.yaml,
+# e2e-sessions-short): e2e/mcp/test_sessions_cluster.py.
+SESSIONS_AGENT = "e2e-sessions"
+
+
+def sessions_key() -> str:
+    return hashlib.sha256(f"{KEY}:{SESSIONS_AGENT}".encode()).hexdigest()
+
+
 def keys_values(n: int, base_agent: str) -> str:
-    """Helm values (JSON is YAML) with the base key, n load agents' keys, the refused agent's
-    and the narrow agent's keys, hashed."""
+    """Helm values (JSON is YAML) with the base key, n load agents' keys, the refused agent's,
+    the narrow agent's and the short sessions agent's keys, hashed."""
     sha = lambda k: hashlib.sha256(k.encode()).hexdigest()  # noqa: E731
     keys = [{"agent": base_agent, "sha256": sha(KEY),
              "environments": ["sandbox", "staging", "production"]}]
@@ -90,6 +99,7 @@ def keys_values(n: int, base_agent: str) -> str:
     keys.append({"agent": REFUSED_AGENT, "sha256": sha(refused_key()),
                  "environments": ["production"]})
     keys.append({"agent": NARROW_AGENT, "sha256": sha(narrow_key()), "environments": ["sandbox"]})
+    keys.append({"agent": SESSIONS_AGENT, "sha256": sha(sessions_key()), "environments": ["sandbox"]})
     return json.dumps({"frontend": {"apiKeys": keys}})
 
 

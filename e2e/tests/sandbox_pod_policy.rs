@@ -318,8 +318,8 @@ fn violations(unlisted_class: &str) -> Vec<Violation> {
             |p| p["metadata"]["labels"] = json!({"app": "mine"}),
         ),
         violation(
-            "another owner than a SandboxRun or SandboxPool",
-            "a sandbox Pod is created with its SandboxRun or SandboxPool as controller",
+            "another owner than a SandboxRun, SandboxPool or SandboxSession",
+            "a sandbox Pod is created with its SandboxRun, SandboxPool or SandboxSession as controller",
             false,
             |p| {
                 p["metadata"]["ownerReferences"] = json!([{

@@ -104,9 +104,6 @@ impl SandboxRunServer {
         if !shared.fetch_metrics {
             tool_router.remove_route(FetchMetrics::TOOL.mcp_name());
         }
-        if !shared.backend.runs_sessions() {
-            tool_router.remove_route(python_session::CLOSE_TOOL);
-        }
         Self {
             tool_router,
             shared,

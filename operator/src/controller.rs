@@ -90,6 +90,9 @@ pub struct Context {
     pub pool_demand: crate::pool_scale::Demand,
     /// The queues of runs waiting for room for a sandbox (`admission.rs`).
     pub admission: crate::admission::Admission,
+    /// Held while a run opens a session: an agent's open sessions are counted and the new one
+    /// created under it (`session/call.rs`).
+    pub sessions_opening: tokio::sync::Mutex<()>,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
     /// Terminal statuses whose write failed, by run uid, with their audit line still to write:
@@ -143,6 +146,7 @@ impl Context {
             claims_in_doubt: Default::default(),
             pool_demand: crate::pool_scale::Demand::default(),
             admission: crate::admission::Admission::new(crate::admission::DEFAULT_ALLOWANCE),
+            sessions_opening: tokio::sync::Mutex::default(),
             failures: Mutex::default(),
             unaudited: Mutex::default(),
             audit_written: Mutex::default(),
@@ -717,7 +721,9 @@ impl<'a> Reconcile<'a> {
             prev.start_time.as_ref().map(|t| t.0),
             self.now,
         );
-        let pod = (tool == Some(Tool::Python)).then(|| {
+        // A call in a session: the session's sandbox is ended with it if the call still runs.
+        self.cancel_session_call(prev).await?;
+        let pod = (tool == Some(Tool::Python) && prev.session.is_none()).then(|| {
             prev.pod_name
                 .clone()
                 .unwrap_or_else(|| crate::python::pod::pod_name(&self.name))
@@ -843,6 +849,11 @@ impl<'a> Reconcile<'a> {
             self.record_end(&end.status, end.phase, &end.reason);
         }
         self.owed_audit(status).await?;
+        if status.session.is_some() && recently_finished(status, self.now) {
+            // A call in a session gives the session back after its end: again, in case this
+            // process stopped in between.
+            self.session_call_ended(status).await?;
+        }
         if let Some(pod) = status
             .pod_name
             .as_ref()

@@ -20,6 +20,7 @@ mod query;
 #[cfg(test)]
 mod query_depth_tests;
 mod run_quota;
+mod session;
 mod ttl;
 
 use std::sync::Arc;
@@ -259,7 +260,8 @@ async fn main() -> anyhow::Result<()> {
                 let keeper = quota.map(|q| tokio::spawn(run_quota::keep(client, q)));
                 let stop = stop.shared();
                 tokio::join!(
-                    controller::run(ctx, namespace.as_deref(), concurrency, stop.clone()),
+                    controller::run(ctx.clone(), namespace.as_deref(), concurrency, stop.clone()),
+                    session::controller::run(ctx, namespace.as_deref(), stop.clone()),
                     pool::run(pool_ctx, pools, pods, stop),
                 );
                 keeper.inspect(tokio::task::JoinHandle::abort);
@@ -270,11 +272,12 @@ async fn main() -> anyhow::Result<()> {
         let keeper = run_quota.map(|q| tokio::spawn(run_quota::keep(client.clone(), q)));
         tokio::join!(
             controller::run(
-                ctx,
+                ctx.clone(),
                 namespace,
                 config.reconcile_concurrency,
                 until_true(stop_rx.clone()),
             ),
+            session::controller::run(ctx, namespace, until_true(stop_rx.clone())),
             pool::run(
                 pool_ctx,
                 pools_api(),

@@ -135,6 +135,9 @@ pub fn base(
         pool: prev.pool.clone(),
         // So does when it began waiting for one.
         queued_at: prev.queued_at.clone(),
+        // And the session it runs in.
+        session: prev.session.clone(),
+        session_ended: prev.session_ended.clone(),
         ..Default::default()
     }
 }

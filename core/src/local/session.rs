@@ -19,8 +19,8 @@ use super::{
 use crate::files::{ENVELOPE_FILES_MAX_BYTES, Profile};
 use crate::limits::Limits;
 use crate::runner::{
-    Observed, OutputFn, Program, RunnerResult, SESSION_CLOSE, SessionEnd, parse_call_envelope,
-    parse_output_line, session_argv, session_frame, valid_call_name,
+    Observed, OutputFn, Program, RunnerResult, SESSION_CLOSE, parse_call_envelope,
+    parse_output_line, session_argv, session_ended_message, session_frame, valid_call_name,
 };
 
 /// Beyond the call's own timeout, how long a call may take: the runner's clean-up after the code
@@ -173,7 +173,7 @@ impl LocalSession {
                 .session
                 .as_ref()
                 .filter(|state| !state.alive)
-                .map(|state| ended_message(state.ended, state.message.as_deref())),
+                .map(|state| session_ended_message(state.ended, state.message.as_deref())),
             None if deadline_hit => Some(format!(
                 "the session's sandbox did not answer within {}s of the call, so it was stopped",
                 deadline.as_secs()
@@ -311,27 +311,19 @@ async fn read_call(
     }
 }
 
-/// What a model reads when the runner ended the session.
-fn ended_message(reason: Option<SessionEnd>, message: Option<&str>) -> String {
-    match (reason, message) {
-        (_, Some(message)) => message.to_owned(),
-        (Some(reason), None) => format!("the session ended ({})", reason.as_str()),
-        (None, None) => "the session ended".to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runner::SessionEnd;
 
     #[test]
     fn the_runners_reasons_read_as_messages() {
         assert_eq!(
-            ended_message(Some(SessionEnd::TimedOut), None),
+            session_ended_message(Some(SessionEnd::TimedOut), None),
             "the session ended (timedOut)"
         );
         assert_eq!(
-            ended_message(Some(SessionEnd::TimedOut), Some("it ran too long")),
+            session_ended_message(Some(SessionEnd::TimedOut), Some("it ran too long")),
             "it ran too long"
         );
     }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use sandboxrun_api::{ClusterTool, SandboxRun, SandboxRunSpec, SandboxRunStatus};
+use sandboxrun_api::{ClusterTool, SandboxRun, SandboxRunSpec, SandboxRunStatus, SandboxSession};
 use sandboxrun_core::{OutputFn, Phase};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -51,6 +51,8 @@ struct Follow {
 #[derive(Clone)]
 pub struct KubeBackend {
     api: Api<SandboxRun>,
+    /// The sessions of `run_python` (`close_session` deletes them).
+    sessions: Api<SandboxSession>,
     /// The sandbox Pods, whose logs carry a run's output while it runs.
     pods: Api<Pod>,
     namespace: String,
@@ -78,6 +80,7 @@ impl KubeBackend {
             .with_layer(&sandboxrun_api::client::RateLimitLayer::new(rate))
             .build();
         let api = Api::namespaced(client.clone(), &namespace);
+        let sessions = Api::namespaced(client.clone(), &namespace);
         let pods = Api::namespaced(client, &namespace);
         let subscribers = Arc::new(Subscribers::default());
         let (key, value) = CREATED_BY_LABEL;
@@ -88,12 +91,43 @@ impl KubeBackend {
         ));
         Ok(Self {
             api,
+            sessions,
             pods,
             namespace,
             grace,
             approval_wait,
             subscribers,
         })
+    }
+
+    /// Ends `agent`'s session `id`: deletes its SandboxSession (its sandbox Pod goes with it, and
+    /// a call running in it ends Cancelled). Another agent's session, an ended one and an
+    /// unknown id get the same words.
+    pub async fn close_session(&self, agent: &str, id: &str) -> Result<(), String> {
+        let unavailable = |e: kube::Error| {
+            format!("could not close session {id}: the cluster did not answer ({e}); try again")
+        };
+        let session = self.sessions.get_opt(id).await.map_err(unavailable)?;
+        let Some(session) = session
+            .filter(|s| s.spec.agent == agent && !s.status.as_ref().is_some_and(|st| st.ended()))
+        else {
+            return Err(sandboxrun_core::tools::python_session::not_found(id));
+        };
+        // Only the session read: one of the same name made since is not this agent's to close.
+        let params = kube::api::DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: session.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..kube::api::DeleteParams::background()
+        };
+        match self.sessions.delete(id, &params).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {
+                Err(sandboxrun_core::tools::python_session::not_found(id))
+            }
+            Err(e) => Err(unavailable(e)),
+        }
     }
 
     /// The SandboxRun of `agent`'s call: generated name `run-…`, the frontend's label.

@@ -43,20 +43,13 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// Whether calls can keep state in sessions here (`run_python`'s `session`): embedded only,
-    /// until the operator runs SandboxSessions (it refuses session runs meanwhile).
-    pub fn runs_sessions(&self) -> bool {
-        matches!(self, Backend::Local(_))
-    }
-
     /// Ends the session `id` of `agent` (`run_python`'s `session`) and destroys its sandbox;
     /// `Err` says why not, in words a model can act on (an id that is none of the agent's
     /// sessions gets the same words whoever holds it).
     pub async fn close_session(&self, agent: &str, id: &str) -> Result<(), String> {
         match self {
             Backend::Local(local) => local.embedded().sessions.close(agent, id).await,
-            // The operator does not run sessions yet (it refuses session runs): none exists.
-            Backend::Kube(_) => Err(sandboxrun_core::tools::python_session::not_found(id)),
+            Backend::Kube(kube) => kube.close_session(agent, id).await,
         }
     }
 

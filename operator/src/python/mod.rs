@@ -35,6 +35,17 @@ impl Reconcile<'_> {
         mut prev: SandboxRunStatus,
         decided: Option<Decision>,
     ) -> Result<Action, Error> {
+        // A call in a session runs in the session's sandbox, never in one of its own (where its
+        // state would be silently missing).
+        if self
+            .run
+            .spec
+            .python
+            .as_ref()
+            .is_some_and(|p| p.session.is_some())
+        {
+            return self.session_call(prev, decided).await;
+        }
         // A run waiting in the queue that never asked for a Pod has none to read: its turn is
         // all there is to look at (every few seconds while it waits, for many runs at once).
         let mut admitted = false;
@@ -124,28 +135,6 @@ impl Reconcile<'_> {
                     None => self.ctx.recorded(self.run, &prev, Tool::Python),
                 };
                 let (limits, files) = (decision.limits, decision.files);
-                if let Some(session) = self
-                    .run
-                    .spec
-                    .python
-                    .as_ref()
-                    .and_then(|p| p.session.as_ref())
-                {
-                    // Never run a session's call in a single-use sandbox: its state would be
-                    // silently missing.
-                    let outcome = Outcome::of(
-                        Phase::Rejected,
-                        Reason::SessionUnavailable,
-                        format!(
-                            "this operator does not run sessions yet (spec.python.session is \
-                             {session:?}): sessions run on an embedded server (sandboxrun-mcp \
-                             serve with the local backend); call run_python without session"
-                        ),
-                        None,
-                        self.now,
-                    );
-                    return self.end(&prev, Some(Tool::Python), &outcome, None).await;
-                }
                 let profile = pod::profile_of(self.run);
                 if self.ctx.sandbox.image_for(profile).is_none() {
                     let outcome = Outcome::of(
