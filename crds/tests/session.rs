@@ -133,11 +133,12 @@ fn the_schema_bounds_the_agent_and_the_timeouts() {
             "MaxLifetime",
             "InterpreterExited",
             "SandboxLost",
-            "Rejected"
+            "Rejected",
+            "CallCancelled"
         ])
     );
     assert_eq!(status["conditions"]["x-kubernetes-list-type"], json!("map"));
-    for time in ["lastCallTime", "startTime", "expiryTime"] {
+    for time in ["lastCallTime", "startTime", "expiryTime", "activeSince"] {
         assert_eq!(status[time]["format"], json!("date-time"), "{time}");
     }
 }

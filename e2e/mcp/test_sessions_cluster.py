@@ -1,8 +1,8 @@
 """run_python sessions on the cluster, through the official Python MCP SDK and the frontend's
 NodePort: each session is a SandboxSession with one gVisor Pod of its own, each call a SandboxRun
 that the operator sends to that Pod's runner. State and files kept between calls; a session only
-its agent can use (another agent naming it is told what an unknown id is told); two sessions in
-two sandboxes (two boot ids); hostile and forging code inside a session, a thread left writing;
+its agent can use (another agent naming it is told what an unknown id is told); two calls at
+once run one after the other; two sessions in two sandboxes (two boot ids); hostile and forging code inside a session, a thread left writing;
 close_session and the policy's idle timeout take the session and its Pod away; the operator
 killed during a call: the call ends once, with its result, and the session goes on.
 
@@ -104,10 +104,10 @@ def test_state_files_and_pods_of_sessions_and_only_their_agent_reaches_them():
             assert got["session"] == sid and "sessionEnded" not in got, got
 
             # The session and its own sandbox Pod, in gVisor, with a run's isolation.
-            obj = session_object(sid)
-            assert obj is not None, sid
+            # Given back (Ready, the call counted) once the call's end is recorded.
+            obj = wait_for(lambda: (o := session_object(sid)) and o["status"].get("calls") == 2 and o,
+                           30, "the session given back after 2 calls")
             assert obj["status"]["phase"] == "Ready", obj["status"]
-            assert obj["status"]["calls"] == 2, obj["status"]
             pod = kubectl_json("-n", NAMESPACE, "get", "pod", obj["status"]["podName"])
             spec = pod["spec"]
             assert spec["runtimeClassName"] == "gvisor", spec.get("runtimeClassName")
@@ -148,6 +148,66 @@ def test_state_files_and_pods_of_sessions_and_only_their_agent_reaches_them():
                 assert r.is_error is False, r.content
             r = await run(s, "print(x)", sid)
             assert r.structured_content["reason"] == "SessionNotFound", r.structured_content
+            wait_for(lambda: not pod_exists(pod_name), 60, f"session Pod {pod_name} deleted")
+
+    anyio.run(main)
+
+
+def test_two_calls_at_once_in_one_session_run_one_after_the_other():
+    call = ("import time\nt0 = time.monotonic()\ntime.sleep(1)\n"
+            "runs.append((t0, time.monotonic()))\nprint(len(runs))")
+
+    async def main():
+        async with mcp() as s, mcp() as t:
+            sid = ok(await run(s, "runs = []", "new"))["session"]
+            try:
+                both = []
+
+                async def one(session):
+                    both.append(ok(await run(session, call, sid))["stdout"])
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(one, s)
+                    tg.start_soon(one, t)
+                assert sorted(both) == ["1\n", "2\n"], both
+                # One interpreter's clock: the second began after the first had ended.
+                got = ok(await run(s, "print(runs[0][1] <= runs[1][0])", sid))
+                assert got["stdout"] == "True\n", got
+                # Given back after each call's end is recorded: counted a moment later.
+                wait_for(lambda: session_object(sid)["status"].get("calls") == 4, 30, "4 calls counted")
+            finally:
+                await s.call_tool("close_session", {"session": sid})
+
+    anyio.run(main)
+
+
+def test_closing_a_session_stops_the_call_running_in_it():
+    async def main():
+        async with mcp() as s, mcp() as closer:
+            sid = ok(await run(s, "w = 1", "new"))["session"]
+            pod_name = session_object(sid)["status"]["podName"]
+            results = []
+
+            marker = "close-me-" + os.urandom(6).hex()
+
+            async def the_call():
+                results.append(await run(s, f"# {marker}\nimport time\ntime.sleep(600)", sid))
+
+            def running() -> bool:
+                # The session is Busy with this call's run (not still with the opening one's).
+                runs = kubectl_json("-n", NAMESPACE, "get", "sandboxruns")["items"]
+                mine = [r["metadata"]["name"] for r in runs
+                        if marker in (r["spec"].get("python") or {}).get("code", "")]
+                status = (session_object(sid) or {}).get("status", {})
+                return bool(mine) and status.get("activeRun") == mine[0]
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(the_call)
+                await anyio.to_thread.run_sync(lambda: wait_for(running, 120, "the call running"))
+                r = await closer.call_tool("close_session", {"session": sid})
+                assert r.is_error is False, r.content
+            got = results[0].structured_content
+            assert (got["phase"], got["reason"]) == ("Cancelled", "CallCancelled"), got
             wait_for(lambda: not pod_exists(pod_name), 60, f"session Pod {pod_name} deleted")
 
     anyio.run(main)
@@ -336,8 +396,8 @@ def test_the_operator_killed_during_a_call_the_call_ends_once_and_the_session_go
             assert line["phase"] == "Succeeded", line
             assert not audit_lines_before_restart(name), "the killed operator wrote its audit line too"
             assert ok(await run(s, "print('n', n)", sid))["stdout"] == "n 1\n"
-            status = session_object(sid)["status"]
-            assert (status["phase"], status["calls"]) == ("Ready", 3), status
+            wait_for(lambda: session_object(sid)["status"].get("calls") == 3, 30, "3 calls counted")
+            assert session_object(sid)["status"]["phase"] == "Ready"
             await s.call_tool("close_session", {"session": sid})
 
     anyio.run(main)

@@ -8,7 +8,7 @@ without any sandbox), so the frontend's and the sandbox start-up's shares are vi
 BENCH_PROFILE=data and BENCH_CODE='import pandas; print(1)' measure another program in another
 profile (the code must print 1), e.g. the data profile's `import pandas`.
 BENCH_SESSION=1 also measures the same calls in one open session (`session`), after the
-single-use ones, in the same run (embedded only: the cluster does not run sessions yet).
+single-use ones, in the same run (embedded; in a cluster: e2e/mcp/bench_warm.py --session).
 Not collected by pytest (the file name does not start with test_).
 """
 

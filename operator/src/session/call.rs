@@ -113,6 +113,18 @@ impl Reconcile<'_> {
                 Err(outcome) => return self.end(&prev, Some(Tool::Python), &outcome, None).await,
             }
         }
+        if found.is_none() && prev.phase == Some(Phase::Running) {
+            // Its call was running when the session was closed (deleted, its Pod with it).
+            let closed = "the session was closed while the call ran: its sandbox was deleted";
+            return self
+                .call_ends(
+                    &prev,
+                    Phase::Cancelled,
+                    Reason::CallCancelled,
+                    closed.to_owned(),
+                )
+                .await;
+        }
         // Another agent's session is, to this run, no session at all: the same words.
         let Some(session) = found.filter(|s| s.spec.agent == self.run.spec.agent) else {
             return self
