@@ -1059,17 +1059,11 @@ def restore_signals(replaced):
             pass
 
 
-def main(argv):
-    if len(argv) not in (4, 5):
-        sys.stderr.write("usage: runner OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS [PRELOAD] < framed program\n")
-        return 2
-    global TMP
-    cap = int(argv[1])
-    max_procs = int(argv[2])
-    timeout = float(argv[3])
-    TMP = os.environ.get("SANDBOXRUN_RUNNER_TMP") or TMP
-    # Everything that does not need the program happens before it arrives: a warm sandbox waits
-    # here for its program, so these costs are paid while it idles, not by its call.
+def before_the_program(what):
+    """Everything a runner does before it reads `what` (its program, or a session's calls): a
+    warm sandbox waits after this for its program, so these costs are paid while it idles, not by
+    its call. Returns why results could be forged (None: they cannot), the signal handlers
+    replaced, and the exit status when the network barrier does not hold (None: it does)."""
     why = make_unreachable()
     # Before the fork, so there is no moment in which the code runs and the runner listens.
     replaced = ignore_signals()
@@ -1079,10 +1073,25 @@ def main(argv):
     # sandbox cannot take a program, while the sandbox could still reach the network.
     barrier = hold_the_barrier()
     if barrier is not None:
-        sys.stderr.write("runner: not reading the program: " + barrier + "\n")
+        sys.stderr.write("runner: not reading " + what + ": " + barrier + "\n")
         sys.stderr.flush()
         print_not_run("isolationNotInForce", barrier)
-        return ISOLATION_NOT_IN_FORCE
+        return why, replaced, ISOLATION_NOT_IN_FORCE
+    return why, replaced, None
+
+
+def main(argv):
+    if len(argv) not in (4, 5):
+        sys.stderr.write("usage: runner OUTPUT_BYTES MAX_PROCS TIMEOUT_SECONDS [PRELOAD] < framed program\n")
+        return 2
+    global TMP
+    cap = int(argv[1])
+    max_procs = int(argv[2])
+    timeout = float(argv[3])
+    TMP = os.environ.get("SANDBOXRUN_RUNNER_TMP") or TMP
+    why, replaced, status = before_the_program("the program")
+    if status is not None:
+        return status
     modules = argv[4].split(",") if len(argv) == 5 and argv[4] else []
     unsafe = None
     received, program = False, None

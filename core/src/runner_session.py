@@ -803,15 +803,11 @@ def session_main(argv):
     global TMP, RESULT_FD
     cap, max_procs, timeout = int(argv[1]), int(argv[2]), float(argv[3])
     TMP = os.environ.get("SANDBOXRUN_RUNNER_TMP") or TMP
-    why = make_unreachable() or become_subreaper()
-    replaced = ignore_signals()
-    import site  # noqa: F401
-    barrier = hold_the_barrier()
-    if barrier is not None:
-        sys.stderr.write("runner: not reading any call: " + barrier + "\n")
-        sys.stderr.flush()
-        print_not_run("isolationNotInForce", barrier)
-        return ISOLATION_NOT_IN_FORCE
+    why, replaced, status = before_the_program("any call")
+    if status is not None:
+        return status
+    # On a host the runner is no PID 1: it must become the reaper of what the code leaves.
+    why = why or become_subreaper()
     if why is not None:
         sys.stderr.write("runner: refusing to run a session: its results could be forged: "
                          + why + "\n")

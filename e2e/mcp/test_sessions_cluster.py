@@ -296,6 +296,14 @@ def test_hostile_and_forging_code_inside_a_session_cannot_change_a_result():
         assert int(got["stdout"].split()[1]) < 64, got
         got = ok(await run(s, "import os\nprint(len([p for p in os.listdir('/proc') if p.isdigit()]) <= 3, kept)", sid))
         assert got["stdout"] == "True yes\n", got
+        # A memory bomb: the sandbox's memory limit stops it, and the session ends with a
+        # clear result (the interpreter or the whole sandbox killed), never a hang.
+        r = await run(s, "b = []\nwhile True:\n    b.append(bytearray(16 << 20))", sid)
+        got = r.structured_content
+        assert r.is_error is True, got
+        assert got.get("sessionEnded") or got["reason"] == "SessionUnavailable", got
+        r = await run(s, "print(kept)", sid)
+        assert r.structured_content["reason"] == "SessionNotFound", r.structured_content
 
     anyio.run(main)
 

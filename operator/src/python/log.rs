@@ -43,8 +43,18 @@ pub async fn read_log(
         limit_bytes: Some(log_limit_bytes(limits)),
         ..Default::default()
     };
+    read(pods, pod, &params, timeout).await
+}
+
+/// The sandbox container's log as `params` select it, decoded leniently, read within `timeout`.
+pub async fn read(
+    pods: &Api<Pod>,
+    pod: &str,
+    params: &LogParams,
+    timeout: Duration,
+) -> Result<String, kube::Error> {
     let read = async {
-        let mut stream = pods.log_stream(pod, &params).await?;
+        let mut stream = pods.log_stream(pod, params).await?;
         let mut bytes = Vec::new();
         stream
             .read_to_end(&mut bytes)

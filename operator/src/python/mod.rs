@@ -336,7 +336,7 @@ impl Reconcile<'_> {
 
     /// The run's program: its Python code and input files (none for a run that has no python
     /// section: it never gets this far), returning files within `outputs`.
-    fn program(&self, outputs: FileCaps) -> Program<'_> {
+    pub(crate) fn program(&self, outputs: FileCaps) -> Program<'_> {
         match self.run.spec.python.as_ref() {
             Some(p) => Program {
                 code: &p.code,

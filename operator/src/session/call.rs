@@ -127,14 +127,7 @@ impl Reconcile<'_> {
         }
         // Another agent's session is, to this run, no session at all: the same words.
         let Some(session) = found.filter(|s| s.spec.agent == self.run.spec.agent) else {
-            return self
-                .call_ends(
-                    &prev,
-                    Phase::Rejected,
-                    Reason::SessionNotFound,
-                    not_found(&name),
-                )
-                .await;
+            return self.no_such_session(&prev, &name).await;
         };
         // Recorded with the run's next status write (waiting, running or its end).
         prev.session.get_or_insert_with(|| name.clone());
@@ -157,14 +150,7 @@ impl Reconcile<'_> {
                     )
                     .await;
             }
-            return self
-                .call_ends(
-                    &prev,
-                    Phase::Rejected,
-                    Reason::SessionNotFound,
-                    not_found(&name),
-                )
-                .await;
+            return self.no_such_session(&prev, &name).await;
         }
         if holding {
             return self.listen(prev, &session, &decision, false).await;
@@ -369,7 +355,7 @@ impl Reconcile<'_> {
             ))
             .unwrap_or(since);
         let listen = LISTEN.min(crate::controller::until(deadline, self.now));
-        let program = self.session_program(files);
+        let program = self.program(files);
         let mut attached;
         let mut written = None;
         let prev = if fresh {
@@ -483,18 +469,6 @@ impl Reconcile<'_> {
             .program_feed
             .observe(started.elapsed().as_secs_f64());
         Ok(())
-    }
-
-    /// The run's program as a session's call: its code and input files.
-    fn session_program(&self, outputs: FileCaps) -> Program<'_> {
-        match self.run.spec.python.as_ref() {
-            Some(p) => Program {
-                code: &p.code,
-                inputs: &p.files,
-                outputs,
-            },
-            None => Program::code(""),
-        }
     }
 
     /// A run whose call ran under a lease it no longer holds: its result, from the session's
@@ -690,6 +664,18 @@ impl Reconcile<'_> {
             status
                 .message
                 .unwrap_or_else(|| "the session ended while the call ran".to_owned()),
+        )
+        .await
+    }
+
+    /// Ends the run refused: `name` is none of its agent's open sessions (the same words for
+    /// an unknown id, another agent's session and an ended one).
+    async fn no_such_session(&self, prev: &SandboxRunStatus, name: &str) -> Result<Action, Error> {
+        self.call_ends(
+            prev,
+            Phase::Rejected,
+            Reason::SessionNotFound,
+            not_found(name),
         )
         .await
     }

@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use futures::AsyncReadExt as _;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams, AttachedProcess, LogParams};
@@ -138,22 +137,7 @@ pub async fn log_since(
         since_time: Some(since - jiff::SignedDuration::from_secs(1)),
         ..Default::default()
     };
-    let read = async {
-        let mut stream = pods.log_stream(pod, &params).await?;
-        let mut bytes = Vec::new();
-        stream
-            .read_to_end(&mut bytes)
-            .await
-            .map_err(|e| kube::Error::Service(Box::new(e)))?;
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
-    };
-    tokio::time::timeout(timeout, read)
-        .await
-        .unwrap_or_else(|_| {
-            Err(kube::Error::Service(
-                format!("reading the log took longer than {timeout:?}").into(),
-            ))
-        })
+    crate::python::log::read(pods, pod, &params, timeout).await
 }
 
 #[cfg(test)]
