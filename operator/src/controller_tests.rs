@@ -1493,3 +1493,6 @@ async fn a_run_whose_cold_pod_was_asked_for_never_claims_a_warm_sandbox_beside_i
         "{status}"
     );
 }
+
+#[path = "session/call_tests.rs"]
+mod session_call;

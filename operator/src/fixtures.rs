@@ -49,6 +49,14 @@ pub struct ApiState {
     pub hold_claims: u32,
     /// The claims held back, as (Pod name, patch).
     pub held_claims: Vec<(String, Value)>,
+    /// SandboxSessions (listed, read, created, deleted; their status replaced under a
+    /// resourceVersion precondition).
+    pub sessions: Vec<Value>,
+    /// Reads of a session after which someone else writes it (its resourceVersion moves on),
+    /// counted down per read.
+    pub session_write_after_reads: u32,
+    /// Other SandboxRuns of the namespace, read by name (the run holding a session, say).
+    pub other_runs: Vec<Value>,
     /// Every request, as `METHOD path`, in order.
     pub requests: Vec<String>,
     /// The reasons of the Events published, in order.
@@ -189,6 +197,67 @@ fn found(object: Option<&Value>) -> Response {
     }
 }
 
+/// A request about SandboxSessions; `rest` is the path after the collection.
+fn session_request(s: &mut ApiState, method: &Method, rest: &str, body: Value) -> Response {
+    let rest = rest.trim_start_matches('/');
+    let (name, of_status) = match rest.strip_suffix("/status") {
+        Some(name) => (name, true),
+        None => (rest, false),
+    };
+    let at = s
+        .sessions
+        .iter()
+        .position(|o| !name.is_empty() && o["metadata"]["name"] == name);
+    match (method.clone(), name.is_empty(), of_status) {
+        (Method::GET, true, _) => json_response(
+            200,
+            &json!({"kind": "SandboxSessionList", "apiVersion": "sandboxrun.dev/v1alpha1",
+                "metadata": {}, "items": s.sessions}),
+        ),
+        (Method::POST, true, _) => {
+            let wanted = body["metadata"]["name"].clone();
+            if s.sessions.iter().any(|o| o["metadata"]["name"] == wanted) {
+                return status(409, "AlreadyExists");
+            }
+            let mut created = body;
+            created["metadata"]["uid"] = json!(format!("session-uid-{}", s.sessions.len()));
+            created["metadata"]["resourceVersion"] = json!("1");
+            created["metadata"]["generation"] = json!(1);
+            created["metadata"]["creationTimestamp"] = json!(jiff::Timestamp::now().to_string());
+            s.sessions.push(created.clone());
+            json_response(201, &created)
+        }
+        (Method::GET, false, false) => {
+            let answer = found(at.map(|i| &s.sessions[i]));
+            if let Some(i) = at.filter(|_| s.session_write_after_reads > 0) {
+                s.session_write_after_reads -= 1;
+                bump(&mut s.sessions[i]);
+            }
+            answer
+        }
+        (Method::PUT, false, true) => match at {
+            Some(i)
+                if body["metadata"]["resourceVersion"]
+                    != s.sessions[i]["metadata"]["resourceVersion"] =>
+            {
+                status(409, "Conflict")
+            }
+            Some(i) => {
+                let session = &mut s.sessions[i];
+                session["status"] = body["status"].clone();
+                bump(session);
+                json_response(200, session)
+            }
+            None => status(404, "NotFound"),
+        },
+        (Method::DELETE, false, false) => match at {
+            Some(i) => json_response(200, &s.sessions.remove(i)),
+            None => status(404, "NotFound"),
+        },
+        _ => status(405, "MethodNotAllowed"),
+    }
+}
+
 async fn handle(
     State(state): State<Arc<Mutex<ApiState>>>,
     method: Method,
@@ -214,6 +283,15 @@ async fn handle(
         s.event_notes
             .push(body["note"].as_str().unwrap_or_default().to_owned());
         return json_response(201, &body);
+    }
+    let sessions = format!("/apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxsessions");
+    if let Some(rest) = path.strip_prefix(&sessions) {
+        return session_request(&mut s, &method, rest, body);
+    }
+    if let Some(other) = path.strip_prefix(&runs).filter(|name| {
+        method == Method::GET && s.other_runs.iter().any(|r| r["metadata"]["name"] == *name)
+    }) {
+        return found(s.other_runs.iter().find(|r| r["metadata"]["name"] == other));
     }
     if let Some(rest) = path.strip_prefix(&runs) {
         return match (method, rest.ends_with("/status")) {

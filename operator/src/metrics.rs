@@ -16,7 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use sandboxrun_api::SandboxRun;
+use sandboxrun_api::{SandboxRun, SandboxSession, SessionPhase};
 use sandboxrun_core::{Environment, Phase, Tool, Verdict};
 
 /// Label set naming a phase.
@@ -111,6 +111,65 @@ pub struct Metrics {
     pools: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// Runs not finished yet, counted at each scrape in the run controller's cache.
     unfinished: Arc<Unfinished>,
+    /// Sessions not ended yet, counted at each scrape in the session controller's cache.
+    open_sessions: Arc<OpenSessions>,
+}
+
+/// The phases of a session before it ends, the `phase` label of `sandboxrun_open_sessions`.
+const OPEN_SESSION_PHASES: [SessionPhase; 3] = [
+    SessionPhase::Pending,
+    SessionPhase::Ready,
+    SessionPhase::Busy,
+];
+
+/// `sandboxrun_open_sessions{phase}`: the sessions not ended, read at each scrape from the
+/// session controller's cache (on the leader only, as [`Unfinished`]). A session whose status
+/// is not written yet counts as Pending.
+#[derive(Debug, Default)]
+struct OpenSessions {
+    sessions: std::sync::RwLock<Option<Store<SandboxSession>>>,
+}
+
+impl OpenSessions {
+    /// The number of sessions in each phase of [`OPEN_SESSION_PHASES`].
+    fn count(sessions: &Store<SandboxSession>) -> [usize; 3] {
+        let mut out = [0; 3];
+        for session in sessions.state() {
+            let phase = session
+                .status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .unwrap_or(SessionPhase::Pending);
+            if let Some(i) = OPEN_SESSION_PHASES.iter().position(|p| *p == phase) {
+                out[i] += 1;
+            }
+        }
+        out
+    }
+}
+
+impl Collector for OpenSessions {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(sessions) = self.sessions.read().expect("not poisoned").clone() else {
+            return Ok(());
+        };
+        let number = Family::<PhaseLabels, Gauge>::default();
+        for (phase, n) in OPEN_SESSION_PHASES.iter().zip(Self::count(&sessions)) {
+            let labels = PhaseLabels {
+                phase: phase.as_str().to_owned(),
+            };
+            number
+                .get_or_create(&labels)
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        number.encode(encoder.encode_descriptor(
+            "open_sessions",
+            "Sessions not ended, by phase (Pending: their sandbox starts; Busy: a call runs), in the leader's cache",
+            None,
+            number.metric_type(),
+        )?)?;
+        Ok(())
+    }
 }
 
 /// The phases a run is in before it finishes, the `phase` label of `sandboxrun_unfinished_runs`:
@@ -231,6 +290,8 @@ impl Default for Metrics {
         let pool_ready = Family::<PoolLabels, prometheus_client::metrics::gauge::Gauge>::default();
         let unfinished = Arc::new(Unfinished::default());
         registry.register_collector(Box::new(unfinished.clone()));
+        let open_sessions = Arc::new(OpenSessions::default());
+        registry.register_collector(Box::new(open_sessions.clone()));
         registry.register(
             "warm_claims",
             "Python runs that a warm pool fitted, by pool and result (hit: took a ready sandbox; miss: went cold)",
@@ -311,6 +372,7 @@ impl Default for Metrics {
             pool_ready,
             pools: Default::default(),
             unfinished,
+            open_sessions,
         }
     }
 }
@@ -320,6 +382,12 @@ impl Metrics {
     /// no more (the controller stopped, e.g. this replica is no longer the leader).
     pub fn watch_runs(&self, runs: Option<Store<SandboxRun>>) {
         *self.unfinished.runs.write().expect("not poisoned") = runs;
+    }
+
+    /// Reports the open sessions of `sessions` (the session controller's cache) from now on,
+    /// `None`: no more.
+    pub fn watch_sessions(&self, sessions: Option<Store<SandboxSession>>) {
+        *self.open_sessions.sessions.write().expect("not poisoned") = sessions;
     }
 
     /// Sets the ready idle sandboxes of pool `pool` (namespace/name).
@@ -514,6 +582,43 @@ mod tests {
             m.render().contains("r/gone"),
             "a pool created again is reported again"
         );
+    }
+
+    #[test]
+    fn counts_open_sessions_of_the_cache_while_it_is_watched() {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        for (name, phase) in [
+            ("new", None),
+            ("ready", Some(SessionPhase::Ready)),
+            ("busy", Some(SessionPhase::Busy)),
+            ("also-ready", Some(SessionPhase::Ready)),
+            ("over", Some(SessionPhase::Ended)),
+        ] {
+            let mut s = SandboxSession::new(
+                name,
+                serde_json::from_value(serde_json::json!({"agent": "a"})).unwrap(),
+            );
+            s.metadata.namespace = Some("ns".to_owned());
+            s.status = phase.map(|phase| sandboxrun_api::SandboxSessionStatus {
+                phase: Some(phase),
+                ..Default::default()
+            });
+            writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(s));
+        }
+        assert_eq!(OpenSessions::count(&store), [1, 2, 1]);
+        let m = Metrics::default();
+        assert!(!m.render().contains("open_sessions"));
+        m.watch_sessions(Some(store));
+        let text = m.render();
+        for needle in [
+            "# TYPE sandboxrun_open_sessions gauge",
+            "sandboxrun_open_sessions{phase=\"Ready\"} 2",
+            "sandboxrun_open_sessions{phase=\"Busy\"} 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+        m.watch_sessions(None);
+        assert!(!m.render().contains("open_sessions"));
     }
 
     #[test]

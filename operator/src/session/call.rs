@@ -42,7 +42,7 @@ use crate::python::pod::{self, ACTIVE_DEADLINE_GRACE_SECONDS};
 /// a cancel is seen.
 const LISTEN: Duration = Duration::from_secs(15);
 /// Between looks at a session that is starting, or busy with another call.
-const WAIT: Duration = Duration::from_millis(100);
+pub(crate) const WAIT: Duration = Duration::from_millis(100);
 
 /// The name of the session a run opens with `session: new`: from its uid, so that every
 /// reconcile (and every operator) opens the same one, and an id nobody can guess.

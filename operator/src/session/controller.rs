@@ -249,8 +249,12 @@ pub async fn run(
         "{LABEL_MANAGED_BY}={MANAGER},{}",
         session_pod::LABEL_SESSION
     ));
-    Controller::new(sessions, watcher::Config::default().any_semantic())
-        .owns(pods, pod_watch)
+    let controller =
+        Controller::new(sessions, watcher::Config::default().any_semantic()).owns(pods, pod_watch);
+    // While this controller runs, the metrics report the open sessions (the leader's count).
+    let metrics = ctx.metrics.clone();
+    metrics.watch_sessions(Some(controller.store()));
+    controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
@@ -259,4 +263,5 @@ pub async fn run(
             }
         })
         .await;
+    metrics.watch_sessions(None);
 }
