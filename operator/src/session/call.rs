@@ -379,8 +379,7 @@ impl Reconcile<'_> {
             };
             // Listening first, then the log: whatever the log does not have yet, the stream
             // will carry.
-            let sent_here = self.ctx.feeds.state(&uid).is_some();
-            attached = self.attach(&pod_name, !sent_here).await?;
+            attached = self.attach(&pod_name, true).await?;
             let log = exchange::log_since(
                 &self.pods,
                 &pod_name,
@@ -396,7 +395,9 @@ impl Reconcile<'_> {
                         .await;
                 }
                 Heard::Received => {}
-                Heard::Nothing if sent_here => {}
+                // Never sent, or sent over a stream that broke before the frame was through
+                // (the runner drops a frame cut short): again. A frame that did arrive whole
+                // and is not confirmed yet is dropped by the runner as a name it had.
                 Heard::Nothing => {
                     info!(run = %self.name, pod = %pod_name, "the session's runner has not got the call; sending it again");
                     self.send(&mut attached, &pod_name, &uid, &program, &limits)
@@ -461,9 +462,6 @@ impl Reconcile<'_> {
                 pod: pod_name.to_owned(),
                 source,
             })?;
-        // Sent by this process: a later look that finds nothing in the log listens rather than
-        // sending again (the runner would drop it anyway).
-        self.ctx.feeds.mark_fed(uid);
         self.ctx
             .metrics
             .program_feed
