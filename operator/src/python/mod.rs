@@ -352,18 +352,28 @@ impl Reconcile<'_> {
 
     /// Sends the run's program to the runner of its started Pod (feed.rs).
     async fn feed(&self, pod_name: &str, limits: &Limits, files: FileCaps) -> Result<(), Error> {
-        let started = std::time::Instant::now();
-        feed::feed(&self.pods, pod_name, &self.program(files), limits)
+        let program = self.program(files);
+        self.timed_feed(pod_name, feed::feed(&self.pods, pod_name, &program, limits))
             .await
-            .map_err(|source| Error::Feed {
-                pod: pod_name.to_owned(),
-                source,
-            })?;
+    }
+
+    /// Awaits `sending` (a program on its way to the runner of `pod_name`), timed as
+    /// `program_feed`; its failure is the reconcile's (retried).
+    pub(crate) async fn timed_feed<T>(
+        &self,
+        pod_name: &str,
+        sending: impl Future<Output = Result<T, feed::FeedError>>,
+    ) -> Result<T, Error> {
+        let started = std::time::Instant::now();
+        let sent = sending.await.map_err(|source| Error::Feed {
+            pod: pod_name.to_owned(),
+            source,
+        })?;
         self.ctx
             .metrics
             .program_feed
             .observe(started.elapsed().as_secs_f64());
-        Ok(())
+        Ok(sent)
     }
 
     /// Records a non-terminal state (only when it changed) and waits for the Pod to move.

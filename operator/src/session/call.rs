@@ -454,19 +454,8 @@ impl Reconcile<'_> {
         program: &Program<'_>,
         limits: &Limits,
     ) -> Result<(), Error> {
-        let started = std::time::Instant::now();
-        attached
-            .send(&session_frame(uid, program, limits))
-            .await
-            .map_err(|source| Error::Feed {
-                pod: pod_name.to_owned(),
-                source,
-            })?;
-        self.ctx
-            .metrics
-            .program_feed
-            .observe(started.elapsed().as_secs_f64());
-        Ok(())
+        let frame = session_frame(uid, program, limits);
+        self.timed_feed(pod_name, attached.send(&frame)).await
     }
 
     /// A run whose call ran under a lease it no longer holds: its result, from the session's
