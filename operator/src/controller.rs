@@ -930,11 +930,16 @@ impl<'a> Reconcile<'a> {
 
     /// Deletes a Pod; one that is already gone is fine.
     pub async fn delete_pod(&self, name: &str) -> Result<(), Error> {
-        match self.pods.delete(name, &DeleteParams::background()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-            Err(e) => Err(e.into()),
-        }
+        Ok(delete_pod(&self.pods, name).await?)
+    }
+}
+
+/// Deletes the Pod `name` (in the background); one already gone is no error.
+pub async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
+    match pods.delete(name, &DeleteParams::background()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

@@ -17,7 +17,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use sandboxrun_api::{
     SandboxRunStatus, SandboxSession, SandboxSessionSpec, SandboxSessionStatus, SessionEndReason,
     SessionPhase,
@@ -225,7 +225,7 @@ impl Reconcile<'_> {
         busy.expiry_time = Some(Time(lifecycle::lifetime_end(
             &session.spec,
             &busy,
-            created(&session, self.now),
+            lifecycle::created(&session, self.now),
         )));
         let Some(taken) = write_status(&api, &session, busy).await? else {
             return Ok(Action::requeue(Duration::from_millis(20)));
@@ -609,7 +609,7 @@ impl Reconcile<'_> {
                 next.expiry_time = Some(Time(lifecycle::expiry(
                     &current.spec,
                     &next,
-                    created(&current, now),
+                    lifecycle::created(&current, now),
                 )));
             }
             if write_status(&api, &current, next).await?.is_some() {
@@ -723,14 +723,6 @@ enum Holder {
 
 /// Annotation of a session opened by a run (`session: new`): the run's name.
 pub const OPENED_BY_ANNOTATION: &str = "sandboxrun.dev/opened-by";
-
-fn created(session: &SandboxSession, now: Timestamp) -> Timestamp {
-    session
-        .meta()
-        .creation_timestamp
-        .as_ref()
-        .map_or(now, |t| t.0)
-}
 
 #[cfg(test)]
 mod tests {

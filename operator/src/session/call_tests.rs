@@ -46,6 +46,16 @@ fn ready() -> Value {
         "startTime": Timestamp::now().to_string()})
 }
 
+/// A session whose call the run `holder` (uid `uid-<holder>`) holds since now.
+fn busy_with(holder: &str) -> Value {
+    let mut busy = ready();
+    busy["phase"] = json!("Busy");
+    busy["activeRun"] = json!(holder);
+    busy["activeRunUid"] = json!(format!("uid-{holder}"));
+    busy["activeSince"] = json!(Timestamp::now().to_string());
+    busy
+}
+
 fn session_writes(api: &FakeApi) -> usize {
     api.take_requests()
         .iter()
@@ -147,11 +157,7 @@ async fn another_agents_session_an_ended_one_and_an_unknown_id_get_the_same_answ
 #[tokio::test]
 async fn a_call_waits_while_another_run_holds_the_session() {
     let api = FakeApi::start(session_run("sbs-mine")).await;
-    let mut busy = ready();
-    busy["phase"] = json!("Busy");
-    busy["activeRun"] = json!("other");
-    busy["activeRunUid"] = json!("uid-other");
-    busy["activeSince"] = json!(Timestamp::now().to_string());
+    let busy = busy_with("other");
     let mut other = run_json(python());
     other["metadata"]["name"] = json!("other");
     other["metadata"]["uid"] = json!("uid-other");
@@ -178,11 +184,7 @@ async fn a_session_held_by_a_gone_run_whose_call_did_not_end_is_ended() {
     // Its code may still run: only the end of the interpreter stops it, never a second call
     // beside it.
     let api = FakeApi::start(session_run("sbs-mine")).await;
-    let mut busy = ready();
-    busy["phase"] = json!("Busy");
-    busy["activeRun"] = json!("gone");
-    busy["activeRunUid"] = json!("uid-gone");
-    busy["activeSince"] = json!(Timestamp::now().to_string());
+    let busy = busy_with("gone");
     api.with(|s| {
         s.sessions = vec![session("sbs-mine", "tester", busy)];
         s.pod = Some(json!({"metadata": {"name": "p-sandbox"}}));

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use super::lifecycle::{self, Step};
 use super::pod as session_pod;
-use crate::controller::{Context, Error};
+use crate::controller::{Context, Error, until};
 use crate::python::pod::{LABEL_MANAGED_BY, MANAGER};
 
 /// The condition an ended session carries (its transition time is when it ended).
@@ -94,17 +94,9 @@ pub async fn end(
         info!(session = %session.name_any(), reason = ?reason, message, "session ended");
     }
     if let Some(pod) = status.pod_name.as_deref() {
-        delete_pod(pods, pod).await?;
+        crate::controller::delete_pod(pods, pod).await?;
     }
     Ok(true)
-}
-
-async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<(), kube::Error> {
-    match pods.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
 }
 
 /// Reconciles one SandboxSession.
@@ -131,17 +123,13 @@ async fn reconcile(session: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Ac
         .await?
         .filter(|p| session_pod::belongs_to(p, &session));
     let now = Timestamp::now();
-    let created = session
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map_or(now, |t| t.0);
+    let created = lifecycle::created(&session, now);
     let generation = session.metadata.generation;
     let again = Action::requeue(Duration::from_millis(200));
     match lifecycle::next(&session.spec, &status, created, pod.as_ref(), now) {
         Step::Clean { forget_at } => {
             if pod.is_some() {
-                delete_pod(&pods, &pod_name).await?;
+                crate::controller::delete_pod(&pods, &pod_name).await?;
             }
             if now >= forget_at {
                 match api.delete(&name, &DeleteParams::background()).await {
@@ -218,12 +206,6 @@ async fn reconcile(session: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Ac
         ),
         Step::WaitUntil(at) => Ok(Action::requeue(until(at, now))),
     }
-}
-
-/// From `now` to `at`, at least a moment (a session is looked at again then).
-fn until(at: Timestamp, now: Timestamp) -> Duration {
-    let left = at.duration_since(now).as_millis().max(100);
-    Duration::from_millis(u64::try_from(left).unwrap_or(u64::MAX)).min(Duration::from_secs(3600))
 }
 
 fn error_policy(session: Arc<SandboxSession>, error: &Error, _ctx: Arc<Context>) -> Action {

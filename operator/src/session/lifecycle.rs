@@ -38,6 +38,15 @@ pub enum Step {
     WaitUntil(Timestamp),
 }
 
+/// When `session` was created (`now` for one not read from the API server).
+pub fn created(session: &sandboxrun_api::SandboxSession, now: Timestamp) -> Timestamp {
+    session
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(now, |t| t.0)
+}
+
 /// When the session started its life: its sandbox's start, else its creation.
 fn started(status: &SandboxSessionStatus, created: Timestamp) -> Timestamp {
     status.start_time.as_ref().map_or(created, |t| t.0)

@@ -29,17 +29,11 @@ pub fn limits(session: &SandboxSession) -> Limits {
     session.spec.limits.effective()
 }
 
-/// The owner reference that ties the Pod to its session: closing the session (deleting it)
-/// deletes the Pod, with no reaper.
+/// The owner reference that ties the Pod to its session (its controller, blocking the
+/// session's foreground deletion): closing the session (deleting it) deletes the Pod, with no
+/// reaper.
 pub fn owner_reference(session: &SandboxSession) -> Option<OwnerReference> {
-    Some(OwnerReference {
-        api_version: SandboxSession::api_version(&()).into_owned(),
-        kind: SandboxSession::kind(&()).into_owned(),
-        name: session.metadata.name.clone()?,
-        uid: session.metadata.uid.clone()?,
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    })
+    session.controller_owner_ref(&())
 }
 
 /// Whether `pod` is this session's own (its controller, by uid).
