@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::ResourceExt;
 use sandboxrun_api::{
     SandboxRunStatus, SandboxSession, SandboxSessionSpec, SandboxSessionStatus, SessionEndReason,
     SessionPhase,
