@@ -115,3 +115,26 @@ pub async fn operator_pods(
         })
         .collect())
 }
+
+/// The sum over the operator's Pods of the Prometheus series `series` (a metric name with its
+/// labels, exactly as the operator exports it, e.g. `sandboxrun_warm_handovers_total{stream="held"}`),
+/// read through the API server's proxy to each Pod's metrics port; a Pod without it counts 0.
+pub async fn operator_metric(client: &Client, series: &str) -> Result<f64> {
+    let mut sum = 0.0;
+    for name in operator_pods(client).await?.keys() {
+        let request = http::Request::get(format!(
+            "/api/v1/namespaces/{SYSTEM_NAMESPACE}/pods/{name}:8080/proxy/metrics"
+        ))
+        .body(Vec::new())?;
+        let Ok(text) = client.request_text(request).await else {
+            // A Pod starting or stopping: its count is not there to read.
+            continue;
+        };
+        sum += text
+            .lines()
+            .filter_map(|l| l.strip_prefix(series))
+            .filter_map(|rest| rest.trim().parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    Ok(sum)
+}

@@ -38,6 +38,7 @@ async fn two_warm_runs_run_in_different_sandboxes_and_each_is_gone_after_its_run
     let operators_before = operator_pods(&client).await?;
     let pool = TestPool::create(&client, "e2e-pool-two", 41, 2).await?;
     let idle = pool.wait_ready(2).await?;
+    let held_before = operator_metric(&client, HELD_HANDOVERS).await?;
     let mut seen = Vec::new();
     for _ in 0..2 {
         let name = create(&client, &pool.run(BOOT_ID)).await?;
@@ -80,13 +81,23 @@ async fn two_warm_runs_run_in_different_sandboxes_and_each_is_gone_after_its_run
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    let held = operator_metric(&client, HELD_HANDOVERS).await? - held_before;
     let restarted = operator_pods(&client).await? != operators_before;
     ensure!(
         claimed == 2 || (restarted && (0..2).contains(&claimed)),
         "claimedTotal {claimed} (operator restarted meanwhile: {restarted})"
     );
+    // Each program went over the stream the pool opened while its sandbox idled (other tests'
+    // warm runs may add to the count, never take from it), unless an operator was replaced.
+    ensure!(
+        held >= 2.0 || restarted,
+        "{held} programs over held streams, expected both runs' (pool_streams.rs)"
+    );
     pool.delete().await
 }
+
+/// Programs handed to warm sandboxes over the streams their pools held (operator metrics).
+const HELD_HANDOVERS: &str = r#"sandboxrun_warm_handovers_total{stream="held"}"#;
 
 #[tokio::test]
 async fn a_warm_sandbox_killed_while_idle_is_replaced() -> Result<()> {

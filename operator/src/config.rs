@@ -142,6 +142,12 @@ pub struct Config {
     #[arg(long, env = "SANDBOXRUN_MAX_QUEUE_WAIT_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub max_queue_wait_seconds: u64,
 
+    /// Open the program's attach stream to each ready warm sandbox while it idles, so that its
+    /// claim does not (`pool_streams.rs`). Off: each claim attaches, one more round trip through
+    /// the API server, the kubelet and the container runtime on the call's path.
+    #[arg(long, env = "SANDBOXRUN_HOLD_STREAMS", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub hold_streams: bool,
+
     /// Reconciliations in flight at once. Without a bound a relist of 10,000 runs starts
     /// 10,000 of them together: their futures alone took 45 MB at the peak (heaptrack), and a
     /// restart with many runs in flight would send their API requests all at once.

@@ -88,6 +88,8 @@ pub struct Context {
     pub claims_in_doubt: crate::pool::ClaimsInDoubt,
     /// When runs wanted a sandbox of each pool (`pool_scale.rs`; shared with the pools').
     pub pool_demand: crate::pool_scale::Demand,
+    /// Streams the pools opened to their ready sandboxes (`pool_streams.rs`; shared with them).
+    pub held: crate::pool_streams::HeldStreams,
     /// The queues of runs waiting for room for a sandbox (`admission.rs`).
     pub admission: crate::admission::Admission,
     /// Held while a run opens a session: an agent's open sessions are counted and the new one
@@ -145,6 +147,7 @@ impl Context {
             pool_claims: crate::pool::Claims::default(),
             claims_in_doubt: Default::default(),
             pool_demand: crate::pool_scale::Demand::default(),
+            held: crate::pool_streams::HeldStreams::default(),
             admission: crate::admission::Admission::new(crate::admission::DEFAULT_ALLOWANCE),
             sessions_opening: tokio::sync::Mutex::default(),
             failures: Mutex::default(),
@@ -179,6 +182,12 @@ impl Context {
     }
 
     /// The same context, claiming warm sandboxes from the pools in `pools`.
+    /// The same context, holding streams to the pools' ready sandboxes or (`hold` false) not.
+    pub fn holding_streams(mut self, hold: bool) -> Self {
+        self.held = crate::pool_streams::HeldStreams::enabled(hold);
+        self
+    }
+
     /// The same context, letting a run wait `allowance` for room for its sandbox.
     pub fn with_queue_allowance(mut self, allowance: Duration) -> Self {
         self.admission = crate::admission::Admission::new(allowance);

@@ -15,6 +15,7 @@ mod outcome;
 mod policy;
 mod pool;
 mod pool_scale;
+mod pool_streams;
 mod python;
 mod query;
 #[cfg(test)]
@@ -217,6 +218,7 @@ async fn main() -> anyhow::Result<()> {
         .with_prometheus(prometheus, config.prometheus_environment)
         .with_identity(identity.clone())
         .with_pools(pool_store)
+        .holding_streams(config.hold_streams)
         .with_queue_allowance(std::time::Duration::from_secs(
             config.max_queue_wait_seconds,
         )),
@@ -228,6 +230,7 @@ async fn main() -> anyhow::Result<()> {
         metrics: ctx.metrics.clone(),
         claims: ctx.pool_claims.clone(),
         demand: ctx.pool_demand.clone(),
+        held: ctx.held.clone(),
     });
 
     let run_quota = match (&config.run_count_quota, config.max_stored_runs, namespace) {
@@ -262,9 +265,12 @@ async fn main() -> anyhow::Result<()> {
                 tokio::join!(
                     controller::run(ctx.clone(), namespace.as_deref(), concurrency, stop.clone()),
                     session::controller::run(ctx, namespace.as_deref(), stop.clone()),
-                    pool::run(pool_ctx, pools, pods, stop),
+                    pool::run(pool_ctx.clone(), pools, pods, stop),
                 );
                 keeper.inspect(tokio::task::JoinHandle::abort);
+                // A replica that no longer leads claims nothing: the sandboxes' streams go (their
+                // runners exit, and the new leader's pools replace them).
+                pool_ctx.held.clear();
             }
         })
         .await?;

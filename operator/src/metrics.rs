@@ -50,6 +50,14 @@ pub struct ClaimLabels {
     pub result: String,
 }
 
+/// Label set of a warm hand-over: `held` (over the stream the pool opened while the sandbox
+/// idled) or `opened` (attached at the claim).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StreamLabels {
+    /// held or opened.
+    pub stream: String,
+}
+
 /// Label set naming a pool.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
@@ -104,6 +112,8 @@ pub struct Metrics {
     pub warm_claims: Family<ClaimLabels, Counter>,
     /// Time to claim a warm sandbox (list the pool's idle Pods, claim one), seconds.
     pub warm_claim: Histogram,
+    /// Programs handed to claimed warm sandboxes, by stream (held: opened while it idled).
+    warm_handovers: Family<StreamLabels, Counter>,
     /// Ready idle sandboxes per pool, as of its last reconcile (set with
     /// [`Metrics::set_pool_ready`], dropped with [`Metrics::retain_pools`]).
     pool_ready: Family<PoolLabels, prometheus_client::metrics::gauge::Gauge>,
@@ -287,6 +297,12 @@ impl Default for Metrics {
         let warm_claims = Family::<ClaimLabels, Counter>::default();
         let warm_claim =
             Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]);
+        let warm_handovers = Family::<StreamLabels, Counter>::default();
+        registry.register(
+            "warm_handovers",
+            "Programs handed to claimed warm sandboxes, by stream (held: opened while the sandbox idled; opened: attached at the claim)",
+            warm_handovers.clone(),
+        );
         let pool_ready = Family::<PoolLabels, prometheus_client::metrics::gauge::Gauge>::default();
         let unfinished = Arc::new(Unfinished::default());
         registry.register_collector(Box::new(unfinished.clone()));
@@ -369,6 +385,7 @@ impl Default for Metrics {
             capacity_refusals,
             warm_claims,
             warm_claim,
+            warm_handovers,
             pool_ready,
             pools: Default::default(),
             unfinished,
@@ -430,6 +447,15 @@ impl Metrics {
             }
             keep
         });
+    }
+
+    /// Counts one program handed to a claimed warm sandbox, over a `held` stream or a new one.
+    pub fn warm_handover(&self, held: bool) {
+        self.warm_handovers
+            .get_or_create(&StreamLabels {
+                stream: if held { "held" } else { "opened" }.to_owned(),
+            })
+            .inc();
     }
 
     /// Counts one python run that pool `pool` fitted: `hit` when it took a sandbox.

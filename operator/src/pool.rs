@@ -62,6 +62,8 @@ pub struct PoolContext {
     /// When runs wanted a sandbox of each pool (`pool_scale.rs`): the size of those that follow
     /// demand.
     pub demand: crate::pool_scale::Demand,
+    /// Streams opened to the ready sandboxes, for their claims (`pool_streams.rs`).
+    pub held: crate::pool_streams::HeldStreams,
 }
 
 /// A claim whose answer never came: the request timed out, its connection broke, or the
@@ -474,6 +476,10 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
         .iter()
         .filter(|n| !plan.delete.contains(n))
         .count();
+    // Each ready sandbox that stays gets its program's stream opened now, off the claim's path.
+    for idle in sorted.ready.iter().filter(|n| !plan.delete.contains(n)) {
+        ctx.held.hold_sandbox(&pods, &ns, idle);
+    }
     let idle = sorted.ready.len() + sorted.starting.len() - deleted_live + created;
     let starting = idle - ready;
     ctx.metrics.set_pool_ready(&pool_key, ready);

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, AttachParams};
+use kube::api::{Api, AttachParams, AttachedProcess};
 use sandboxrun_core::runner::Program;
 use sandboxrun_core::{
     FileCaps, InputFile, Limits, PROGRAM_RECEIVED, parse_envelope, program_frame,
@@ -135,6 +135,7 @@ impl Feeds {
                     &limits,
                     None,
                     EARLY_CONFIRM_WITHIN,
+                    None,
                 )
                 .await;
                 match confirmed_in_log(&pods, &pod, sent).await {
@@ -231,7 +232,7 @@ pub async fn feed(
     program: &Program<'_>,
     limits: &Limits,
 ) -> Result<(), FeedError> {
-    session(pods, pod, program, limits, None, CONFIRM_WITHIN)
+    session(pods, pod, program, limits, None, CONFIRM_WITHIN, None)
         .await
         .map(|_| ())
 }
@@ -240,19 +241,21 @@ pub async fn feed(
 /// output until it exits (at most `within`): what it returns is the container's log, envelope
 /// included, without waiting for the kubelet to notice that the container ended (it looks once
 /// a second). `Ok(None)`: the program was handed over but the output did not end in time or
-/// the stream broke; the kubelet's view and the log then decide, as for any run.
+/// the stream broke; the kubelet's view and the log then decide, as for any run. `held`: a
+/// stream opened to the sandbox while it idled (`pool_streams.rs`), used instead of a new one.
 pub async fn feed_and_read(
     pods: &Api<Pod>,
     pod: &str,
     program: &Program<'_>,
     limits: &Limits,
     within: Duration,
+    held: Option<AttachedProcess>,
 ) -> Result<Option<String>, FeedError> {
-    session(pods, pod, program, limits, Some(within), CONFIRM_WITHIN).await
+    session(pods, pod, program, limits, Some(within), CONFIRM_WITHIN, held).await
 }
 
-/// One attach session: send the framed program, wait for its confirmation and, with `read_for`,
-/// read the output that follows until the stream ends.
+/// One attach session (`held`, or a new one): send the framed program, wait for its
+/// confirmation and, with `read_for`, read the output that follows until the stream ends.
 async fn session(
     pods: &Api<Pod>,
     pod: &str,
@@ -260,22 +263,30 @@ async fn session(
     limits: &Limits,
     read_for: Option<Duration>,
     confirm_within: Duration,
+    held: Option<AttachedProcess>,
 ) -> Result<Option<String>, FeedError> {
-    let params = AttachParams::default()
-        .container(CONTAINER)
-        .stdin(true)
-        .stdout(true)
-        .stderr(false);
     let began = std::time::Instant::now();
-    // The client has no read timeout, and the node may leave an attach unanswered: bounded, so
-    // that a feeder (which the reconcile waits for) cannot hang. Unanswered, it wrote nothing.
-    let mut attached = tokio::time::timeout(ATTACH_WITHIN, pods.attach(pod, &params))
-        .await
-        .map_err(|_| {
-            FeedError::NotStarted(format!(
-                "the attach was not answered within {ATTACH_WITHIN:?}"
-            ))
-        })??;
+    let was_held = held.is_some();
+    let mut attached = match held {
+        Some(attached) => attached,
+        None => {
+            let params = AttachParams::default()
+                .container(CONTAINER)
+                .stdin(true)
+                .stdout(true)
+                .stderr(false);
+            // The client has no read timeout, and the node may leave an attach unanswered:
+            // bounded, so that a feeder (which the reconcile waits for) cannot hang.
+            // Unanswered, it wrote nothing.
+            tokio::time::timeout(ATTACH_WITHIN, pods.attach(pod, &params))
+                .await
+                .map_err(|_| {
+                    FeedError::NotStarted(format!(
+                        "the attach was not answered within {ATTACH_WITHIN:?}"
+                    ))
+                })??
+        }
+    };
     let attach_ms = began.elapsed().as_millis();
     let status = attached.take_status();
     let mut stdout = attached.stdout();
@@ -311,6 +322,7 @@ async fn session(
     };
     tracing::debug!(
         pod,
+        was_held,
         attach_ms,
         confirmed_ms,
         read_ms = began.elapsed().as_millis(),

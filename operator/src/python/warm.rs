@@ -29,6 +29,7 @@ use super::feed;
 use super::phase::{self, Exited, Progress};
 use super::pod::{self, ACTIVE_DEADLINE_GRACE_SECONDS, SandboxConfig};
 use crate::controller::{Error, Reconcile, until};
+use crate::pool_streams;
 use crate::pool::{
     self, CLAIMED_AT_ANNOTATION, ClaimInDoubt, FROM_POOL_ANNOTATION, LABEL_POOL, LABEL_PROFILE,
     is_ready, is_running,
@@ -403,12 +404,20 @@ impl Reconcile<'_> {
             .await;
 
         let program = self.program(files);
+        // The stream the pool opened while the sandbox idled, if it did: taken only once the
+        // claim is recorded, so that a retry after a failed record still finds it.
+        let held = ctx
+            .held
+            .take(&pool_streams::key(&self.ns, &claimed.pod))
+            .await;
+        ctx.metrics.warm_handover(held.is_some());
         let sent_at = Timestamp::now();
         let within = INLINE_READ.min(Duration::from_secs(u64::from(
             limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
         )));
         let fed = std::time::Instant::now();
-        let read = feed::feed_and_read(&self.pods, &claimed.pod, &program, limits, within).await;
+        let read =
+            feed::feed_and_read(&self.pods, &claimed.pod, &program, limits, within, held).await;
         tracing::debug!(run = %self.name, pod = %claimed.pod,
             feed_and_read_ms = fed.elapsed().as_millis(), "warm sandbox answered");
         let log = match read {
