@@ -82,6 +82,9 @@ pub struct Context {
     pub reconcile_timeout: Duration,
     /// The warm pools, as the pool controller's watch has them (`pool.rs`); empty without one.
     pub pools: kube::runtime::reflector::Store<sandboxrun_api::SandboxPool>,
+    /// The pools' idle Pods, as a watch has them (`pool.rs::mirror_idle_pods`); empty without
+    /// one (a claim then lists the pool's Pods).
+    pub idle_pods: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Pod>,
     /// Claims not yet counted in their pool's status.
     pub pool_claims: crate::pool::Claims,
     /// Warm claims whose outcome is unknown, by run uid (`pool.rs`, settled in `python/warm.rs`).
@@ -144,6 +147,7 @@ impl Context {
             early_feed: true,
             reconcile_timeout: RECONCILE_TIMEOUT,
             pools: kube::runtime::reflector::store().0,
+            idle_pods: kube::runtime::reflector::store().0,
             pool_claims: crate::pool::Claims::default(),
             claims_in_doubt: Default::default(),
             pool_demand: crate::pool_scale::Demand::default(),
@@ -197,8 +201,10 @@ impl Context {
     pub fn with_pools(
         mut self,
         pools: kube::runtime::reflector::Store<sandboxrun_api::SandboxPool>,
+        idle_pods: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Pod>,
     ) -> Self {
         self.pools = pools;
+        self.idle_pods = idle_pods;
         self
     }
 

@@ -645,6 +645,10 @@ async fn a_pod_of_an_earlier_run_with_the_same_name_is_not_adopted() {
             .to_owned();
     });
     let ctx = context(&api, None);
+    // The reconcile that decides the run does not read its Pod's name (no Pod of its own can
+    // exist before its decision) until it goes cold: it finds one there and looks again.
+    reconcile_as(cached(&api), &ctx).await;
+    assert!(api.with(|s| s.pod.is_some()));
     reconcile_as(cached(&api), &ctx).await;
     // Before: Succeeded with the earlier run's output. Now: that Pod is removed, unread.
     let status = api.status();
@@ -681,6 +685,8 @@ async fn a_stalled_log_read_does_not_hang_the_reconcile() {
     Arc::get_mut(&mut ctx)
         .expect("not shared yet")
         .log_read_timeout = std::time::Duration::from_millis(300);
+    // Decided first (the reconcile that decides does not look at the Pod yet).
+    reconcile_as(cached(&api), &ctx).await;
     // Before: the log read waited forever and so did the run. Now: the read times out and the
     // reconcile fails (retried with backoff until the log retry window ends the run NoResult).
     let result = tokio::time::timeout(
@@ -1161,7 +1167,8 @@ fn context_with_pool(api: &FakeApi) -> Arc<Context> {
     writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
     let ctx = context(api, None);
     let ctx = Arc::try_unwrap(ctx).ok().expect("not shared yet");
-    Arc::new(ctx.with_pools(reader))
+    // No watch of idle Pods: a claim lists them (as when the operator's watch has none yet).
+    Arc::new(ctx.with_pools(reader, kube::runtime::reflector::store().0))
 }
 
 /// A run with the default limits (which the default pool fits).
@@ -1187,9 +1194,15 @@ async fn a_fitting_run_claims_a_ready_sandbox_and_records_it_before_sending_code
         requests.iter().rposition(|x| *x == patch_status()),
     );
     assert!(claimed.is_some() && recorded > claimed, "{requests:?}");
-    // Never a cold Pod next to the warm one.
+    // Never a cold Pod next to the warm one, nor a read of its name on the warm path.
     assert!(
         !requests.iter().any(|r| r.starts_with("POST /api/v1")),
+        "{requests:?}"
+    );
+    assert!(
+        !requests
+            .iter()
+            .any(|r| r.ends_with(&format!("/pods/{RUN}-sandbox"))),
         "{requests:?}"
     );
     let status = api.status();
@@ -1218,6 +1231,69 @@ async fn a_fitting_run_claims_a_ready_sandbox_and_records_it_before_sending_code
         "{pod}"
     );
     assert!(api.with(|s| s.pool_pods.is_empty()));
+    // The pool is told once the hand-over is over (its Pod's changes no longer reach it).
+    let wakeups = ctx.pool_demand.wakeups();
+    futures::pin_mut!(wakeups);
+    assert_eq!(
+        futures::FutureExt::now_or_never(futures::StreamExt::next(&mut wakeups)).flatten(),
+        Some(kube::runtime::reflector::ObjectRef::new("default").within(NS))
+    );
+}
+
+#[tokio::test]
+async fn a_claim_takes_its_sandbox_from_the_watched_idle_pods_without_a_list() {
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| s.pool_pods = vec![pool_pod("default-aaaaa", "7")]);
+    let (pools, mut pools_writer) = kube::runtime::reflector::store();
+    pools_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
+    let (idle, mut idle_writer) = kube::runtime::reflector::store::<Pod>();
+    let mut watched: Pod = serde_json::from_value(pool_pod("default-aaaaa", "7")).unwrap();
+    watched.metadata.namespace = Some(NS.to_owned());
+    idle_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(watched.clone()));
+    let ctx = Arc::try_unwrap(context(&api, None))
+        .ok()
+        .expect("not shared yet");
+    let ctx = Arc::new(ctx.with_pools(pools, idle));
+    let err = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    assert!(matches!(err, Err(Error::Feed { .. })), "{err:?}");
+    let requests = api.take_requests();
+    assert!(
+        requests.contains(&format!("PATCH /api/v1/namespaces/{NS}/pods/default-aaaaa")),
+        "{requests:?}"
+    );
+    assert!(
+        !requests
+            .iter()
+            .any(|r| r.starts_with("GET /api/v1/namespaces/{NS}/pods?")
+                || **r == format!("GET /api/v1/namespaces/{NS}/pods")),
+        "the pool's Pods were listed: {requests:?}"
+    );
+    assert_eq!(api.status()["podName"], "default-aaaaa");
+
+    // A watch a moment behind: the Pod it shows changed since (its resourceVersion moved on).
+    // That claim conflicts; the run then reads the pool afresh and claims the Pod as it is now.
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| s.pool_pods = vec![pool_pod("default-aaaaa", "8")]);
+    let (pools, mut pools_writer) = kube::runtime::reflector::store();
+    pools_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
+    let (idle, mut idle_writer) = kube::runtime::reflector::store::<Pod>();
+    idle_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(watched));
+    let ctx = Arc::try_unwrap(context(&api, None))
+        .ok()
+        .expect("not shared yet");
+    let ctx = Arc::new(ctx.with_pools(pools, idle));
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    assert_eq!(api.status()["podName"], "default-aaaaa", "{}", api.status());
+    let requests = api.take_requests();
+    let claims = requests
+        .iter()
+        .filter(|r| **r == format!("PATCH /api/v1/namespaces/{NS}/pods/default-aaaaa"))
+        .count();
+    let lists = requests
+        .iter()
+        .filter(|r| **r == format!("GET /api/v1/namespaces/{NS}/pods"))
+        .count();
+    assert_eq!((claims, lists), (2, 1), "{requests:?}");
 }
 
 #[tokio::test]
@@ -1291,7 +1367,7 @@ async fn a_claim_whose_answer_was_lost_is_settled_on_its_pod_before_the_run_take
     let ctx = Arc::try_unwrap(context(&api, None))
         .ok()
         .expect("not shared yet");
-    let ctx = Arc::new(ctx.with_pools(reader));
+    let ctx = Arc::new(ctx.with_pools(reader, kube::runtime::reflector::store().0));
     let first = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
     assert!(first.is_err(), "the claim's answer was a 504: {first:?}");
     let doubted = api.with(|s| s.held_claims[0].0.clone());

@@ -197,6 +197,8 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     tokio::spawn(pool::mirror(pools_api(), pool_writer, metrics.clone()));
+    let (idle_pods, idle_writer) = kube::runtime::reflector::store();
+    tokio::spawn(pool::mirror_idle_pods(pods_api(), idle_writer));
 
     let ctx = Arc::new(
         Context::new(
@@ -217,7 +219,7 @@ async fn main() -> anyhow::Result<()> {
         .with_databases(databases)
         .with_prometheus(prometheus, config.prometheus_environment)
         .with_identity(identity.clone())
-        .with_pools(pool_store)
+        .with_pools(pool_store, idle_pods)
         .holding_streams(config.hold_streams)
         .with_queue_allowance(std::time::Duration::from_secs(
             config.max_queue_wait_seconds,

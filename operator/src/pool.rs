@@ -98,9 +98,21 @@ impl ClaimsInDoubt {
         self.lock().get(run_uid).cloned()
     }
 
-    /// Marks the run's claim of `doubt.pod` as in doubt until its answer comes.
-    pub fn insert(&self, run_uid: &str, doubt: ClaimInDoubt) {
-        self.lock().insert(run_uid.to_owned(), doubt);
+    /// Marks the run's claim of `doubt.pod` as in doubt until its answer comes, unless another
+    /// run of this operator is claiming that Pod now (its answer not in yet, or in doubt):
+    /// `false` then, and the run tries another. Runs that arrive together (a burst) then each
+    /// claim a sandbox of their own instead of racing for one and losing a round trip per loss;
+    /// the claim's resourceVersion precondition stays what makes it single.
+    pub fn try_insert(&self, run_uid: &str, doubt: ClaimInDoubt) -> bool {
+        let mut claims = self.lock();
+        if claims
+            .iter()
+            .any(|(uid, other)| uid != run_uid && other.pod == doubt.pod)
+        {
+            return false;
+        }
+        claims.insert(run_uid.to_owned(), doubt);
+        true
     }
 
     /// Forgets the run's claim in doubt (settled, or the run took up its sandbox otherwise).
@@ -615,27 +627,53 @@ pub async fn mirror(
         .await;
 }
 
-/// Runs the pool controller until `shutdown`: pools, and their Pods (idle ones by their owner,
-/// claimed ones by the pool they came from: a claim is what makes a pool start a new sandbox).
+/// Keeps `writer` (the store behind `Context::idle_pods`) filled with the pools' idle Pods (those
+/// that carry a pool's label), for as long as the process runs: a run claims from it without a
+/// list of its own (each idle Pod is tens of kilobytes, the runner's source in its argv, and a
+/// burst of claims listed a pool of ten Pods once per run). A claim is conditional on the Pod's
+/// resourceVersion, so a store a moment behind costs a conflict, never a second claim.
+pub async fn mirror_idle_pods(
+    pods: Api<Pod>,
+    writer: kube::runtime::reflector::store::Writer<Pod>,
+) {
+    use kube::runtime::WatchStreamExt;
+    watcher(pods, watcher::Config::default().labels(&idle_selector()))
+        .default_backoff()
+        .reflect(writer)
+        .for_each(|_| async {})
+        .await;
+}
+
+/// The selector of the pools' idle Pods: the operator's, with a pool's label.
+fn idle_selector() -> String {
+    format!("{LABEL_MANAGED_BY}={MANAGER},{LABEL_POOL}")
+}
+
+/// Runs the pool controller until `shutdown`: pools, and their idle Pods (by their owner). A
+/// claimed Pod is no longer the pool's: the run that claimed it wakes the pool once its program
+/// was handed over (`pool_scale::Demand::wake`), so that the pool's list and status write (and
+/// its refill, `Demand::refill_hold`) do not compete with the hand-over.
 pub async fn run(
     ctx: Arc<PoolContext>,
     pools: Api<SandboxPool>,
     pods: Api<Pod>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let pod_watch = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGER}"));
+    // Only its idle Pods: a claimed one leaves the selector (a deletion to this watch, which
+    // no longer maps to the pool), and the runs' own Pods never concerned it.
+    let pod_watch = watcher::Config::default().labels(&idle_selector());
     Controller::new(pools, watcher::Config::default().any_semantic())
         .watches(pods, pod_watch, |pod: Pod| {
             let ns = pod.namespace()?;
-            let owner = pod
+            let pool = pod
                 .owner_references()
                 .iter()
                 .find(|o| o.controller == Some(true) && o.kind == SandboxPool::kind(&()))
-                .map(|o| o.name.clone());
-            let pool = owner.or_else(|| pod.annotations().get(FROM_POOL_ANNOTATION).cloned())?;
+                .map(|o| o.name.clone())?;
             Some(ObjectRef::<SandboxPool>::new(&pool).within(&ns))
         })
-        // A run that found a pool empty: the pool grows now, not at its next resync.
+        // A run that found a pool empty (the pool grows now, not at its next resync), or that
+        // handed its program to a sandbox it claimed from it.
         .reconcile_on(ctx.demand.wakeups())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -83,6 +83,14 @@ impl Demand {
             .or_insert((now, now));
     }
 
+    /// The pool is looked at now: a run's hand-over of a sandbox it claimed from it is over (the
+    /// pool's status and refill follow the claim; its Pod's own changes no longer reach the
+    /// pool's controller, so that the pool's reads and writes stay off the hand-over's path).
+    pub fn wake(&self, namespace: &str, pool: &str) {
+        // The pool controller may be gone (shutting down): nothing to wake then.
+        let _ = self.wake.send(ObjectRef::new(pool).within(namespace));
+    }
+
     /// How much longer the pool's refill should wait for the hand-over of its latest claims, if
     /// at all.
     pub fn refill_hold(&self, pool: &ObjectRef<SandboxPool>, now: Timestamp) -> Option<Duration> {

@@ -127,10 +127,7 @@ impl<S: Send + 'static> Streams<S> {
             let id = inner.next_id;
             inner.next_id += 1;
             let slot = Arc::new(tokio::sync::Mutex::new(None));
-            let guard = slot
-                .clone()
-                .try_lock_owned()
-                .expect("a new lock is free");
+            let guard = slot.clone().try_lock_owned().expect("a new lock is free");
             inner.entries.insert(key.clone(), Entry { id, slot });
             (id, guard)
         };
@@ -218,7 +215,13 @@ mod tests {
     use tokio::sync::oneshot;
 
     /// A stream to hold in tests, and the sender that ends it.
-    fn stream(name: &str) -> (String, oneshot::Sender<()>, impl Future<Output = ()> + use<>) {
+    fn stream(
+        name: &str,
+    ) -> (
+        String,
+        oneshot::Sender<()>,
+        impl Future<Output = ()> + use<>,
+    ) {
         let (end, ended) = oneshot::channel::<()>();
         (name.to_owned(), end, async move {
             let _ = ended.await;

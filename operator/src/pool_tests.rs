@@ -305,3 +305,22 @@ fn claims_are_counted_once() {
     claims.give_back("ns/p", 2);
     assert_eq!(claims.take("ns/p"), 2);
 }
+
+#[test]
+fn a_sandbox_another_run_is_claiming_is_not_claimed_beside_it() {
+    let doubts = ClaimsInDoubt::default();
+    let claim = |pod: &str| ClaimInDoubt {
+        pod: pod.to_owned(),
+        pool: "default".to_owned(),
+        resource_version: Some("7".to_owned()),
+    };
+    assert!(doubts.try_insert("run-1", claim("default-a")));
+    // Another run, the same Pod: not while run-1's answer is out (or in doubt).
+    assert!(!doubts.try_insert("run-2", claim("default-a")));
+    assert!(doubts.try_insert("run-2", claim("default-b")));
+    // The same run again (its claim in doubt, tried again) is no other run.
+    assert!(doubts.try_insert("run-1", claim("default-a")));
+    // Answered: the Pod is free to be tried by others (a conflict tells them the rest).
+    doubts.remove("run-1");
+    assert!(doubts.try_insert("run-3", claim("default-a")));
+}

@@ -251,7 +251,16 @@ pub async fn feed_and_read(
     within: Duration,
     held: Option<AttachedProcess>,
 ) -> Result<Option<String>, FeedError> {
-    session(pods, pod, program, limits, Some(within), CONFIRM_WITHIN, held).await
+    session(
+        pods,
+        pod,
+        program,
+        limits,
+        Some(within),
+        CONFIRM_WITHIN,
+        held,
+    )
+    .await
 }
 
 /// One attach session (`held`, or a new one): send the framed program, wait for its

@@ -60,9 +60,17 @@ impl Reconcile<'_> {
             .pod_name
             .clone()
             .unwrap_or_else(|| pod::pod_name(&self.name));
+        // The reconcile that took the decision has just written the status: it is current.
+        let first = decided.is_some() && prev.pod_name.is_none();
         // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod (a
         // Pod of a deleted run of the same name may still be there, even in the first reconcile).
-        let pod = self.pods.get_opt(&pod_name).await?;
+        // Not yet in the reconcile that decided the run: no Pod of its own can exist before its
+        // decision, and a warm sandbox does not need the read (it is made before going cold).
+        let pod = if first {
+            None
+        } else {
+            self.pods.get_opt(&pod_name).await?
+        };
         // A Pod no node has room for: the cluster is full, whatever the quota says, and runs
         // after this one wait in the queue until it is placed; until a node takes it, it frees
         // no room (admission.rs).
@@ -74,8 +82,6 @@ impl Reconcile<'_> {
                 self.now,
             );
         }
-        // The reconcile that took the decision has just written the status: it is current.
-        let first = decided.is_some() && prev.pod_name.is_none();
         if let Some(stale) = pod.as_ref().filter(|p| !pod::belongs_to(p, self.run)) {
             // An earlier run's Pod under this run's name: never read it as ours. It is an
             // orphan (its owner is gone), so remove it, and build ours once it is gone.
@@ -167,6 +173,11 @@ impl Reconcile<'_> {
                         .admission
                         .admitted(&self.run_ref(), &self.uid(), true, self.now);
                     return self.run_warm(&prev, &claimed, &limits, files).await;
+                }
+                if first && self.pods.get_opt(pod_name).await?.is_some() {
+                    // An earlier run's Pod under this run's name (the read skipped above): the
+                    // next reconcile reads it as any other does, and removes it.
+                    return Ok(Action::requeue(std::time::Duration::from_millis(100)));
                 }
                 let prev = self.record_cold(prev).await?;
                 self.create_pod(&prev, &limits, files, pod_name).await

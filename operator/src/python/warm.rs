@@ -29,14 +29,15 @@ use super::feed;
 use super::phase::{self, Exited, Progress};
 use super::pod::{self, ACTIVE_DEADLINE_GRACE_SECONDS, SandboxConfig};
 use crate::controller::{Error, Reconcile, until};
-use crate::pool_streams;
 use crate::pool::{
     self, CLAIMED_AT_ANNOTATION, ClaimInDoubt, FROM_POOL_ANNOTATION, LABEL_POOL, LABEL_PROFILE,
     is_ready, is_running,
 };
+use crate::pool_streams;
 
-/// Ready Pods of one pool tried before the run goes cold: each try is one patch, and a conflict
-/// means another run took that Pod a moment ago.
+/// Pods of one pool tried (one patch each) before the run goes cold: a conflict means another
+/// claim took that Pod a moment ago. A Pod another run of this operator is claiming right then is
+/// passed over without a try.
 const CLAIM_ATTEMPTS: usize = 5;
 
 /// How long the result is read over the stream before the run is recorded Running and left to
@@ -186,79 +187,126 @@ impl Reconcile<'_> {
                 "{LABEL_POOL}={},{LABEL_PROFILE}={profile}",
                 pod::label_value(&name)
             );
-            // Fresh from the API server: the resourceVersion is the claim's precondition.
+            // The pool's Pods as the operator's watch has them, then (none there, or each one
+            // it showed changed since) fresh from the API server: either way the resourceVersion
+            // read is the claim's precondition, so a Pod claimed or changed since is a conflict,
+            // never a second claim.
+            let watched: Vec<Pod> = ctx
+                .idle_pods
+                .state()
+                .iter()
+                .filter(|p| {
+                    p.metadata.namespace.as_deref() == Some(self.ns.as_str())
+                        && p.labels().get(LABEL_POOL) == Some(&pod::label_value(&name))
+                        && p.labels().get(LABEL_PROFILE) == Some(&profile)
+                })
+                .map(|p| p.as_ref().clone())
+                .collect();
+            if let Some(claimed) = self
+                .claim_one_of(&name, &watched, limits, files, started)
+                .await?
+            {
+                return Ok(Some(claimed));
+            }
             let listed = self
                 .pods
                 .list(&ListParams::default().labels(&selector))
-                .await?;
-            let live = || {
-                listed
-                    .items
-                    .iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-            };
-            let mut ready: Vec<&Pod> = live().filter(|p| is_ready(p)).collect();
-            // In an order of this run's own: runs arriving together then try different Pods
-            // first instead of all racing for the same one.
-            ready.sort_by_key(|p| pod::short_hash(&format!("{uid}/{}", p.name_any())));
-            // Then those still importing, the oldest (the furthest along) first: their runner
-            // reads the program beside its imports, as a run's own sandbox does.
-            let mut importing: Vec<&Pod> =
-                live().filter(|p| is_running(p) && !is_ready(p)).collect();
-            importing.sort_by_key(|p| p.metadata.creation_timestamp.clone());
-            for candidate in ready.into_iter().chain(importing).take(CLAIM_ATTEMPTS) {
-                let Some(pod_name) = candidate.metadata.name.clone() else {
-                    continue;
-                };
-                let Some(patch) = claim_patch(candidate, &name, self.run, limits, files, self.now)
-                else {
-                    continue;
-                };
-                // In doubt until its answer says otherwise (also if this reconcile is cut short
-                // while it waits).
-                let doubt = ClaimInDoubt {
-                    pod: pod_name.clone(),
-                    pool: name.clone(),
-                    resource_version: candidate.metadata.resource_version.clone(),
-                };
-                ctx.claims_in_doubt.insert(&uid, doubt);
-                let answer = self
-                    .pods
-                    .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await;
-                if matches!(&answer, Ok(_) | Err(kube::Error::Api(_)))
-                    && !matches!(&answer, Err(kube::Error::Api(e)) if e.code >= 500)
-                {
-                    ctx.claims_in_doubt.remove(&uid);
-                }
-                match answer {
-                    Ok(_) => {
-                        let key = pool::key(&self.ns, &name);
-                        ctx.pool_claims.add(&key);
-                        // When the claim was accepted, not when this reconcile began: the
-                        // pool's refill waits for its hand-over from then.
-                        ctx.pool_demand
-                            .claimed(&self.ns, &name, &uid, Timestamp::now());
-                        ctx.metrics
-                            .warm_claim
-                            .observe(started.elapsed().as_secs_f64());
-                        ctx.metrics.warm_claim_result(&key, true);
-                        info!(run = %self.name, pod = %pod_name, pool = %name, claim_ms = started.elapsed().as_millis(), importing = !is_ready(candidate), "claimed a warm sandbox");
-                        return Ok(Some(Claimed {
-                            pod: pod_name,
-                            pool: name,
-                        }));
-                    }
-                    // Another run took it (or it changed) since the list: try the next one.
-                    Err(kube::Error::Api(e)) if matches!(e.code, 409 | 404 | 422) => {
-                        info!(run = %self.name, pod = %pod_name, reason = %e.message, "lost a warm sandbox to another claim");
-                    }
-                    Err(e) => return Err(e.into()),
-                }
+                .await?
+                .items;
+            if let Some(claimed) = self
+                .claim_one_of(&name, &listed, limits, files, started)
+                .await?
+            {
+                return Ok(Some(claimed));
             }
             ctx.metrics
                 .warm_claim_result(&pool::key(&self.ns, &name), false);
             ctx.pool_demand.missed(&self.ns, &name, &uid, self.now);
+        }
+        Ok(None)
+    }
+
+    /// Claims one of `pods` (pool `name`'s, as read) for this run: the ready ones first, in an
+    /// order of the run's own, then those still importing; `None` when each was taken or changed
+    /// since it was read (or there was none).
+    async fn claim_one_of(
+        &self,
+        name: &str,
+        pods: &[Pod],
+        limits: &Limits,
+        files: FileCaps,
+        started: std::time::Instant,
+    ) -> Result<Option<Claimed>, Error> {
+        let (ctx, uid) = (self.ctx, self.uid());
+        let live = || {
+            pods.iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+        };
+        let mut ready: Vec<&Pod> = live().filter(|p| is_ready(p)).collect();
+        // In an order of this run's own: runs arriving together then try different Pods
+        // first instead of all racing for the same one.
+        ready.sort_by_key(|p| pod::short_hash(&format!("{uid}/{}", p.name_any())));
+        // Then those still importing, the oldest (the furthest along) first: their runner
+        // reads the program beside its imports, as a run's own sandbox does.
+        let mut importing: Vec<&Pod> = live().filter(|p| is_running(p) && !is_ready(p)).collect();
+        importing.sort_by_key(|p| p.metadata.creation_timestamp.clone());
+        let mut attempts = 0;
+        for candidate in ready.into_iter().chain(importing) {
+            if attempts == CLAIM_ATTEMPTS {
+                break;
+            }
+            let Some(pod_name) = candidate.metadata.name.clone() else {
+                continue;
+            };
+            let Some(patch) = claim_patch(candidate, name, self.run, limits, files, self.now)
+            else {
+                continue;
+            };
+            // In doubt until its answer says otherwise (also if this reconcile is cut short
+            // while it waits).
+            let doubt = ClaimInDoubt {
+                pod: pod_name.clone(),
+                pool: name.to_owned(),
+                resource_version: candidate.metadata.resource_version.clone(),
+            };
+            if !ctx.claims_in_doubt.try_insert(&uid, doubt) {
+                // Another run is claiming it this moment.
+                continue;
+            }
+            attempts += 1;
+            let answer = self
+                .pods
+                .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            if matches!(&answer, Ok(_) | Err(kube::Error::Api(_)))
+                && !matches!(&answer, Err(kube::Error::Api(e)) if e.code >= 500)
+            {
+                ctx.claims_in_doubt.remove(&uid);
+            }
+            match answer {
+                Ok(_) => {
+                    let key = pool::key(&self.ns, name);
+                    ctx.pool_claims.add(&key);
+                    // When the claim was accepted, not when this reconcile began: the
+                    // pool's refill waits for its hand-over from then.
+                    ctx.pool_demand
+                        .claimed(&self.ns, name, &uid, Timestamp::now());
+                    ctx.metrics
+                        .warm_claim
+                        .observe(started.elapsed().as_secs_f64());
+                    ctx.metrics.warm_claim_result(&key, true);
+                    info!(run = %self.name, pod = %pod_name, pool = %name, claim_ms = started.elapsed().as_millis(), importing = !is_ready(candidate), "claimed a warm sandbox");
+                    return Ok(Some(Claimed {
+                        pod: pod_name,
+                        pool: name.to_owned(),
+                    }));
+                }
+                // Another run took it (or it changed) since the list: try the next one.
+                Err(kube::Error::Api(e)) if matches!(e.code, 409 | 404 | 422) => {
+                    info!(run = %self.name, pod = %pod_name, reason = %e.message, "lost a warm sandbox to another claim");
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(None)
     }
@@ -370,6 +418,13 @@ impl Reconcile<'_> {
         files: FileCaps,
     ) -> Result<Action, Error> {
         let ctx = self.ctx;
+        // However this ends (its result, running long, an error), the pool then looks at its
+        // sandboxes: the claim took one.
+        let _wake = WakePool {
+            demand: &ctx.pool_demand,
+            namespace: &self.ns,
+            pool: &claimed.pool,
+        };
         let deadline = self
             .now
             .checked_add(SignedDuration::from_secs(
@@ -478,6 +533,19 @@ impl Reconcile<'_> {
         let status = self.terminal(&recorded, Some(Tool::Python), &outcome, Some(&claimed.pod));
         self.finish_over(status, &outcome, Some(&claimed.pod), written)
             .await
+    }
+}
+
+/// Wakes a pool when dropped (`Reconcile::run_warm`).
+struct WakePool<'a> {
+    demand: &'a crate::pool_scale::Demand,
+    namespace: &'a str,
+    pool: &'a str,
+}
+
+impl Drop for WakePool<'_> {
+    fn drop(&mut self) {
+        self.demand.wake(self.namespace, self.pool);
     }
 }
 
