@@ -1231,11 +1231,16 @@ async fn a_fitting_run_claims_a_ready_sandbox_and_records_it_before_sending_code
         "{pod}"
     );
     assert!(api.with(|s| s.pool_pods.is_empty()));
-    // The pool is told once the hand-over is over (its Pod's changes no longer reach it).
+    // The pool is told once the hand-over is done (its Pod's changes no longer reach it).
     let wakeups = ctx.pool_demand.wakeups();
     futures::pin_mut!(wakeups);
+    let woken = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        futures::StreamExt::next(&mut wakeups),
+    )
+    .await;
     assert_eq!(
-        futures::FutureExt::now_or_never(futures::StreamExt::next(&mut wakeups)).flatten(),
+        woken.ok().flatten(),
         Some(kube::runtime::reflector::ObjectRef::new("default").within(NS))
     );
 }

@@ -650,9 +650,9 @@ fn idle_selector() -> String {
 }
 
 /// Runs the pool controller until `shutdown`: pools, and their idle Pods (by their owner). A
-/// claimed Pod is no longer the pool's: the run that claimed it wakes the pool once its program
-/// was handed over (`pool_scale::Demand::wake`), so that the pool's list and status write (and
-/// its refill, `Demand::refill_hold`) do not compete with the hand-over.
+/// claimed Pod is no longer the pool's: the run that claimed it wakes the pool once the program's
+/// hand-over is done (`pool_scale::Demand::wake_after_handover`), so that the pool's list and
+/// status write (and its refill, `Demand::refill_hold`) do not compete with the hand-over.
 pub async fn run(
     ctx: Arc<PoolContext>,
     pools: Api<SandboxPool>,
@@ -673,7 +673,7 @@ pub async fn run(
             Some(ObjectRef::<SandboxPool>::new(&pool).within(&ns))
         })
         // A run that found a pool empty (the pool grows now, not at its next resync), or that
-        // handed its program to a sandbox it claimed from it.
+        // claimed a sandbox of it (once the hand-over is done).
         .reconcile_on(ctx.demand.wakeups())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

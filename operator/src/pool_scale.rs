@@ -83,12 +83,18 @@ impl Demand {
             .or_insert((now, now));
     }
 
-    /// The pool is looked at now: a run's hand-over of a sandbox it claimed from it is over (the
-    /// pool's status and refill follow the claim; its Pod's own changes no longer reach the
-    /// pool's controller, so that the pool's reads and writes stay off the hand-over's path).
-    pub fn wake(&self, namespace: &str, pool: &str) {
-        // The pool controller may be gone (shutting down): nothing to wake then.
-        let _ = self.wake.send(ObjectRef::new(pool).within(namespace));
+    /// Wakes the pool a run just claimed a sandbox of once the claim's hand-over is done
+    /// ([`HANDOVER`] from now): its refill, held until then ([`Demand::refill_hold`]), starts, and
+    /// its status counts the claim. The claimed Pod's own changes no longer reach the pool's
+    /// controller (it watches idle Pods only): a wake at the claim would put the pool's list and
+    /// status write beside the hand-over.
+    pub fn wake_after_handover(&self, namespace: &str, pool: &str) {
+        let (wake, pool) = (self.wake.clone(), ObjectRef::new(pool).within(namespace));
+        tokio::spawn(async move {
+            tokio::time::sleep(HANDOVER.unsigned_abs()).await;
+            // The pool controller may be gone (shutting down): nothing to wake then.
+            let _ = wake.send(pool);
+        });
     }
 
     /// How much longer the pool's refill should wait for the hand-over of its latest claims, if

@@ -291,6 +291,7 @@ impl Reconcile<'_> {
                     // pool's refill waits for its hand-over from then.
                     ctx.pool_demand
                         .claimed(&self.ns, name, &uid, Timestamp::now());
+                    ctx.pool_demand.wake_after_handover(&self.ns, name);
                     ctx.metrics
                         .warm_claim
                         .observe(started.elapsed().as_secs_f64());
@@ -418,13 +419,6 @@ impl Reconcile<'_> {
         files: FileCaps,
     ) -> Result<Action, Error> {
         let ctx = self.ctx;
-        // However this ends (its result, running long, an error), the pool then looks at its
-        // sandboxes: the claim took one.
-        let _wake = WakePool {
-            demand: &ctx.pool_demand,
-            namespace: &self.ns,
-            pool: &claimed.pool,
-        };
         let deadline = self
             .now
             .checked_add(SignedDuration::from_secs(
@@ -533,19 +527,6 @@ impl Reconcile<'_> {
         let status = self.terminal(&recorded, Some(Tool::Python), &outcome, Some(&claimed.pod));
         self.finish_over(status, &outcome, Some(&claimed.pod), written)
             .await
-    }
-}
-
-/// Wakes a pool when dropped (`Reconcile::run_warm`).
-struct WakePool<'a> {
-    demand: &'a crate::pool_scale::Demand,
-    namespace: &'a str,
-    pool: &'a str,
-}
-
-impl Drop for WakePool<'_> {
-    fn drop(&mut self) {
-        self.demand.wake(self.namespace, self.pool);
     }
 }
 
