@@ -270,9 +270,9 @@ async fn main() -> anyhow::Result<()> {
                     pool::run(pool_ctx.clone(), pools, pods, stop),
                 );
                 keeper.inspect(tokio::task::JoinHandle::abort);
-                // A replica that no longer leads claims nothing: the sandboxes' streams go (their
-                // runners exit, and the new leader's pools replace them).
-                pool_ctx.held.clear();
+                // A replica that no longer leads claims nothing: the sandboxes' streams go, and
+                // the sandboxes with them (pool_streams.rs), before the next leader looks.
+                pool_ctx.held.let_go(&pool_ctx.client).await;
             }
         })
         .await?;
@@ -287,13 +287,14 @@ async fn main() -> anyhow::Result<()> {
             ),
             session::controller::run(ctx, namespace, until_true(stop_rx.clone())),
             pool::run(
-                pool_ctx,
+                pool_ctx.clone(),
                 pools_api(),
                 pods_api(),
                 until_true(stop_rx.clone())
             ),
         );
         keeper.inspect(tokio::task::JoinHandle::abort);
+        pool_ctx.held.let_go(&pool_ctx.client).await;
     }
 
     // The metrics server stops with the same signal; wait so the port is released cleanly.
