@@ -191,16 +191,17 @@ impl Reconcile<'_> {
             // it showed changed since) fresh from the API server: either way the resourceVersion
             // read is the claim's precondition, so a Pod claimed or changed since is a conflict,
             // never a second claim.
-            let watched: Vec<Pod> = ctx
-                .idle_pods
-                .state()
+            // Read in place: each idle Pod is tens of kilobytes, not copied per claim.
+            let label = pod::label_value(&name);
+            let watched = ctx.idle_pods.state();
+            let watched: Vec<&Pod> = watched
                 .iter()
+                .map(AsRef::as_ref)
                 .filter(|p| {
                     p.metadata.namespace.as_deref() == Some(self.ns.as_str())
-                        && p.labels().get(LABEL_POOL) == Some(&pod::label_value(&name))
+                        && p.labels().get(LABEL_POOL) == Some(&label)
                         && p.labels().get(LABEL_PROFILE) == Some(&profile)
                 })
-                .map(|p| p.as_ref().clone())
                 .collect();
             if let Some(claimed) = self
                 .claim_one_of(&name, &watched, limits, files, started)
@@ -213,6 +214,7 @@ impl Reconcile<'_> {
                 .list(&ListParams::default().labels(&selector))
                 .await?
                 .items;
+            let listed: Vec<&Pod> = listed.iter().collect();
             if let Some(claimed) = self
                 .claim_one_of(&name, &listed, limits, files, started)
                 .await?
@@ -232,7 +234,7 @@ impl Reconcile<'_> {
     async fn claim_one_of(
         &self,
         name: &str,
-        pods: &[Pod],
+        pods: &[&Pod],
         limits: &Limits,
         files: FileCaps,
         started: std::time::Instant,
@@ -240,6 +242,7 @@ impl Reconcile<'_> {
         let (ctx, uid) = (self.ctx, self.uid());
         let live = || {
             pods.iter()
+                .copied()
                 .filter(|p| p.metadata.deletion_timestamp.is_none())
         };
         let mut ready: Vec<&Pod> = live().filter(|p| is_ready(p)).collect();
