@@ -3,7 +3,10 @@
 //! one of its agent's, takes the session (one call at a time: `activeRun`, written only over the
 //! status it read), sends its program to the session's runner as a call named after its uid,
 //! and ends with that call's result; then it gives the session back (or records its end, when
-//! the call ended the interpreter).
+//! the call ended the interpreter). The run's end is recorded first, so the next call may find
+//! the session still held by an ended run: it acts on that run's record (its `sessionEnded`, or
+//! for a run gone since, its call's envelope in the log), ending the session instead of taking
+//! over a gone interpreter.
 //!
 //! Exactly once through restarts: the call is sent only by a run that holds the session; an
 //! operator that finds its run holding it reads the sandbox's log first: the envelope ends the
@@ -182,32 +185,25 @@ impl Reconcile<'_> {
         }
         let mut calls = status.calls.unwrap_or(0);
         if let (Some(holder), Some(holder_uid)) = (&status.active_run, &status.active_run_uid) {
-            let call_over = match self.holder(holder, holder_uid).await? {
+            let last = match self.holder(holder, holder_uid).await? {
                 Holder::Running => {
                     let waiting = format!("waiting for the call running in session {name} to end");
                     self.pending(&prev, &waiting).await?;
                     return Ok(Action::requeue(WAIT));
                 }
                 // It ended and has not given the session back yet (it does right after its
-                // end): its call is over (a cancelled one ended the session if it was not).
-                Holder::Ended => true,
+                // end): its call is over (a cancelled one ended the session if it was not),
+                // and its recorded end says whether the interpreter lived through it.
+                Holder::Ended { session_ended } => LastCall::over(session_ended),
                 // Gone without giving the session back: its call may be over, or its code may
                 // still run.
-                Holder::Gone => self.call_ended(&session, holder_uid).await?,
+                Holder::Gone => self.last_call(&session, holder_uid).await?,
             };
-            if !call_over {
-                // Only the end of the interpreter stops code that still runs.
+            // The session ends here when its holder's call left nothing to take over; this run
+            // then sees it ended (the unknown-id answer), as every later call does.
+            if let Some((reason, why)) = last.session_end() {
                 let pods = self.pods.clone();
-                let why = "a call was cancelled while it ran in it";
-                sessions::end(
-                    &api,
-                    &pods,
-                    &session,
-                    SessionEndReason::CallCancelled,
-                    why,
-                    self.now,
-                )
-                .await?;
+                sessions::end(&api, &pods, &session, reason, &why, self.now).await?;
                 return Ok(Action::requeue(Duration::ZERO));
             }
             calls += 1;
@@ -314,22 +310,28 @@ impl Reconcile<'_> {
             .filter(|r| r.metadata.uid.as_deref() == Some(uid));
         Ok(match run {
             None => Holder::Gone,
-            Some(r) if r.status.as_ref().is_some_and(is_terminal) => Holder::Ended,
+            Some(r) if r.status.as_ref().is_some_and(is_terminal) => Holder::Ended {
+                session_ended: r.status.and_then(|s| s.session_ended),
+            },
             Some(r) if r.metadata.deletion_timestamp.is_some() || r.spec.cancelled => Holder::Gone,
             Some(_) => Holder::Running,
         })
     }
 
-    /// Whether the call `call` in `session` has ended (its envelope is in the log).
-    async fn call_ended(&self, session: &SandboxSession, call: &str) -> Result<bool, Error> {
+    /// How the call `call` of a gone run left `session`: over once its envelope is in the log
+    /// (which says whether the interpreter lived through it).
+    async fn last_call(&self, session: &SandboxSession, call: &str) -> Result<LastCall, Error> {
         let status = session.status.clone().unwrap_or_default();
         let (Some(pod), Some(since)) = (status.pod_name, status.active_since) else {
-            return Ok(true);
+            return Ok(LastCall::Over);
         };
         let limit = 3 * log_limit_bytes(&super::pod::limits(session));
         let log = exchange::log_since(&self.pods, &pod, since.0, limit, self.ctx.log_read_timeout)
             .await?;
-        Ok(matches!(exchange::heard(&log, call), Heard::Envelope(_)))
+        Ok(match exchange::heard(&log, call) {
+            Heard::Envelope(line) => LastCall::over(interpreter_ended(&line, call)),
+            Heard::Received | Heard::Nothing => LastCall::Running,
+        })
     }
 
     /// Holding `session`: sends the call if it was not received (`fresh`: taken just now, so
@@ -528,8 +530,9 @@ impl Reconcile<'_> {
     /// The call's envelope `line` came: the run ends with the call's result (over `written`,
     /// the run's resourceVersion after this reconcile's own last write, if it made one). The
     /// session is given back (or ended, when the call ended its interpreter) once the end is
-    /// recorded, by the reconcile that sees it ([`Reconcile::session_call_ended`]), or taken
-    /// over by the next call: never before, or this run, not ended yet, could take it again.
+    /// recorded, by the reconcile that sees it ([`Reconcile::session_call_ended`]), or by the
+    /// next call from this run's record: never before, or this run, not ended yet, could take
+    /// it again.
     async fn ended_call(
         &self,
         mut prev: SandboxRunStatus,
@@ -541,11 +544,7 @@ impl Reconcile<'_> {
     ) -> Result<Action, Error> {
         let uid = self.uid();
         let result = parse_call_envelope(line, &uid).ok();
-        let state = result.as_ref().and_then(|r| r.session.clone());
-        let ended = state
-            .as_ref()
-            .filter(|s| !s.alive)
-            .map(|s| session_ended_message(s.ended, s.message.as_deref()));
+        let ended = interpreter_ended(line, &uid);
         let since = prev.start_time.as_ref().map(|t| t.0).or_else(|| {
             let status = session.status.as_ref()?;
             status.active_since.as_ref().map(|t| t.0)
@@ -695,17 +694,11 @@ impl Reconcile<'_> {
             .status
             .as_ref()
             .is_some_and(|s| s.active_run_uid.as_deref() == Some(uid.as_str()) && !s.ended());
-        if held && !self.call_ended(&session, &uid).await? {
-            let why = "a call was cancelled while it ran in it";
-            sessions::end(
-                &api,
-                &self.pods,
-                &session,
-                SessionEndReason::CallCancelled,
-                why,
-                self.now,
-            )
-            .await?;
+        if !held {
+            return Ok(());
+        }
+        if let Some((reason, why)) = self.last_call(&session, &uid).await?.session_end() {
+            sessions::end(&api, &self.pods, &session, reason, &why, self.now).await?;
         }
         Ok(())
     }
@@ -715,10 +708,48 @@ impl Reconcile<'_> {
 enum Holder {
     /// It runs its call.
     Running,
-    /// It ended (its call with it).
-    Ended,
+    /// It ended (its call with it); `session_ended`: why, when its call ended the interpreter.
+    Ended { session_ended: Option<String> },
     /// It is gone, cancelled or being deleted: its call may still run.
     Gone,
+}
+
+/// Where the last call of a session's holder left the session.
+enum LastCall {
+    /// Its code may still run.
+    Running,
+    /// Over, the interpreter waiting for the next call.
+    Over,
+    /// Over, and the interpreter with it (why).
+    EndedInterpreter(String),
+}
+
+impl LastCall {
+    fn over(interpreter_ended: Option<String>) -> Self {
+        interpreter_ended.map_or(Self::Over, Self::EndedInterpreter)
+    }
+
+    /// How the session ends when no run is left to end it: `None` when it can take another
+    /// call.
+    fn session_end(self) -> Option<(SessionEndReason, String)> {
+        match self {
+            Self::Over => None,
+            // Only the end of the interpreter stops code that still runs.
+            Self::Running => Some((
+                SessionEndReason::CallCancelled,
+                "a call was cancelled while it ran in it".to_owned(),
+            )),
+            // Its holder would end it as it gave it back; a later call never sends to it.
+            Self::EndedInterpreter(why) => Some((SessionEndReason::InterpreterExited, why)),
+        }
+    }
+}
+
+/// Why the call `call` whose envelope is `line` ended its session's interpreter; `None` when
+/// the interpreter lived through it (or the envelope says nothing of it).
+fn interpreter_ended(line: &str, call: &str) -> Option<String> {
+    let state = parse_call_envelope(line, call).ok()?.session?;
+    (!state.alive).then(|| session_ended_message(state.ended, state.message.as_deref()))
 }
 
 /// Annotation of a session opened by a run (`session: new`): the run's name.

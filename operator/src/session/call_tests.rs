@@ -204,6 +204,77 @@ async fn a_session_held_by_a_gone_run_whose_call_did_not_end_is_ended() {
     assert_eq!(api.status()["reason"], "SessionNotFound");
 }
 
+/// The runner's envelope of `call`, which ended its session's interpreter.
+fn envelope_ending_the_interpreter(call: &str) -> String {
+    format!(
+        r#"{{"sandboxrun":1,"exitCode":3,"stdout":"","stderr":"","stdoutTruncated":false,"stderrTruncated":false,"signal":null,"timedOut":false,"call":"{call}","session":{{"alive":false,"ended":"interpreterExited","message":"the interpreter exited (code 3)"}}}}"#
+    )
+}
+
+/// After a call that ended its session's interpreter, a later call finds the session ended
+/// whichever comes first, its holder's giving back or this call: it is never sent to the
+/// interpreter that is gone.
+async fn a_call_after_one_that_ended_the_interpreter(holder: Option<Value>, log: String) {
+    let api = FakeApi::start(session_run("sbs-mine")).await;
+    let busy = busy_with("previous");
+    api.with(|s| {
+        s.sessions = vec![session("sbs-mine", "tester", busy)];
+        s.other_runs = holder.into_iter().collect();
+        s.pod = Some(json!({"metadata": {"name": "p-sandbox"}}));
+        s.log = log;
+    });
+    let ctx = context(&api, Some(POLICY));
+    reconcile_as(cached(&api), &ctx).await;
+    let sessions = api.with(|s| s.sessions.clone());
+    let status = &sessions[0]["status"];
+    assert_eq!(
+        (&status["phase"], &status["endReason"]),
+        (&json!("Ended"), &json!("InterpreterExited")),
+        "{status}"
+    );
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("the interpreter exited (code 3)"),
+        "{status}"
+    );
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.status()["reason"], "SessionNotFound");
+    let requests = api.take_requests();
+    assert!(
+        !requests.iter().any(|r| r.contains("/attach")),
+        "nothing is sent to a gone interpreter: {requests:?}"
+    );
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.starts_with("DELETE ") && r.ends_with("/pods/p-sandbox")),
+        "its sandbox is deleted: {requests:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_session_whose_ended_holders_call_ended_its_interpreter_is_ended_not_taken() {
+    // The holder's end is recorded; its reconcile that gives the session back has not run yet.
+    let mut holder = run_json(python());
+    holder["metadata"]["name"] = json!("previous");
+    holder["metadata"]["uid"] = json!("uid-previous");
+    holder["status"] = json!({"phase": "Failed", "reason": "NonZeroExit",
+        "sessionEnded": "the interpreter exited (code 3)"});
+    a_call_after_one_that_ended_the_interpreter(Some(holder), String::new()).await;
+}
+
+#[tokio::test]
+async fn a_session_whose_gone_holders_call_ended_its_interpreter_is_ended_not_taken() {
+    // The holder was deleted after its call; the log has its envelope.
+    let log = format!(
+        "sandboxrun-program-received uid-previous\n{}\n",
+        envelope_ending_the_interpreter("uid-previous")
+    );
+    a_call_after_one_that_ended_the_interpreter(None, log).await;
+}
+
 #[tokio::test]
 async fn a_session_written_since_it_was_read_is_not_taken_and_nothing_is_sent() {
     // Another run took it (or the controller wrote it) between the read and the lease.
