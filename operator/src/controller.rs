@@ -89,6 +89,8 @@ pub struct Context {
     pub pool_claims: crate::pool::Claims,
     /// Warm claims whose outcome is unknown, by run uid (`pool.rs`, settled in `python/warm.rs`).
     pub claims_in_doubt: crate::pool::ClaimsInDoubt,
+    /// Pods this operator claimed lately: never a claim's candidate again (`pool.rs`).
+    pub claimed_pods: crate::pool::ClaimedPods,
     /// When runs wanted a sandbox of each pool (`pool_scale.rs`; shared with the pools').
     pub pool_demand: crate::pool_scale::Demand,
     /// Streams the pools opened to their ready sandboxes (`pool_streams.rs`; shared with them).
@@ -150,6 +152,7 @@ impl Context {
             idle_pods: kube::runtime::reflector::store().0,
             pool_claims: crate::pool::Claims::default(),
             claims_in_doubt: Default::default(),
+            claimed_pods: Default::default(),
             pool_demand: crate::pool_scale::Demand::default(),
             held: crate::pool_streams::HeldStreams::default(),
             admission: crate::admission::Admission::new(crate::admission::DEFAULT_ALLOWANCE),

@@ -1302,6 +1302,33 @@ async fn a_claim_takes_its_sandbox_from_the_watched_idle_pods_without_a_list() {
 }
 
 #[tokio::test]
+async fn a_pod_this_operator_claimed_is_no_candidate_while_the_watch_still_shows_it_idle() {
+    // Under load the watch shows a Pod as idle for a while after another run claimed it; a
+    // claim of it could only lose, a round trip each (in a burst, five in a row).
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| s.pool_pods = vec![pool_pod("default-bbbbb", "9")]);
+    let (pools, mut pools_writer) = kube::runtime::reflector::store();
+    pools_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
+    let (idle, mut idle_writer) = kube::runtime::reflector::store::<Pod>();
+    let mut stale: Pod = serde_json::from_value(pool_pod("default-aaaaa", "7")).unwrap();
+    stale.metadata.namespace = Some(NS.to_owned());
+    idle_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(stale));
+    let ctx = Arc::try_unwrap(context(&api, None))
+        .ok()
+        .expect("not shared yet");
+    let ctx = Arc::new(ctx.with_pools(pools, idle));
+    ctx.claimed_pods.add("default-aaaaa");
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    let requests = api.take_requests();
+    assert!(
+        !requests.iter().any(|r| r.ends_with("/pods/default-aaaaa")),
+        "the Pod already claimed was tried: {requests:?}"
+    );
+    assert_eq!(api.status()["podName"], "default-bbbbb", "{}", api.status());
+    assert!(ctx.claimed_pods.contains("default-bbbbb"));
+}
+
+#[tokio::test]
 async fn a_claim_made_before_a_restart_and_never_recorded_is_taken_up_not_repeated() {
     // Found by the fault suite (e2e/mcp/faults.py): the operator was SIGKILLed after its claim
     // patch committed and before it recorded the claim; the next operator claimed a second

@@ -121,6 +121,43 @@ impl ClaimsInDoubt {
     }
 }
 
+/// Pods this operator claimed lately, by name, with when. The idle Pods a claim picks from
+/// come from a watch, which under load shows a Pod as idle for a while after another run of
+/// this operator claimed it: a claim of it then only loses (its resourceVersion moved on), a
+/// round trip each. In a burst of ten one run lost five in a row (1.2 s) before this; a Pod
+/// named here is no longer a candidate. A sandbox is single-use, so a claimed Pod never becomes
+/// idle again; its name is kept for [`ClaimedPods::KEPT`], long past any watch's lag.
+#[derive(Debug, Default)]
+pub struct ClaimedPods(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
+
+impl ClaimedPods {
+    /// How long a claimed Pod's name is kept.
+    const KEPT: Duration = Duration::from_secs(60);
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, std::time::Instant>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `pod` was claimed just now (names older than [`ClaimedPods::KEPT`] are forgotten).
+    pub fn add(&self, pod: &str) {
+        let now = std::time::Instant::now();
+        let mut claimed = self.lock();
+        claimed.retain(|_, at| now.duration_since(*at) < Self::KEPT);
+        claimed.insert(pod.to_owned(), now);
+    }
+
+    /// Whether this operator claimed `pod` lately.
+    pub fn contains(&self, pod: &str) -> bool {
+        self.lock()
+            .get(pod)
+            .is_some_and(|at| at.elapsed() < Self::KEPT)
+    }
+}
+
 /// Claims counted since a pool's status was last written, by pool (`namespace/name`); the
 /// pool's reconcile adds them to `status.claimedTotal`.
 #[derive(Clone, Debug, Default)]

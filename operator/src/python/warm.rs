@@ -240,10 +240,11 @@ impl Reconcile<'_> {
         started: std::time::Instant,
     ) -> Result<Option<Claimed>, Error> {
         let (ctx, uid) = (self.ctx, self.uid());
+        // Not deleted, and not claimed by this operator already (the watch may lag behind).
         let live = || {
-            pods.iter()
-                .copied()
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
+            pods.iter().copied().filter(|p| {
+                p.metadata.deletion_timestamp.is_none() && !ctx.claimed_pods.contains(&p.name_any())
+            })
         };
         let mut ready: Vec<&Pod> = live().filter(|p| is_ready(p)).collect();
         // In an order of this run's own: runs arriving together then try different Pods
@@ -288,6 +289,7 @@ impl Reconcile<'_> {
             }
             match answer {
                 Ok(_) => {
+                    ctx.claimed_pods.add(&pod_name);
                     let key = pool::key(&self.ns, name);
                     ctx.pool_claims.add(&key);
                     // When the claim was accepted, not when this reconcile began: the
@@ -341,6 +343,7 @@ impl Reconcile<'_> {
             };
             if pod::belongs_to(&current, self.run) {
                 info!(run = %self.name, pod = %doubt.pod, "a claim whose answer was lost had committed: taking up its sandbox");
+                self.ctx.claimed_pods.add(&doubt.pod);
                 self.ctx.claims_in_doubt.remove(&uid);
                 self.ctx.pool_claims.add(&pool::key(&self.ns, &doubt.pool));
                 return Ok(Some(claimed));
@@ -363,6 +366,7 @@ impl Reconcile<'_> {
             {
                 Ok(_) => {
                     info!(run = %self.name, pod = %doubt.pod, "claimed again a warm sandbox whose first claim's answer was lost");
+                    self.ctx.claimed_pods.add(&doubt.pod);
                     self.ctx.claims_in_doubt.remove(&uid);
                     self.ctx.pool_claims.add(&pool::key(&self.ns, &doubt.pool));
                     return Ok(Some(claimed));
