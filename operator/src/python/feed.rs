@@ -251,7 +251,7 @@ pub async fn feed_and_read(
     within: Duration,
     held: Option<AttachedProcess>,
 ) -> Result<Option<String>, FeedError> {
-    session(
+    let read = session(
         pods,
         pod,
         program,
@@ -260,7 +260,60 @@ pub async fn feed_and_read(
         CONFIRM_WITHIN,
         held,
     )
-    .await
+    .await;
+    let Err(FeedError::Unconfirmed(why)) = read else {
+        return read;
+    };
+    // The stream ended (or went quiet) before its confirmation came through, yet the program
+    // may have: the kubelet can end a session with the exit status before the last of its
+    // output (seen in bursts: a warm `print(1)` confirmed, ran and ended in its log while its
+    // stream showed nothing, and the run waited a retry and the kubelet's view, 2 s more). The
+    // log says, as it does for the early feeder ([`confirmed_in_log`]).
+    let log = super::log::read_log(pods, pod, limits, LOG_CONFIRM_WITHIN).await;
+    let found = log.map(|log| in_log(log, program.code.len()));
+    if let Ok(InLog::Result(_) | InLog::Received) = &found {
+        tracing::info!(pod, stream = %why, ended = matches!(found, Ok(InLog::Result(_))), "the program's stream ended unconfirmed; its log shows it handed over");
+    }
+    match found {
+        Ok(InLog::Result(log)) => Ok(Some(log)),
+        Ok(InLog::Received) => Ok(None),
+        Ok(InLog::Nothing) | Err(_) => Err(FeedError::Unconfirmed(why)),
+    }
+}
+
+/// How far into a session's output (or a sandbox's log) its confirmation may come.
+const CONFIRMATION_WITHIN_BYTES: usize = 4096;
+
+/// What a sandbox's log says of a program whose stream ended unconfirmed.
+#[derive(Debug, PartialEq)]
+enum InLog {
+    /// The runner confirmed it and its envelope is there: the whole log.
+    Result(String),
+    /// The runner confirmed it; its result is not in yet.
+    Received,
+    /// The runner did not confirm it.
+    Nothing,
+}
+
+/// Reads `log` (a sandbox's whole log) for the confirmation of a program of `bytes` bytes of code
+/// near its start (what the stream's reader accepts, [`confirmation`]: the log also has what
+/// the interpreter wrote to stderr before it), and the envelope after it.
+fn in_log(log: String, bytes: usize) -> InLog {
+    let expected = format!("{PROGRAM_RECEIVED} {bytes}");
+    let mut read = 0;
+    let confirmed = log.lines().any(|line| {
+        let near_start = read <= CONFIRMATION_WITHIN_BYTES;
+        read += line.len() + 1;
+        near_start && line.trim_end() == expected
+    });
+    if !confirmed {
+        return InLog::Nothing;
+    }
+    if parse_envelope(&log).is_ok() {
+        InLog::Result(log)
+    } else {
+        InLog::Received
+    }
 }
 
 /// One attach session (`held`, or a new one): send the framed program, wait for its
@@ -421,7 +474,7 @@ async fn confirmation(
             return Ok(seen);
         }
         // The confirmation is the runner's first line; anything long without it is not ours.
-        if seen.len() > 4096 {
+        if seen.len() > CONFIRMATION_WITHIN_BYTES {
             return Err(FeedError::Unconfirmed("unexpected output".into()));
         }
     }
@@ -430,6 +483,24 @@ async fn confirmation(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_names_the_program_it_confirmed_and_holds_its_result_once_ended() {
+        let confirmed = format!("{PROGRAM_RECEIVED} 8\n");
+        assert_eq!(in_log(String::new(), 8), InLog::Nothing);
+        assert_eq!(in_log(confirmed.clone(), 8), InLog::Received);
+        // Another program's length, or the confirmation not first: not this program's.
+        assert_eq!(in_log(confirmed.clone(), 9), InLog::Nothing);
+        let late = format!("{}\n{confirmed}", "x".repeat(CONFIRMATION_WITHIN_BYTES));
+        assert_eq!(in_log(late, 8), InLog::Nothing);
+        // After what the interpreter wrote to stderr first: found.
+        let warned = format!("a warning\n{confirmed}");
+        assert_eq!(in_log(warned, 8), InLog::Received);
+        let envelope =
+            serde_json::to_string(&sandboxrun_core::runner::fixtures::envelope(0)).unwrap();
+        let ended = format!("{confirmed}{envelope}\n");
+        assert_eq!(in_log(ended.clone(), 8), InLog::Result(ended));
+    }
 
     #[tokio::test]
     async fn the_confirmation_must_name_the_whole_program() {
