@@ -265,10 +265,9 @@ pub async fn feed_and_read(
         return read;
     };
     // The stream ended (or went quiet) before its confirmation came through, yet the program
-    // may have: the kubelet can end a session with the exit status before the last of its
-    // output (seen in bursts: a warm `print(1)` confirmed, ran and ended in its log while its
-    // stream showed nothing, and the run waited a retry and the kubelet's view, 2 s more). The
-    // log says, as it does for the early feeder ([`confirmed_in_log`]).
+    // may have (seen in bursts: a warm `print(1)` confirmed, ran and ended in its log while its
+    // stream ended with nothing, and the run waited a retry and the kubelet's view, 2 s more).
+    // The log says, as it does for the early feeder ([`confirmed_in_log`]).
     let log = super::log::read_log(pods, pod, limits, LOG_CONFIRM_WITHIN).await;
     let found = log.map(|log| in_log(log, program.code.len()));
     if let Ok(InLog::Result(_) | InLog::Received) = &found {
