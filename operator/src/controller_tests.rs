@@ -1245,20 +1245,28 @@ async fn a_fitting_run_claims_a_ready_sandbox_and_records_it_before_sending_code
     );
 }
 
+/// A context whose pools' store holds the default pool (2 replicas) and whose watch of idle
+/// Pods shows `watched` (pool Pods: name and resourceVersion), as the API server had them.
+fn context_watching_idle(api: &FakeApi, watched: &[(&str, &str)]) -> Arc<Context> {
+    let (pools, mut pools_writer) = kube::runtime::reflector::store();
+    pools_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
+    let (idle, mut idle_writer) = kube::runtime::reflector::store::<Pod>();
+    for (name, rv) in watched {
+        let mut pod: Pod = serde_json::from_value(pool_pod(name, rv)).unwrap();
+        pod.metadata.namespace = Some(NS.to_owned());
+        idle_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pod));
+    }
+    let ctx = Arc::try_unwrap(context(api, None))
+        .ok()
+        .expect("not shared yet");
+    Arc::new(ctx.with_pools(pools, idle))
+}
+
 #[tokio::test]
 async fn a_claim_takes_its_sandbox_from_the_watched_idle_pods_without_a_list() {
     let api = FakeApi::start(default_limits_run()).await;
     api.with(|s| s.pool_pods = vec![pool_pod("default-aaaaa", "7")]);
-    let (pools, mut pools_writer) = kube::runtime::reflector::store();
-    pools_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
-    let (idle, mut idle_writer) = kube::runtime::reflector::store::<Pod>();
-    let mut watched: Pod = serde_json::from_value(pool_pod("default-aaaaa", "7")).unwrap();
-    watched.metadata.namespace = Some(NS.to_owned());
-    idle_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(watched.clone()));
-    let ctx = Arc::try_unwrap(context(&api, None))
-        .ok()
-        .expect("not shared yet");
-    let ctx = Arc::new(ctx.with_pools(pools, idle));
+    let ctx = context_watching_idle(&api, &[("default-aaaaa", "7")]);
     let err = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
     assert!(matches!(err, Err(Error::Feed { .. })), "{err:?}");
     let requests = api.take_requests();
@@ -1279,14 +1287,7 @@ async fn a_claim_takes_its_sandbox_from_the_watched_idle_pods_without_a_list() {
     // That claim conflicts; the run then reads the pool afresh and claims the Pod as it is now.
     let api = FakeApi::start(default_limits_run()).await;
     api.with(|s| s.pool_pods = vec![pool_pod("default-aaaaa", "8")]);
-    let (pools, mut pools_writer) = kube::runtime::reflector::store();
-    pools_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
-    let (idle, mut idle_writer) = kube::runtime::reflector::store::<Pod>();
-    idle_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(watched));
-    let ctx = Arc::try_unwrap(context(&api, None))
-        .ok()
-        .expect("not shared yet");
-    let ctx = Arc::new(ctx.with_pools(pools, idle));
+    let ctx = context_watching_idle(&api, &[("default-aaaaa", "7")]);
     let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
     assert_eq!(api.status()["podName"], "default-aaaaa", "{}", api.status());
     let requests = api.take_requests();
@@ -1307,16 +1308,7 @@ async fn a_pod_this_operator_claimed_is_no_candidate_while_the_watch_still_shows
     // claim of it could only lose, a round trip each (in a burst, five in a row).
     let api = FakeApi::start(default_limits_run()).await;
     api.with(|s| s.pool_pods = vec![pool_pod("default-bbbbb", "9")]);
-    let (pools, mut pools_writer) = kube::runtime::reflector::store();
-    pools_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
-    let (idle, mut idle_writer) = kube::runtime::reflector::store::<Pod>();
-    let mut stale: Pod = serde_json::from_value(pool_pod("default-aaaaa", "7")).unwrap();
-    stale.metadata.namespace = Some(NS.to_owned());
-    idle_writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(stale));
-    let ctx = Arc::try_unwrap(context(&api, None))
-        .ok()
-        .expect("not shared yet");
-    let ctx = Arc::new(ctx.with_pools(pools, idle));
+    let ctx = context_watching_idle(&api, &[("default-aaaaa", "7")]);
     ctx.claimed_pods.add("default-aaaaa");
     let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
     let requests = api.take_requests();

@@ -63,6 +63,17 @@ fn session_writes(api: &FakeApi) -> usize {
         .count()
 }
 
+/// The (only) session's status, asserted ended for `reason`.
+fn ended_with(api: &FakeApi, reason: &str) -> Value {
+    let status = api.with(|s| s.sessions[0]["status"].clone());
+    assert_eq!(
+        (&status["phase"], &status["endReason"]),
+        (&json!("Ended"), &json!(reason)),
+        "{status}"
+    );
+    status
+}
+
 #[tokio::test]
 async fn new_opens_a_session_of_the_runs_agent_within_the_rules_bounds_and_waits_for_it() {
     let api = FakeApi::start(session_run("new")).await;
@@ -192,13 +203,7 @@ async fn a_session_held_by_a_gone_run_whose_call_did_not_end_is_ended() {
     });
     let ctx = context(&api, Some(POLICY));
     reconcile_as(cached(&api), &ctx).await;
-    let sessions = api.with(|s| s.sessions.clone());
-    let status = &sessions[0]["status"];
-    assert_eq!(
-        (&status["phase"], &status["endReason"]),
-        (&json!("Ended"), &json!("CallCancelled")),
-        "{status}"
-    );
+    ended_with(&api, "CallCancelled");
     // The run itself then gets the unknown-id answer.
     reconcile_as(cached(&api), &ctx).await;
     assert_eq!(api.status()["reason"], "SessionNotFound");
@@ -225,13 +230,7 @@ async fn a_call_after_one_that_ended_the_interpreter(holder: Option<Value>, log:
     });
     let ctx = context(&api, Some(POLICY));
     reconcile_as(cached(&api), &ctx).await;
-    let sessions = api.with(|s| s.sessions.clone());
-    let status = &sessions[0]["status"];
-    assert_eq!(
-        (&status["phase"], &status["endReason"]),
-        (&json!("Ended"), &json!("InterpreterExited")),
-        "{status}"
-    );
+    let status = ended_with(&api, "InterpreterExited");
     assert!(
         status["message"]
             .as_str()
