@@ -44,7 +44,7 @@ impl Outcome {
         }
     }
 
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Succeeded => "succeeded",
             Outcome::Failed => "failed",

@@ -221,9 +221,16 @@ impl SandboxRunServer {
                 )
             }
         };
-        shared
-            .metrics
-            .observe_call(tool, outcome, started.elapsed());
+        let elapsed = started.elapsed();
+        // One line per answered call, with the span's tool, agent and run: how long the server
+        // took, from the request to the answer (what a client measures beyond it is its own
+        // network and CPU).
+        tracing::info!(
+            outcome = outcome.as_str(),
+            elapsed_ms = elapsed.as_millis() as u64,
+            "tool call answered"
+        );
+        shared.metrics.observe_call(tool, outcome, elapsed);
         (outcome, tool_result)
     }
 

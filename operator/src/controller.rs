@@ -328,6 +328,14 @@ impl Error {
 /// an [`Action`].
 pub type Stage<T> = Result<ControlFlow<Action, T>, Error>;
 
+/// A decision policy took in this reconciliation.
+pub struct Decided {
+    pub decision: Decision,
+    /// Not in the run's status yet (an Allow of a python run of its own): the python stage
+    /// writes it with its first status write, which comes before anything executes.
+    pub unrecorded: bool,
+}
+
 /// Whether a terminal status still owes its audit line (see `CONDITION_AUDITED`). A run that
 /// ended before the condition existed owes nothing: its line was written then.
 fn owes_audit(status: &SandboxRunStatus) -> bool {
@@ -438,7 +446,7 @@ impl<'a> Reconcile<'a> {
         &self,
         prev: SandboxRunStatus,
         tool: Tool,
-    ) -> Stage<(SandboxRunStatus, Option<Decision>)> {
+    ) -> Stage<(SandboxRunStatus, Option<Decided>)> {
         let undecided = |s: &SandboxRunStatus| s.decision.is_none() && s.phase.is_none();
         if !undecided(&prev) {
             return Ok(ControlFlow::Continue((prev, None)));
@@ -459,16 +467,39 @@ impl<'a> Reconcile<'a> {
             .expect("a decision recorded now carries its grant");
         info!(run = %self.name, namespace = %self.ns, decision = %decision, "policy decision");
         self.ctx.events.decided(self.run, &record).await;
+        // Recorded before anything executes; Block and Escalate record it with their phase in
+        // the gate. A python run's own next stage makes a status write before anything executes
+        // (its place in the queue, its refusal, or the write just before a sandbox is claimed
+        // or created for it): its Allow goes out with that write, one fewer on the call's path.
+        let unrecorded = record.verdict == Verdict::Allow && self.python_run_of_its_own(tool);
         if record.verdict == Verdict::Allow {
-            // Recorded before anything executes; Block and Escalate record it with their phase
-            // in the gate.
             let status = gate::decided_status(&prev, tool, record, self.generation);
-            self.apply(&status).await?;
+            if !unrecorded {
+                self.apply(&status).await?;
+            }
             prev = status;
         } else {
             prev.decision = Some(record);
         }
-        Ok(ControlFlow::Continue((prev, Some(decision))))
+        Ok(ControlFlow::Continue((
+            prev,
+            Some(Decided {
+                decision,
+                unrecorded,
+            }),
+        )))
+    }
+
+    /// Whether the run is a python run in a sandbox of its own (not a call in a session, whose
+    /// stages write differently).
+    fn python_run_of_its_own(&self, tool: Tool) -> bool {
+        tool == Tool::Python
+            && self
+                .run
+                .spec
+                .python
+                .as_ref()
+                .is_none_or(|p| p.session.is_none())
     }
 
     /// Stage 2: the recorded decision and the approval. A Block (or a denied or expired
@@ -582,7 +613,7 @@ impl<'a> Reconcile<'a> {
         &self,
         prev: SandboxRunStatus,
         tool: Tool,
-        decided: Option<Decision>,
+        decided: Option<Decided>,
     ) -> Result<Action, Error> {
         match tool {
             Tool::Python => self.python(prev, decided).await,

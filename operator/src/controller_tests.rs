@@ -625,6 +625,85 @@ async fn a_run_the_quota_refused_that_cannot_get_a_sandbox_in_time_is_refused_wi
     assert!(api.with(|s| s.pod.is_none()), "nothing ran");
 }
 
+/// A context whose namespace's queue already has a run of another agent waiting in it, so that
+/// a new run cannot go straight to a sandbox; runs may wait for one up to `allowance`.
+fn context_with_a_run_waiting(api: &FakeApi, allowance: std::time::Duration) -> Arc<Context> {
+    let ctx = Arc::try_unwrap(context(api, None))
+        .ok()
+        .expect("not shared yet")
+        .with_queue_allowance(allowance);
+    let waiting = ObjectRef::<SandboxRun>::new("an-earlier-run").within(NS);
+    let ask = ctx.admission.no_room(
+        &waiting,
+        "uid-of-an-earlier-run",
+        "another-agent",
+        None,
+        std::time::Duration::from_secs(1),
+        Timestamp::now(),
+    );
+    assert!(matches!(ask, crate::admission::Ask::Wait(_)), "{ask:?}");
+    Arc::new(ctx)
+}
+
+#[tokio::test]
+async fn a_run_refused_on_arrival_records_its_decision_and_its_refusal_in_one_write() {
+    let (audit, _guard) = Captured::audit();
+    let api = FakeApi::start(run_json(python())).await;
+    // Less than the run may hold a sandbox (5 s and its Pod's grace): with a sandbox ahead of
+    // it and no pace known yet, it cannot be sure to start in time.
+    let ctx = context_with_a_run_waiting(&api, std::time::Duration::from_secs(12));
+    reconcile_as(cached(&api), &ctx).await;
+    // The decision's read, the end's read, the end (decision and refusal together), its audit
+    // line recorded. Before: the decision had a write of its own first.
+    assert_eq!(
+        api.take_requests(),
+        [get_run(), get_run(), patch_status(), patch_status()]
+    );
+    let status = api.status();
+    assert_eq!(
+        (
+            &status["phase"],
+            &status["reason"],
+            &status["decision"]["verdict"]
+        ),
+        (&json!("Rejected"), &json!("NoCapacity"), &json!("Allow")),
+        "{status}"
+    );
+    assert!(status["retryAfterSeconds"].as_u64().is_some(), "{status}");
+    assert!(api.with(|s| s.pod.is_none()), "nothing ran");
+    // Decided once: one policy Event, one audit line that carries the decision.
+    assert_eq!(
+        api.with(|s| s.events.clone()),
+        ["PolicyAllowed", "NoCapacity"]
+    );
+    let lines = audit.lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["fields"]["verdict"], "Allow", "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_run_that_waits_on_arrival_records_its_decision_with_its_place() {
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context_with_a_run_waiting(&api, crate::admission::DEFAULT_ALLOWANCE);
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.take_requests(), [get_run(), patch_status()]);
+    let status = api.status();
+    assert_eq!(
+        (
+            &status["phase"],
+            &status["reason"],
+            &status["queuePosition"]
+        ),
+        (&json!("Pending"), &json!("Queued"), &json!(2)),
+        "{status}"
+    );
+    assert_eq!(status["decision"]["verdict"], "Allow", "{status}");
+    // Its next reconcile acts on the recorded decision: no second one.
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.with(|s| s.events.clone()), ["PolicyAllowed"]);
+    assert_eq!(api.status()["decision"], status["decision"]);
+}
+
 #[tokio::test]
 async fn a_pod_of_an_earlier_run_with_the_same_name_is_not_adopted() {
     let api = FakeApi::start(run_json(python())).await;

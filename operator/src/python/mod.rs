@@ -24,7 +24,7 @@ use crate::pool::FROM_POOL_ANNOTATION;
 use self::feed::{FeedState, OwnedProgram};
 use self::phase::{Exited, Next, Progress};
 use self::queue::Turn;
-use crate::controller::{Error, Reconcile, is_terminal, until};
+use crate::controller::{Decided, Error, Reconcile, is_terminal, until};
 use crate::outcome::Outcome;
 
 impl Reconcile<'_> {
@@ -33,8 +33,12 @@ impl Reconcile<'_> {
     pub async fn python(
         &self,
         mut prev: SandboxRunStatus,
-        decided: Option<Decision>,
+        decided: Option<Decided>,
     ) -> Result<Action, Error> {
+        // An Allow taken now and not yet written: `prev` carries it, and the first status write
+        // below records it, before a sandbox is claimed or created (`Decided::unrecorded`).
+        let unrecorded = decided.as_ref().is_some_and(|d| d.unrecorded);
+        let decided = decided.map(|d| d.decision);
         // A call in a session runs in the session's sandbox, never in one of its own (where its
         // state would be silently missing).
         if self
@@ -161,8 +165,13 @@ impl Reconcile<'_> {
                 if !admitted {
                     match self.turn(prev).await? {
                         Turn::Go(next) => prev = *next,
+                        // Its place in the queue or its refusal, written with the decision.
                         Turn::Done(action) => return Ok(action),
                     }
+                }
+                if unrecorded {
+                    // The decision, recorded before a sandbox is claimed or created.
+                    self.apply(&prev).await?;
                 }
                 // Cold once recorded cold: a Pod asked for earlier may still appear under the
                 // run's name (below), so no warm sandbox is claimed beside it.
