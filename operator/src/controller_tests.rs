@@ -236,14 +236,10 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
     );
 }
 
-#[tokio::test]
-async fn a_blocked_run_ends_rejected_without_a_pod() {
-    let (audit, _guard) = Captured::audit();
-    let api = FakeApi::start(run_json(python())).await;
-    let ctx = context(&api, Some("default: block\nrules: []\n"));
-    let action = reconcile_as(cached(&api), &ctx).await;
-    // Decided on a fresh read, then ended after one more (the terminal check), and its audit
-    // line recorded: no Pod.
+/// Asserts that the reconcile just made decided the run on a fresh read and ended it after one
+/// more (the terminal check) in a single status write, with `phase`, `reason` and the decision's
+/// `verdict`, then recorded its audit line, and that no Pod was made. Returns the status.
+fn assert_ended_at_once(api: &FakeApi, phase: &str, reason: &str, verdict: &str) -> Value {
     assert_eq!(
         api.take_requests(),
         [get_run(), get_run(), patch_status(), patch_status()]
@@ -255,8 +251,20 @@ async fn a_blocked_run_ends_rejected_without_a_pod() {
             &status["reason"],
             &status["decision"]["verdict"]
         ),
-        (&json!("Rejected"), &json!("PolicyBlocked"), &json!("Block"))
+        (&json!(phase), &json!(reason), &json!(verdict)),
+        "{status}"
     );
+    assert!(api.with(|s| s.pod.is_none()), "a Pod was made");
+    status
+}
+
+#[tokio::test]
+async fn a_blocked_run_ends_rejected_without_a_pod() {
+    let (audit, _guard) = Captured::audit();
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, Some("default: block\nrules: []\n"));
+    let action = reconcile_as(cached(&api), &ctx).await;
+    let status = assert_ended_at_once(&api, "Rejected", "PolicyBlocked", "Block");
     assert!(status.get("podName").is_none(), "{status}");
     assert!(action != Action::await_change());
     assert_eq!(
@@ -653,24 +661,9 @@ async fn a_run_refused_on_arrival_records_its_decision_and_its_refusal_in_one_wr
     // it and no pace known yet, it cannot be sure to start in time.
     let ctx = context_with_a_run_waiting(&api, std::time::Duration::from_secs(12));
     reconcile_as(cached(&api), &ctx).await;
-    // The decision's read, the end's read, the end (decision and refusal together), its audit
-    // line recorded. Before: the decision had a write of its own first.
-    assert_eq!(
-        api.take_requests(),
-        [get_run(), get_run(), patch_status(), patch_status()]
-    );
-    let status = api.status();
-    assert_eq!(
-        (
-            &status["phase"],
-            &status["reason"],
-            &status["decision"]["verdict"]
-        ),
-        (&json!("Rejected"), &json!("NoCapacity"), &json!("Allow")),
-        "{status}"
-    );
+    // The decision and the refusal in one write. Before: the decision had a write of its own.
+    let status = assert_ended_at_once(&api, "Rejected", "NoCapacity", "Allow");
     assert!(status["retryAfterSeconds"].as_u64().is_some(), "{status}");
-    assert!(api.with(|s| s.pod.is_none()), "nothing ran");
     // Decided once: one policy Event, one audit line that carries the decision.
     assert_eq!(
         api.with(|s| s.events.clone()),
