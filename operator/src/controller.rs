@@ -471,7 +471,8 @@ impl<'a> Reconcile<'a> {
         // the gate. A python run's own next stage makes a status write before anything executes
         // (its place in the queue, its refusal, or the write just before a sandbox is claimed
         // or created for it): its Allow goes out with that write, one fewer on the call's path.
-        let unrecorded = record.verdict == Verdict::Allow && self.python_run_of_its_own(tool);
+        let unrecorded =
+            record.verdict == Verdict::Allow && tool == Tool::Python && !self.is_session_call();
         if record.verdict == Verdict::Allow {
             let status = gate::decided_status(&prev, tool, record, self.generation);
             if !unrecorded {
@@ -490,16 +491,14 @@ impl<'a> Reconcile<'a> {
         )))
     }
 
-    /// Whether the run is a python run in a sandbox of its own (not a call in a session, whose
-    /// stages write differently).
-    fn python_run_of_its_own(&self, tool: Tool) -> bool {
-        tool == Tool::Python
-            && self
-                .run
-                .spec
-                .python
-                .as_ref()
-                .is_none_or(|p| p.session.is_none())
+    /// Whether the run is a call in a session: it runs in the session's sandbox, and its stages
+    /// are the session's (`session/call.rs`).
+    pub(crate) fn is_session_call(&self) -> bool {
+        self.run
+            .spec
+            .python
+            .as_ref()
+            .is_some_and(|p| p.session.is_some())
     }
 
     /// Stage 2: the recorded decision and the approval. A Block (or a denied or expired

@@ -41,13 +41,7 @@ impl Reconcile<'_> {
         let decided = decided.map(|d| d.decision);
         // A call in a session runs in the session's sandbox, never in one of its own (where its
         // state would be silently missing).
-        if self
-            .run
-            .spec
-            .python
-            .as_ref()
-            .is_some_and(|p| p.session.is_some())
-        {
+        if self.is_session_call() {
             return self.session_call(prev, decided).await;
         }
         // A run waiting in the queue that never asked for a Pod has none to read: its turn is
