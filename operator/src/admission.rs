@@ -14,9 +14,10 @@
 //!
 //! A run is judged once, on arrival: one whose expected wait (the runs ahead of it, with those
 //! whose Pod waits for a node, over the rate at which the queue admits runs) is longer than the
-//! allowance is refused at once, with the expected wait as a retry hint. Before the queue can
-//! tell its pace (a new leader, or the first seconds of a burst: no sandbox held long enough to
-//! tell), the wait is bounded instead by the longest it can be: every sandbox ahead held as long
+//! allowance is refused at once, with the expected wait as a retry hint. A queue that fills
+//! again goes by the pace it last admitted runs at until it can tell its own. Before the queue
+//! can tell any pace (a new leader, or the first seconds of its first burst: no sandbox held
+//! long enough to tell), the wait is bounded instead by the longest it can be: every sandbox ahead held as long
 //! as runs were held lately, or, before any ended, as long as the arriving run may hold one; a
 //! run refused on that bound is told to retry once the pace is known ([`UNKNOWN_PACE_RETRY`]). One accepted waits for its sandbox, also when the pace
 //! turns out slower than estimated, and is refused only as a last resort, at twice the allowance
@@ -25,8 +26,14 @@
 //!
 //! The queue lives in the leader's memory; what a run's status records (`queuedAt`) puts it back
 //! in its place after a restart, when its reconcile registers it again. Every waiting run is
-//! reconciled at least every [`REFRESH`]; an entry not refreshed for [`STALE_AFTER`] (its run
-//! was deleted, or another replica leads now) is dropped, so a lost run never blocks the head.
+//! reconciled at least every [`REFRESH`]. An entry not refreshed for [`LAPSED_AFTER`] has lapsed:
+//! its run's reconcile is late (an operator too busy to reach it in a burst) or its run is gone
+//! (deleted, or another replica leads now). A lapsed run keeps its place, since a late reconcile
+//! must not cost a run its turn (the load suite, 2026-12-05: runs whose refreshes came late were
+//! dropped, came back behind the burst that arrived after them and were refused at the last
+//! resort), but the first run after it that is not lapsed asks in its stead, so a gone run never
+//! blocks the queue. Its entry is dropped when its run could no longer be let in anyway: at its
+//! last resort.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -44,8 +51,9 @@ pub const DEFAULT_ALLOWANCE: Duration = Duration::from_secs(60);
 pub const REFRESH: Duration = Duration::from_secs(2);
 /// How soon the head asks again after the quota refused it (a freed sandbox also wakes it).
 pub const HEAD_RETRY: Duration = Duration::from_millis(500);
-/// An entry not refreshed for this long belongs to a run that is gone.
-const STALE_AFTER: SignedDuration = SignedDuration::from_secs(10);
+/// An entry not refreshed for this long has lapsed: its run's reconcile is late, or the run is
+/// gone. It keeps its place but does not ask for a sandbox.
+const LAPSED_AFTER: SignedDuration = SignedDuration::from_secs(10);
 /// How many admissions out of the queue the rate is estimated from.
 const RATE_SAMPLES: usize = 256;
 /// Admissions older than this say nothing about the rate now.
@@ -61,7 +69,8 @@ const HELD_AT_MOST: SignedDuration = SignedDuration::from_secs(3600);
 /// arrival, so a pace slower than estimated stretches its wait instead of refusing it late.
 const LAST_RESORT_FACTOR: u32 = 2;
 /// How long the most sandboxes seen running at once while runs waited for room stands for the
-/// nodes' (or the quota's) room, unless more are seen.
+/// nodes' (or the quota's) room, unless more are seen; and how long the pace a queue last
+/// admitted runs at stands for its pace when it fills again.
 const PEAK_FOR: SignedDuration = SignedDuration::from_secs(600);
 /// The shortest retry hint, in seconds.
 const MIN_RETRY_SECONDS: u32 = 1;
@@ -180,6 +189,12 @@ struct Queue {
     admitted: VecDeque<Timestamp>,
     /// Since when the queue has had runs waiting.
     waiting_since: Option<Timestamp>,
+    /// The pace (runs a second) the queue admitted runs at when it last could tell, and when:
+    /// the pace of a queue that fills again, until it can tell its own. A burst after a quiet
+    /// moment is otherwise judged on the sandboxes' hold alone, blind to what a node takes to
+    /// free and start one (the load suite, 2026-12-05: a burst accepted 72 runs on a pace twice
+    /// the one it got).
+    last_pace: Option<(f64, Timestamp)>,
     /// The runs holding a sandbox (admitted, not ended), by uid: when they got it, or when a
     /// node took its Pod if it waited for one.
     holding: HashMap<String, Timestamp>,
@@ -236,14 +251,16 @@ impl Queue {
         true
     }
 
-    fn drop_stale(&mut self, now: Timestamp) {
-        let stale: Vec<String> = self
+    /// Drops the entries whose run is gone: lapsed, and past their last resort (`waits_at_most`
+    /// after they joined), when a run that came back would be refused anyway.
+    fn drop_gone(&mut self, waits_at_most: SignedDuration, now: Timestamp) {
+        let gone: Vec<String> = self
             .entries
             .iter()
-            .filter(|(_, e)| now.duration_since(e.seen) >= STALE_AFTER)
+            .filter(|(_, e)| lapsed(e, now) && now.duration_since(e.since) >= waits_at_most)
             .map(|(uid, _)| uid.clone())
             .collect();
-        for uid in stale {
+        for uid in gone {
             self.remove(&uid, false);
         }
     }
@@ -276,8 +293,20 @@ impl Queue {
         Some(u32::try_from(at + 1).unwrap_or(u32::MAX))
     }
 
-    fn head(&self) -> Option<&Entry> {
-        self.order().first().and_then(|uid| self.entries.get(*uid))
+    /// The run that asks for a sandbox for the queue: the first in order whose reconcile is not
+    /// late. Runs ahead of it that lapsed keep their places, and ask when they are back.
+    fn head(&self, now: Timestamp) -> Option<&str> {
+        self.order()
+            .into_iter()
+            .find(|uid| self.entries.get(*uid).is_some_and(|e| !lapsed(e, now)))
+    }
+
+    /// Wakes the head, if a run waits.
+    fn wake_head(&self, wake: &mpsc::UnboundedSender<ObjectRef<SandboxRun>>, now: Timestamp) {
+        if let Some(head) = self.head(now).and_then(|uid| self.entries.get(uid)) {
+            // The controller may be gone (shutting down): nothing to wake then.
+            let _ = wake.send(head.run.clone());
+        }
     }
 
     /// Runs admitted a second, as the queue can tell: the slower of what it has admitted over
@@ -316,10 +345,18 @@ impl Queue {
         let freeing = hold
             .filter(|h| *h > 0.0 && slots > 0)
             .map(|h| slots as f64 / h);
-        match (self.admitted_rate(now), freeing) {
+        let admitted = self.admitted_rate(now).or_else(|| self.last_pace(now));
+        match (admitted, freeing) {
             (Some(a), Some(f)) => Some(a.min(f)),
             (a, f) => a.or(f),
         }
+    }
+
+    /// The pace the queue last admitted runs at, if it told one within [`PEAK_FOR`].
+    fn last_pace(&self, now: Timestamp) -> Option<f64> {
+        self.last_pace
+            .filter(|(_, at)| now.duration_since(*at) < PEAK_FOR)
+            .map(|(pace, _)| pace)
     }
 
     /// Runs admitted out of the queue a second, over the last minute it has been waiting;
@@ -446,7 +483,7 @@ impl Admission {
     ) -> Ask {
         let mut queues = self.queues.lock().expect("not poisoned");
         let queue = queues.entry(namespace_of(run)).or_default();
-        queue.drop_stale(now);
+        queue.drop_gone(self.waits_at_most(), now);
         let room = queue.unschedulable.is_empty();
         if room && queue.entries.is_empty() && queued_since.is_none() {
             return Ask::Go;
@@ -471,7 +508,7 @@ impl Admission {
     ) -> Ask {
         let mut queues = self.queues.lock().expect("not poisoned");
         let queue = queues.entry(namespace_of(run)).or_default();
-        queue.drop_stale(now);
+        queue.drop_gone(self.waits_at_most(), now);
         let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
         let since = queue
             .entries
@@ -509,14 +546,10 @@ impl Admission {
                 Some(e) => e > self.allowance,
                 None => queue.longest_wait(position, turn) > self.allowance,
             };
-        let last_resort = since
-            .checked_add(
-                SignedDuration::try_from(self.allowance * LAST_RESORT_FACTOR)
-                    .unwrap_or(SignedDuration::MAX),
-            )
-            .unwrap_or(since);
+        let last_resort = since.checked_add(self.waits_at_most()).unwrap_or(since);
         let out_of_time = now >= last_resort;
-        if may_ask && position == 1 && !out_of_time {
+        // The head asks; so does the run after a head whose reconcile is late (lapsed).
+        if may_ask && queue.head(now) == Some(uid) && !out_of_time {
             return Ask::Head;
         }
         if hopeless || out_of_time {
@@ -593,10 +626,8 @@ impl Admission {
                     }
                 }
                 if queue.unschedulable.remove(uid) && queue.unschedulable.is_empty() {
-                    queue.drop_stale(now);
-                    if let Some(head) = queue.head() {
-                        let _ = self.wake.send(head.run.clone());
-                    }
+                    queue.drop_gone(self.waits_at_most(), now);
+                    queue.wake_head(&self.wake, now);
                 }
             }
         }
@@ -631,13 +662,20 @@ impl Admission {
     fn leave(&self, run: &ObjectRef<SandboxRun>, uid: &str, admitted: bool, now: Timestamp) {
         let mut queues = self.queues.lock().expect("not poisoned");
         let queue = queues.entry(namespace_of(run)).or_default();
-        let waited = queue.remove(uid, admitted);
-        if admitted && waited {
+        if admitted && queue.entries.contains_key(uid) {
             queue.admitted.push_back(now);
             while queue.admitted.len() > RATE_SAMPLES {
                 queue.admitted.pop_front();
             }
+            // Only while others still wait after it: the last runs out of a queue are let in
+            // as fast as they come, not as fast as sandboxes free, and say nothing of the pace.
+            if queue.entries.len() > 1
+                && let Some(pace) = queue.admitted_rate(now)
+            {
+                queue.last_pace = Some((pace, now));
+            }
         }
+        queue.remove(uid, admitted);
         if !admitted {
             queue.unschedulable.remove(uid);
             queue.unplaced.remove(uid);
@@ -661,12 +699,19 @@ impl Admission {
             holding, unplaced, ..
         } = &mut *queue;
         unplaced.retain(|uid| holding.contains_key(uid));
-        queue.drop_stale(now);
-        if let Some(head) = queue.head() {
-            // The controller may be gone (shutting down): nothing to wake then.
-            let _ = self.wake.send(head.run.clone());
-        }
+        queue.drop_gone(self.waits_at_most(), now);
+        queue.wake_head(&self.wake, now);
     }
+
+    /// The longest an accepted run waits: its last resort comes this long after it joined.
+    fn waits_at_most(&self) -> SignedDuration {
+        SignedDuration::try_from(self.allowance * LAST_RESORT_FACTOR).unwrap_or(SignedDuration::MAX)
+    }
+}
+
+/// Whether `entry`'s run has not been reconciled for [`LAPSED_AFTER`].
+fn lapsed(entry: &Entry, now: Timestamp) -> bool {
+    now.duration_since(entry.seen) >= LAPSED_AFTER
 }
 
 /// The queue a run belongs to: its namespace's.

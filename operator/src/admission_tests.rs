@@ -621,3 +621,100 @@ fn before_a_sandbox_is_placed_the_hold_seen_lately_bounds_the_wait_not_the_runs_
         assert!(matches!(asked, Ask::Wait(_)), "{name}: {asked:?}");
     }
 }
+
+#[test]
+fn a_run_whose_reconcile_comes_late_keeps_its_place_and_the_next_asks_meanwhile() {
+    let admission = Admission::new(Duration::from_secs(60));
+    admission.no_room(&run("a1"), "a1", "a", None, LONGEST, at(0));
+    assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
+    // a1's reconciles come late (an operator busy with a burst); b1's come on time.
+    for s in [3, 6, 9] {
+        let asked = admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(s));
+        assert_eq!(position(&asked), 2, "{s}");
+    }
+    // a1 has lapsed: b1 asks in its stead, and is let in.
+    assert_eq!(
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(12)),
+        Ask::Head
+    );
+    admission.admitted(&run("b1"), "b1", true, at(12));
+    // A run arriving meanwhile asks too while a1 is late; the quota has no room for it, and it
+    // waits behind a1, which still holds its place.
+    assert_eq!(ask(&admission, "c1", "c", at(13)), Ask::Head);
+    let c1 = admission.no_room(&run("c1"), "c1", "c", Some(at(13)), LONGEST, at(13));
+    assert_eq!(position(&c1), 2);
+    // a1's reconcile comes at last: it heads the queue, not behind the runs that came after it.
+    assert_eq!(
+        admission.ask(&run("a1"), "a1", "a", Some(at(0)), LONGEST, at(30)),
+        Ask::Head
+    );
+    let c1 = admission.ask(&run("c1"), "c1", "c", Some(at(13)), LONGEST, at(30));
+    assert_eq!(position(&c1), 2);
+}
+
+#[test]
+fn a_gone_run_leaves_the_queue_at_its_last_resort() {
+    let admission = Admission::new(Duration::from_secs(30));
+    admission.no_room(&run("gone"), "gone", "a", None, LONGEST, at(0));
+    let holds = || {
+        admission.queues.lock().unwrap()[NS]
+            .entries
+            .contains_key("gone")
+    };
+    // b1 waits behind it and is reconciled; the deleted run never is again.
+    for s in (1..60).step_by(3) {
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(s));
+    }
+    assert!(
+        holds(),
+        "kept until a run that came back would be refused anyway"
+    );
+    admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(60));
+    assert!(!holds(), "dropped at its last resort");
+}
+
+#[test]
+fn a_queue_that_fills_again_is_judged_on_the_pace_it_last_admitted_at() {
+    let admission = Admission::new(Duration::from_secs(60));
+    // Twenty runs wait for room; one is let in every 2 s while the others still wait.
+    admission.no_room(&run("w00"), "w00", "w00", None, LONGEST, at(0));
+    for i in 1..20 {
+        let name = format!("w{i:02}");
+        assert!(matches!(ask(&admission, &name, &name, at(0)), Ask::Wait(_)));
+    }
+    for k in 0..10 {
+        let now = at(2 * (k + 1));
+        for i in k..20 {
+            let name = format!("w{i:02}");
+            admission.ask(&run(&name), &name, &name, Some(at(0)), LONGEST, now);
+        }
+        let name = format!("w{k:02}");
+        admission.admitted(&run(&name), &name, true, now);
+    }
+    // The rest are cancelled and every sandbox given back: the queue is empty, nothing runs.
+    for i in 0..20 {
+        let name = format!("w{i:02}");
+        admission.ended(&run(&name), &name, at(21));
+    }
+    // A burst at 100 s: judged at once on the pace of 0.5 a second, so 30 places fit in the
+    // 60 s (without it: on the sandboxes' hold alone, no pace known).
+    admission.no_room(&run("b00"), "b00", "b00", None, LONGEST, at(100));
+    let mut waiting = 1;
+    let refusal = loop {
+        let name = format!("b{waiting:02}");
+        match ask(&admission, &name, &name, at(100)) {
+            Ask::Wait(place) if waiting < 100 => {
+                assert!(place.expected.is_some(), "{name}: the pace is known");
+                waiting += 1;
+            }
+            Ask::Refuse(refusal) => break refusal,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!((waiting, refusal.position), (30, 31));
+    assert_eq!(refusal.expected, Some(Duration::from_secs(62)));
+    // Ten minutes on, that pace says nothing any more.
+    let queues = admission.queues.lock().unwrap();
+    assert!(queues[NS].last_pace(at(619)).is_some());
+    assert!(queues[NS].last_pace(at(621)).is_none());
+}

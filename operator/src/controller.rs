@@ -387,6 +387,9 @@ pub struct Reconcile<'a> {
     pub now: Timestamp,
     /// The run's `metadata.generation`, recorded as `observedGeneration`.
     pub generation: Option<i64>,
+    /// The run's resourceVersion as this reconciliation last read it from the API server or
+    /// wrote its status, if it did ([`Self::known_version`]).
+    known_version: std::sync::Mutex<Option<String>>,
 }
 
 impl<'a> Reconcile<'a> {
@@ -402,7 +405,20 @@ impl<'a> Reconcile<'a> {
             ns,
             now: Timestamp::now(),
             generation: run.metadata.generation,
+            known_version: std::sync::Mutex::default(),
         })
+    }
+
+    /// The run's resourceVersion as this reconciliation last read it fresh ([`Self::fresh_status`])
+    /// or wrote its status: the run as it is now unless someone else wrote it since, for a write
+    /// conditional on it (such a write then fails, and the run is looked at again) without
+    /// reading the run once more.
+    pub fn known_version(&self) -> Option<String> {
+        self.known_version.lock().expect("not poisoned").clone()
+    }
+
+    fn know_version(&self, version: Option<String>) {
+        *self.known_version.lock().expect("not poisoned") = version;
     }
 
     /// The stages, in order; each either hands over to the next or ends the reconciliation.
@@ -933,11 +949,13 @@ impl<'a> Reconcile<'a> {
     /// The run's status as the API server has it now (never the watch cache): `None` when the
     /// run is gone, else its status.
     pub async fn fresh_status(&self) -> Result<Option<SandboxRunStatus>, Error> {
-        Ok(self
-            .runs
-            .get_opt(&self.name)
-            .await?
-            .map(|fresh| fresh.status.unwrap_or_default()))
+        let fresh = self.runs.get_opt(&self.name).await?;
+        self.know_version(
+            fresh
+                .as_ref()
+                .and_then(|r| r.metadata.resource_version.clone()),
+        );
+        Ok(fresh.map(|fresh| fresh.status.unwrap_or_default()))
     }
 
     /// Writes the whole status with server-side apply: fields the operator stops setting are
@@ -972,8 +990,15 @@ impl<'a> Reconcile<'a> {
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&patch),
             )
-            .await?;
-        Ok(written.metadata.resource_version)
+            .await;
+        // Unknown after a failed write: it may have committed all the same.
+        let version = written
+            .as_ref()
+            .ok()
+            .and_then(|w| w.metadata.resource_version.clone());
+        self.know_version(version.clone());
+        written?;
+        Ok(version)
     }
 
     /// Deletes a Pod; one that is already gone is fine.

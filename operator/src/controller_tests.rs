@@ -24,7 +24,7 @@ fn run_json(tool: Value) -> Value {
         "apiVersion": "sandboxrun.dev/v1alpha1",
         "kind": "SandboxRun",
         "metadata": {"name": RUN, "namespace": NS, "uid": "uid-1", "generation": 1,
-            "creationTimestamp": Timestamp::now().to_string()},
+            "resourceVersion": "1", "creationTimestamp": Timestamp::now().to_string()},
         "spec": spec,
     })
 }
@@ -239,11 +239,18 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
 /// Asserts that the reconcile just made decided the run on a fresh read and ended it after one
 /// more (the terminal check) in a single status write, with `phase`, `reason` and the decision's
 /// `verdict`, then recorded its audit line, and that no Pod was made. Returns the status.
-fn assert_ended_at_once(api: &FakeApi, phase: &str, reason: &str, verdict: &str) -> Value {
-    assert_eq!(
-        api.take_requests(),
-        [get_run(), get_run(), patch_status(), patch_status()]
-    );
+/// `reads`: the reads of the run before its end is written (one to decide it, and one more
+/// unless the end is written over the run as the first read it).
+fn assert_ended_at_once(
+    api: &FakeApi,
+    reads: usize,
+    phase: &str,
+    reason: &str,
+    verdict: &str,
+) -> Value {
+    let mut requests = vec![get_run(); reads];
+    requests.extend([patch_status(), patch_status()]);
+    assert_eq!(api.take_requests(), requests);
     let status = api.status();
     assert_eq!(
         (
@@ -264,7 +271,7 @@ async fn a_blocked_run_ends_rejected_without_a_pod() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, Some("default: block\nrules: []\n"));
     let action = reconcile_as(cached(&api), &ctx).await;
-    let status = assert_ended_at_once(&api, "Rejected", "PolicyBlocked", "Block");
+    let status = assert_ended_at_once(&api, 2, "Rejected", "PolicyBlocked", "Block");
     assert!(status.get("podName").is_none(), "{status}");
     assert!(action != Action::await_change());
     assert_eq!(
@@ -661,8 +668,9 @@ async fn a_run_refused_on_arrival_records_its_decision_and_its_refusal_in_one_wr
     // it and no pace known yet, it cannot be sure to start in time.
     let ctx = context_with_a_run_waiting(&api, std::time::Duration::from_secs(12));
     reconcile_as(cached(&api), &ctx).await;
-    // The decision and the refusal in one write. Before: the decision had a write of its own.
-    let status = assert_ended_at_once(&api, "Rejected", "NoCapacity", "Allow");
+    // The decision and the refusal in one write (before: the decision had a write of its own),
+    // over the run as it was read to decide it (before: read once more).
+    let status = assert_ended_at_once(&api, 1, "Rejected", "NoCapacity", "Allow");
     assert!(status["retryAfterSeconds"].as_u64().is_some(), "{status}");
     // Decided once: one policy Event, one audit line that carries the decision.
     assert_eq!(
@@ -672,6 +680,26 @@ async fn a_run_refused_on_arrival_records_its_decision_and_its_refusal_in_one_wr
     let lines = audit.lines();
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["fields"]["verdict"], "Allow", "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_refusal_is_written_only_over_the_run_as_it_was_read() {
+    let (audit, _guard) = Captured::audit();
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context_with_a_run_waiting(&api, std::time::Duration::from_secs(12));
+    // Someone else writes the run just after the operator read it to decide it.
+    api.with(|s| s.write_after_reads = 1);
+    reconcile_as(cached(&api), &ctx).await;
+    // The refusal was conditional on the run as read: refused by the API server, nothing
+    // recorded, no audit line.
+    assert_eq!(api.take_requests(), [get_run(), patch_status()]);
+    assert!(api.status().is_null(), "{}", api.status());
+    assert!(audit.lines().is_empty());
+    // The next reconcile decides it on the run as it is now and ends it, once.
+    reconcile_as(cached(&api), &ctx).await;
+    let status = assert_ended_at_once(&api, 1, "Rejected", "NoCapacity", "Allow");
+    assert!(status["retryAfterSeconds"].as_u64().is_some(), "{status}");
+    assert_eq!(audit.lines().len(), 1);
 }
 
 #[tokio::test]

@@ -123,7 +123,14 @@ impl Reconcile<'_> {
         let pod_name = pod_name.as_str();
         match phase::next(&prev, pod.as_ref(), &limits, self.now) {
             Next::CreatePod => {
-                if !first && let Some(claimed) = self.earlier_claim().await? {
+                // Not for a run recorded cold: it was recorded so only after no claim was made
+                // (or a claim in doubt was settled), and claims nothing after. A run waiting in
+                // the queue after the quota refused its Pod is reconciled every few seconds:
+                // the list would be one more request each time.
+                if !first
+                    && prev.path != Some(SandboxPath::Cold)
+                    && let Some(claimed) = self.earlier_claim().await?
+                {
                     // An operator before a restart claimed this sandbox and stopped before it
                     // recorded the claim, so it sent nothing there: take it up, never a second.
                     info!(run = %self.name, pod = %claimed.claimed.pod, "taking up a warm sandbox claimed before a restart");
