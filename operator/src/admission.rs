@@ -2,27 +2,29 @@
 //!
 //! A python run needs a sandbox Pod, and the namespace's ResourceQuota bounds how many exist at
 //! once, its nodes how many can run. When a create is refused for quota, or while a sandbox Pod
-//! waits for a node with room, a run joins its namespace's queue instead of asking on its own: without a queue, whichever retry happened to come first after a sandbox
-//! was freed won, an agent with many calls crowded out one with few, and a run nobody let in
-//! waited silently until its deadline and then failed (the load suite: 395 of 918 calls).
+//! waits for a node with room, a run joins its namespace's queue instead of asking on its own:
+//! without a queue, whichever retry happened to come first after a sandbox was freed won, an
+//! agent with many calls crowded out one with few, and a run nobody let in waited silently
+//! until its deadline and then failed (the load suite: 395 of 918 calls).
 //!
 //! The queue is fair across agents: agents take turns however many calls each has waiting
 //! (start-time fair queueing: each waiting run holds a turn of its agent's, one after the later
-//! of its agent's last turn and the turn last served; the queue goes by turn, then arrival). Only the run at the head
-//! asks for a sandbox; when it gets one (or a run ends and frees one) the next head is woken.
-//! While the queue is not empty, every new run joins it, so nobody overtakes a waiting run.
+//! of its agent's last turn and the turn last served; the queue goes by turn, then arrival).
+//! Only the run at the head asks for a sandbox; when it gets one (or a run ends and frees one)
+//! the next head is woken. While the queue is not empty, every new run joins it, so nobody
+//! overtakes a waiting run.
 //!
 //! A run is judged once, on arrival: one whose expected wait (the runs ahead of it, with those
 //! whose Pod waits for a node, over the rate at which the queue admits runs) is longer than the
-//! allowance is refused at once, with the expected wait as a retry hint. A queue that fills
-//! again goes by the pace it last admitted runs at until it can tell its own. Before the queue
-//! can tell any pace (a new leader, or the first seconds of its first burst: no sandbox held
-//! long enough to tell), the wait is bounded instead by the longest it can be: every sandbox ahead held as long
-//! as runs were held lately, or, before any ended, as long as the arriving run may hold one; a
-//! run refused on that bound is told to retry once the pace is known ([`UNKNOWN_PACE_RETRY`]). One accepted waits for its sandbox, also when the pace
-//! turns out slower than estimated, and is refused only as a last resort, at twice the allowance
-//! (a queue that stopped moving): no run fails or times out only because others were ahead of
-//! it, and a caller refused hears it at once.
+//! allowance is refused at once, with the expected wait as a retry hint. A queue that fills again
+//! goes by the pace it last admitted runs at until it can tell its own. Before the queue can tell
+//! any pace (a new leader, or the first seconds of its first burst: no sandbox held long enough to
+//! tell), the wait is bounded instead by the longest it can be: every sandbox ahead held as long as
+//! runs were held lately, or, before any ended, as long as the arriving run may hold one; a run
+//! refused on that bound is told to retry once the pace is known ([`UNKNOWN_PACE_RETRY`]). One
+//! accepted waits for its sandbox, also when the pace turns out slower than estimated, and is
+//! refused only as a last resort, at twice the allowance (a queue that stopped moving): no run
+//! fails or times out only because others were ahead of it, and a caller refused hears it at once.
 //!
 //! The queue lives in the leader's memory; what a run's status records (`queuedAt`) puts it back
 //! in its place after a restart, when its reconcile registers it again. Every waiting run is

@@ -143,8 +143,8 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, None);
 
-    // First reconciliation: decide (fresh read, the Allow recorded), then the Pod (its status
-    // is the one just written: no second read of the run): the cold path recorded before the
+    // First reconciliation: decide (fresh read), then the Pod (no second read of the run): no
+    // pool has a sandbox, so the Allow and the cold path are recorded in one write before the
     // Pod is asked for, then the Pod recorded.
     let action = reconcile_as(cached(&api), &ctx).await;
     assert_eq!(
@@ -153,7 +153,6 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
             get_run(),
             patch_status(),
             get_pod(),
-            patch_status(),
             format!("POST /api/v1/namespaces/{NS}/pods"),
             patch_status(),
         ]
@@ -1294,6 +1293,9 @@ async fn a_fitting_run_claims_a_ready_sandbox_and_records_it_before_sending_code
         requests.iter().rposition(|x| *x == patch_status()),
     );
     assert!(claimed.is_some() && recorded > claimed, "{requests:?}");
+    // The decision recorded before the claim, in a write of its own.
+    let decided = requests.iter().position(|x| *x == patch_status());
+    assert!(decided.is_some() && decided < claimed, "{requests:?}");
     // Never a cold Pod next to the warm one, nor a read of its name on the warm path.
     assert!(
         !requests.iter().any(|r| r.starts_with("POST /api/v1")),

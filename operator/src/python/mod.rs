@@ -170,26 +170,38 @@ impl Reconcile<'_> {
                         Turn::Done(action) => return Ok(action),
                     }
                 }
-                if unrecorded {
-                    // The decision, recorded before a sandbox is claimed or created.
-                    self.apply(&prev).await?;
-                }
                 // Cold once recorded cold: a Pod asked for earlier may still appear under the
-                // run's name (below), so no warm sandbox is claimed beside it.
-                if prev.path != Some(SandboxPath::Cold)
-                    && let Some(claimed) = self.claim_warm(profile, &limits, files).await?
-                {
-                    self.ctx
-                        .admission
-                        .admitted(&self.run_ref(), &self.uid(), true, self.now);
-                    return self.run_warm(&prev, &claimed, &limits, files).await;
+                // run's name (below), so no warm sandbox is claimed beside it. Otherwise the
+                // pools with a sandbox to claim, as the watch has them; a claim of this run's
+                // whose answer was lost is settled whatever they say.
+                let pools = if prev.path == Some(SandboxPath::Cold) {
+                    Vec::new()
+                } else {
+                    self.warm_pools(profile, &limits)
+                };
+                let may_claim =
+                    !pools.is_empty() || self.ctx.claims_in_doubt.get(&self.uid()).is_some();
+                if may_claim {
+                    if unrecorded {
+                        // The decision, recorded before a sandbox is claimed.
+                        self.apply(&prev).await?;
+                    }
+                    if let Some(claimed) = self.claim_warm(&pools, &limits, files).await? {
+                        self.ctx
+                            .admission
+                            .admitted(&self.run_ref(), &self.uid(), true, self.now);
+                        return self.run_warm(&prev, &claimed, &limits, files).await;
+                    }
                 }
+                // Cold from here, recorded before the Pod is asked for; a decision not written
+                // yet is recorded in the same write (no pool had a sandbox: the usual case
+                // under load, one write fewer per cold run).
+                let prev = self.record_cold(prev).await?;
                 if first && self.pods.get_opt(pod_name).await?.is_some() {
                     // An earlier run's Pod under this run's name (the read skipped above): the
                     // next reconcile reads it as any other does, and removes it.
                     return Ok(Action::requeue(std::time::Duration::from_millis(100)));
                 }
-                let prev = self.record_cold(prev).await?;
                 self.create_pod(&prev, &limits, files, pod_name).await
             }
             Next::Progress(progress) => {

@@ -140,11 +140,54 @@ pub fn claim_patch(
 }
 
 impl Reconcile<'_> {
-    /// Claims a ready sandbox of a pool that fits the run's `profile` and `limits`, if there is
-    /// one, for a run that returns files within `files`.
+    /// The pools whose sandboxes the run may claim now (of its `profile`, for its `limits`), as
+    /// the operator's watch has them: those not empty as of their last reconcile (a claim wakes
+    /// a pool at once). An empty one is missed now, which grows a pool that follows demand;
+    /// under load, runs that wait for room in the quota would otherwise list it every few
+    /// seconds each. From the cache alone: a run with no pool to claim from goes cold with its
+    /// decision and its path in one status write.
+    pub(super) fn warm_pools(&self, profile: Profile, limits: &Limits) -> Vec<String> {
+        let ctx = self.ctx;
+        let uid = self.uid();
+        let pools = ctx.pools.state();
+        let names = candidates(
+            pools.iter().map(|p| p.as_ref()),
+            &self.ns,
+            profile,
+            limits,
+            &ctx.sandbox,
+        );
+        names
+            .into_iter()
+            .filter(|name| {
+                let Some(pool_obj) = pools
+                    .iter()
+                    .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+                else {
+                    return false;
+                };
+                // A preloading pool's starting sandboxes may be importing: one of them is still
+                // sooner than a sandbox of the run's own, which would have to start and import.
+                let preloads = !pool_obj.spec.profile.preloaded_modules().is_empty();
+                let empty = pool_obj.status.as_ref().is_some_and(|st| {
+                    st.ready_replicas == 0 && (st.starting_replicas == 0 || !preloads)
+                });
+                if empty {
+                    ctx.metrics
+                        .warm_claim_result(&pool::key(&self.ns, name), false);
+                    ctx.pool_demand.missed(&self.ns, name, &uid, self.now);
+                }
+                !empty
+            })
+            .collect()
+    }
+
+    /// Claims a ready sandbox of one of `pools` ([`Self::warm_pools`]) for the run, with
+    /// `limits`, returning files within `files`. A claim of this run's whose answer was lost is
+    /// settled first, whatever `pools` says.
     pub(super) async fn claim_warm(
         &self,
-        profile: Profile,
+        pools: &[String],
         limits: &Limits,
         files: FileCaps,
     ) -> Result<Option<Claimed>, Error> {
@@ -155,44 +198,26 @@ impl Reconcile<'_> {
         {
             return Ok(Some(claimed));
         }
-        let pools = ctx.pools.state();
-        let names = candidates(
-            pools.iter().map(|p| p.as_ref()),
-            &self.ns,
-            profile,
-            limits,
-            &ctx.sandbox,
-        );
+        let state = ctx.pools.state();
         let started = std::time::Instant::now();
-        for name in names {
-            let pool_ref = pools
+        for name in pools {
+            let Some(pool_obj) = state
                 .iter()
-                .find(|p| p.metadata.name.as_deref() == Some(name.as_str()));
-            let Some(pool_obj) = pool_ref else { continue };
-            // A preloading pool's starting sandboxes may be importing: one of them is still
-            // sooner than a sandbox of the run's own, which would have to start and import.
-            let preloads = !pool_obj.spec.profile.preloaded_modules().is_empty();
-            if pool_obj.status.as_ref().is_some_and(|st| {
-                st.ready_replicas == 0 && (st.starting_replicas == 0 || !preloads)
-            }) {
-                // Empty as of its last reconcile (a claim wakes it at once): under load, runs
-                // that wait for room in the quota would otherwise list it every few seconds each.
-                ctx.metrics
-                    .warm_claim_result(&pool::key(&self.ns, &name), false);
-                ctx.pool_demand.missed(&self.ns, &name, &uid, self.now);
+                .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+            else {
                 continue;
-            }
+            };
             let profile = pool::profile_hash(pool_obj, &ctx.sandbox);
             let selector = format!(
                 "{LABEL_POOL}={},{LABEL_PROFILE}={profile}",
-                pod::label_value(&name)
+                pod::label_value(name)
             );
             // The pool's Pods as the operator's watch has them, then (none there, or each one
             // it showed changed since) fresh from the API server: either way the resourceVersion
             // read is the claim's precondition, so a Pod claimed or changed since is a conflict,
             // never a second claim.
             // Read in place: each idle Pod is tens of kilobytes, not copied per claim.
-            let label = pod::label_value(&name);
+            let label = pod::label_value(name);
             let watched = ctx.idle_pods.state();
             let watched: Vec<&Pod> = watched
                 .iter()
@@ -204,7 +229,7 @@ impl Reconcile<'_> {
                 })
                 .collect();
             if let Some(claimed) = self
-                .claim_one_of(&name, &watched, limits, files, started)
+                .claim_one_of(name, &watched, limits, files, started)
                 .await?
             {
                 return Ok(Some(claimed));
@@ -216,14 +241,14 @@ impl Reconcile<'_> {
                 .items;
             let listed: Vec<&Pod> = listed.iter().collect();
             if let Some(claimed) = self
-                .claim_one_of(&name, &listed, limits, files, started)
+                .claim_one_of(name, &listed, limits, files, started)
                 .await?
             {
                 return Ok(Some(claimed));
             }
             ctx.metrics
-                .warm_claim_result(&pool::key(&self.ns, &name), false);
-            ctx.pool_demand.missed(&self.ns, &name, &uid, self.now);
+                .warm_claim_result(&pool::key(&self.ns, name), false);
+            ctx.pool_demand.missed(&self.ns, name, &uid, self.now);
         }
         Ok(None)
     }
