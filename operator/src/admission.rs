@@ -54,8 +54,11 @@ pub const REFRESH: Duration = Duration::from_secs(2);
 /// How soon the head asks again after the quota refused it (a freed sandbox also wakes it).
 pub const HEAD_RETRY: Duration = Duration::from_millis(500);
 /// An entry not refreshed for this long has lapsed: its run's reconcile is late, or the run is
-/// gone. It keeps its place but does not ask for a sandbox.
-const LAPSED_AFTER: SignedDuration = SignedDuration::from_secs(10);
+/// gone. It keeps its place but does not ask for a sandbox. Well above the time between two
+/// reconciles of a waiting run under load: [`REFRESH`] and the reconcile's own reads (a few
+/// seconds each on two saturated cores, the load suite); at 10 s, runs whose reads were slow
+/// lapsed while they waited, and runs after them went first.
+const LAPSED_AFTER: SignedDuration = SignedDuration::from_secs(30);
 /// How many admissions out of the queue the rate is estimated from.
 const RATE_SAMPLES: usize = 256;
 /// Admissions older than this say nothing about the rate now.
@@ -581,6 +584,15 @@ impl Admission {
             since,
             expected,
         })
+    }
+
+    /// Whether run `uid` got a sandbox and has not ended, as far as this process saw: a status
+    /// that says it still waits without one lags the operator's own record.
+    pub fn holds(&self, run: &ObjectRef<SandboxRun>, uid: &str) -> bool {
+        let queues = self.queues.lock().expect("not poisoned");
+        queues
+            .get(&namespace_of(run))
+            .is_some_and(|q| q.holding.contains_key(uid))
     }
 
     /// Run `uid` got its sandbox: it leaves the queue (if it waited there), and the next run

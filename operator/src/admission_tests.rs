@@ -250,11 +250,12 @@ fn a_run_that_is_gone_stops_holding_the_head() {
     admission.no_room(&run("gone"), "gone", "a", None, LONGEST, at(0));
     assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
     // b1 keeps being reconciled; the deleted run does not.
-    for s in [3, 6, 9] {
-        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(s));
+    for s in [10, 20, 29] {
+        let asked = admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(s));
+        assert_eq!(position(&asked), 2, "{s}: not lapsed yet");
     }
     assert_eq!(
-        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(12)),
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(31)),
         Ask::Head
     );
 }
@@ -627,28 +628,29 @@ fn a_run_whose_reconcile_comes_late_keeps_its_place_and_the_next_asks_meanwhile(
     let admission = Admission::new(Duration::from_secs(60));
     admission.no_room(&run("a1"), "a1", "a", None, LONGEST, at(0));
     assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
-    // a1's reconciles come late (an operator busy with a burst); b1's come on time.
-    for s in [3, 6, 9] {
+    // a1's reconciles come late (an operator busy with a burst); b1's come on time. A
+    // reconcile some seconds late is not lapsed.
+    for s in [10, 20, 29] {
         let asked = admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(s));
         assert_eq!(position(&asked), 2, "{s}");
     }
     // a1 has lapsed: b1 asks in its stead, and is let in.
     assert_eq!(
-        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(12)),
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(31)),
         Ask::Head
     );
-    admission.admitted(&run("b1"), "b1", true, at(12));
+    admission.admitted(&run("b1"), "b1", true, at(31));
     // A run arriving meanwhile asks too while a1 is late; the quota has no room for it, and it
     // waits behind a1, which still holds its place.
-    assert_eq!(ask(&admission, "c1", "c", at(13)), Ask::Head);
-    let c1 = admission.no_room(&run("c1"), "c1", "c", Some(at(13)), LONGEST, at(13));
+    assert_eq!(ask(&admission, "c1", "c", at(32)), Ask::Head);
+    let c1 = admission.no_room(&run("c1"), "c1", "c", Some(at(32)), LONGEST, at(32));
     assert_eq!(position(&c1), 2);
     // a1's reconcile comes at last: it heads the queue, not behind the runs that came after it.
     assert_eq!(
-        admission.ask(&run("a1"), "a1", "a", Some(at(0)), LONGEST, at(30)),
+        admission.ask(&run("a1"), "a1", "a", Some(at(0)), LONGEST, at(45)),
         Ask::Head
     );
-    let c1 = admission.ask(&run("c1"), "c1", "c", Some(at(13)), LONGEST, at(30));
+    let c1 = admission.ask(&run("c1"), "c1", "c", Some(at(32)), LONGEST, at(45));
     assert_eq!(position(&c1), 2);
 }
 

@@ -682,6 +682,38 @@ async fn a_run_refused_on_arrival_records_its_decision_and_its_refusal_in_one_wr
 }
 
 #[tokio::test]
+async fn a_run_whose_cached_status_lags_its_sandbox_does_not_join_the_queue_again() {
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context_with_a_run_waiting(&api, crate::admission::DEFAULT_ALLOWANCE);
+    reconcile_as(cached(&api), &ctx).await;
+    // The cache's copy of the run still says it waits when its turn comes.
+    let stale = cached(&api);
+    assert_eq!(stale.status.as_ref().unwrap().queue_position, Some(2));
+    let earlier = ObjectRef::<SandboxRun>::new("an-earlier-run").within(NS);
+    ctx.admission
+        .ended(&earlier, "uid-of-an-earlier-run", Timestamp::now());
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.status()["podName"], POD, "{}", api.status());
+    api.take_requests();
+    // Its Pod's event comes before its own status write reaches the cache: the run is read as
+    // any run with a sandbox is, not taken for one that waits.
+    reconcile_as(stale, &ctx).await;
+    assert!(api.take_requests().contains(&get_pod()));
+    assert_eq!(api.status()["podName"], POD, "{}", api.status());
+    // It stands in the queue as nobody: a new run goes straight to a sandbox.
+    let other = ObjectRef::<SandboxRun>::new("a-later-run").within(NS);
+    let ask = ctx.admission.ask(
+        &other,
+        "uid-of-a-later-run",
+        "another-agent",
+        None,
+        std::time::Duration::from_secs(1),
+        Timestamp::now(),
+    );
+    assert_eq!(ask, crate::admission::Ask::Go);
+}
+
+#[tokio::test]
 async fn a_refusal_is_written_only_over_the_run_as_it_was_read() {
     let (audit, _guard) = Captured::audit();
     let api = FakeApi::start(run_json(python())).await;

@@ -46,8 +46,14 @@ impl Reconcile<'_> {
         }
         // A run waiting in the queue that never asked for a Pod has none to read: its turn is
         // all there is to look at (every few seconds while it waits, for many runs at once).
+        // Not when the queue says it got a sandbox: then the cached status lags the operator's
+        // own record of it (a Pod's event came first), and the run is read as any other is;
+        // taken for waiting, it would join the queue again and stand in it as nobody.
         let mut admitted = false;
-        if decided.is_none() && queue::waiting_without_pod(&prev) {
+        if decided.is_none()
+            && queue::waiting_without_pod(&prev)
+            && !self.ctx.admission.holds(&self.run_ref(), &self.uid())
+        {
             match self.turn(prev).await? {
                 Turn::Go(next) => (prev, admitted) = (*next, true),
                 Turn::Done(action) => return Ok(action),

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -48,7 +49,9 @@ impl Reconcile<'_> {
             &self.run.spec.agent,
             prev.queued_at.as_ref().map(|t| t.0),
             self.longest_hold(),
-            self.now,
+            // The clock now, not when the reconcile began: its reads before may have taken
+            // seconds under load, and the queue tells a run whose reconcile is late by it.
+            Timestamp::now(),
         );
         match ask {
             Ask::Go | Ask::Head => Ok(Turn::Go(Box::new(SandboxRunStatus {
@@ -70,7 +73,7 @@ impl Reconcile<'_> {
             &self.run.spec.agent,
             prev.queued_at.as_ref().map(|t| t.0),
             self.longest_hold(),
-            self.now,
+            Timestamp::now(),
         );
         match ask {
             Ask::Wait(place) => self.wait(prev, &place).await,
