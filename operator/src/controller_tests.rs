@@ -143,16 +143,15 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, None);
 
-    // First reconciliation: decide (fresh read), then the Pod (no second read of the run): no
-    // pool has a sandbox, so the Allow and the cold path are recorded in one write before the
-    // Pod is asked for, then the Pod recorded.
+    // First reconciliation: decide (fresh read), then the Pod (no second read of the run, no
+    // read of the Pod's name): no pool has a sandbox, so the Allow and the cold path are
+    // recorded in one write before the Pod is asked for, then the Pod recorded.
     let action = reconcile_as(cached(&api), &ctx).await;
     assert_eq!(
         api.take_requests(),
         [
             get_run(),
             patch_status(),
-            get_pod(),
             format!("POST /api/v1/namespaces/{NS}/pods"),
             patch_status(),
         ]
@@ -777,9 +776,10 @@ async fn a_pod_of_an_earlier_run_with_the_same_name_is_not_adopted() {
     });
     let ctx = context(&api, None);
     // The reconcile that decides the run does not read its Pod's name (no Pod of its own can
-    // exist before its decision) until it goes cold: it finds one there and looks again.
+    // exist before its decision): its create meets the one there, and it looks again.
     reconcile_as(cached(&api), &ctx).await;
     assert!(api.with(|s| s.pod.is_some()));
+    assert!(api.status().get("podName").is_none(), "{}", api.status());
     reconcile_as(cached(&api), &ctx).await;
     // Before: Succeeded with the earlier run's output. Now: that Pod is removed, unread.
     let status = api.status();

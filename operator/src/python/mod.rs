@@ -203,12 +203,8 @@ impl Reconcile<'_> {
                 // yet is recorded in the same write (no pool had a sandbox: the usual case
                 // under load, one write fewer per cold run).
                 let prev = self.record_cold(prev).await?;
-                if first && self.pods.get_opt(pod_name).await?.is_some() {
-                    // An earlier run's Pod under this run's name (the read skipped above): the
-                    // next reconcile reads it as any other does, and removes it.
-                    return Ok(Action::requeue(std::time::Duration::from_millis(100)));
-                }
-                self.create_pod(&prev, &limits, files, pod_name).await
+                self.create_pod(&prev, &limits, files, pod_name, first)
+                    .await
             }
             Next::Progress(progress) => {
                 // Started: the runner waits for its program. Sent before Running is recorded, so
@@ -302,13 +298,15 @@ impl Reconcile<'_> {
     }
 
     /// Creates the sandbox Pod, with the decision's limits (the requested ones, lowered to the
-    /// policy rule's ceilings) and caps on returned files.
+    /// policy rule's ceilings) and caps on returned files. `first`: in the reconcile that decided
+    /// the run, which has not read the Pod's name (no Pod of the run's own can exist yet).
     async fn create_pod(
         &self,
         prev: &SandboxRunStatus,
         limits: &Limits,
         files: FileCaps,
         pod_name: &str,
+        first: bool,
     ) -> Result<Action, Error> {
         let (run, ctx, now) = (self.run, self.ctx, self.now);
         let desired = pod::build_with_limits(run, &ctx.sandbox, limits, files)?;
@@ -320,6 +318,12 @@ impl Reconcile<'_> {
                 // Counted here, once per Pod: a lagging cache can show "no phase" again.
                 ctx.metrics.entered(Phase::Pending);
                 ctx.events.pod_created(run, pod_name).await;
+            }
+            // In the reconcile that decided the run: an earlier run's Pod under this run's name
+            // (asked for without a read first: a round trip fewer on every cold run's path). The
+            // next reconcile reads it as any other does, and removes it.
+            Err(kube::Error::Api(e)) if e.code == 409 && e.reason == "AlreadyExists" && first => {
+                return Ok(Action::requeue(std::time::Duration::from_millis(100)));
             }
             // Created before a restart, or by a concurrent reconcile: same Pod, same name (its
             // owner is checked when it is read). Any other 409 (a conflict on the namespace's
