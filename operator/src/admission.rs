@@ -94,6 +94,16 @@ pub enum Placement {
     Placed,
 }
 
+/// How many more sandboxes the namespace's quota had room for, as last seen: a hint
+/// (`quota_room.rs`), never the authority (the create is).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Room {
+    /// Sandboxes of the asking run's size it had room for.
+    pub sandboxes: u32,
+    /// When it was seen: Pods created after this are not counted in it.
+    pub seen: Timestamp,
+}
+
 /// What a run that needs a sandbox may do now.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Ask {
@@ -217,6 +227,10 @@ struct Queue {
     /// the nodes or the quota have. It stands in for the sandboxes running now while Pods just
     /// created are not placed yet (the first seconds of a burst), for [`PEAK_FOR`].
     peak: Option<(usize, Timestamp)>,
+    /// Runs let ask for a Pod of their own (asked with a [`Room`]), by uid: since when, and when
+    /// their Pod was created (`None`: not yet). Until the quota is seen after that, its usage may not count them, and
+    /// the room it says it has is that much smaller ([`Queue::room_left`]).
+    asked: HashMap<String, (Timestamp, Option<Timestamp>)>,
 }
 
 impl Queue {
@@ -407,6 +421,18 @@ impl Queue {
         }
     }
 
+    /// Whether `room`, the quota as last seen, has room for one more sandbox beside the runs let
+    /// ask that it may not count yet: those still asking, and those whose Pod was created after
+    /// it was seen. A run that asked and was heard of no more (its reconcile failed) stops
+    /// counting after [`LAPSED_AFTER`].
+    fn room_left(&mut self, room: Room, now: Timestamp) -> bool {
+        self.asked.retain(|_, (since, created)| match created {
+            Some(at) => *at >= room.seen,
+            None => now.duration_since(*since) < LAPSED_AFTER,
+        });
+        usize::try_from(room.sandboxes).unwrap_or(usize::MAX) > self.asked.len()
+    }
+
     /// How long each sandbox ahead may be held, for a queue that cannot tell its pace: the
     /// average hold seen lately if a run has ended (nothing may run now: the Pods ahead are not
     /// placed yet), else `longest`, the arriving run's own limit.
@@ -477,6 +503,16 @@ impl Admission {
     /// Run `uid` (of `agent`) needs a sandbox: may it ask for one now? `queued_since` is when
     /// its status says it joined the queue, if it did; it may wait the allowance from then.
     /// `longest`: the most it can hold a sandbox (its timeout and its Pod's start-up grace).
+    /// `quota`: the room the namespace's quota had for its Pod when last seen, if known (not
+    /// asked of a run that will claim a warm sandbox, which needs none).
+    ///
+    /// A run arriving while nobody waits asks at once, unless the quota is known to be full:
+    /// then it joins the queue and is judged on arrival, as every run of a burst beyond the
+    /// room is, rather than after a create the quota refuses.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "what the queue weighs of one run, each from a different place"
+    )]
     pub fn ask(
         &self,
         run: &ObjectRef<SandboxRun>,
@@ -484,18 +520,32 @@ impl Admission {
         agent: &str,
         queued_since: Option<Timestamp>,
         longest: Duration,
+        quota: Option<Room>,
         now: Timestamp,
     ) -> Ask {
         let mut queues = self.queues.lock().expect("not poisoned");
         let queue = queues.entry(namespace_of(run)).or_default();
         queue.drop_gone(self.waits_at_most(), now);
         let room = queue.unschedulable.is_empty();
-        if room && queue.entries.is_empty() && queued_since.is_none() {
+        if room
+            && queue.entries.is_empty()
+            && queued_since.is_none()
+            && quota.is_none_or(|q| queue.room_left(q, now))
+        {
+            if quota.is_some() {
+                queue.asked.insert(uid.to_owned(), (now, None));
+            }
             return Ask::Go;
         }
         let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
         self.enter(queue, run, uid, agent, queued_since.unwrap_or(now), now);
-        self.judge(queue, uid, arriving, longest, room, now)
+        let ask = self.judge(queue, uid, arriving, longest, room, now);
+        // Only a run that will make a Pod of its own counts against the room (a run a pool may
+        // serve is asked with none).
+        if ask == Ask::Head && quota.is_some() {
+            queue.asked.entry(uid.to_owned()).or_insert((now, None));
+        }
+        ask
     }
 
     /// Run `uid` asked for a sandbox and the quota had no room: it joins the queue (at the head
@@ -513,6 +563,8 @@ impl Admission {
     ) -> Ask {
         let mut queues = self.queues.lock().expect("not poisoned");
         let queue = queues.entry(namespace_of(run)).or_default();
+        // Refused: it takes no room.
+        queue.asked.remove(uid);
         queue.drop_gone(self.waits_at_most(), now);
         let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
         let since = queue
@@ -602,8 +654,14 @@ impl Admission {
         {
             let mut queues = self.queues.lock().expect("not poisoned");
             let queue = queues.entry(namespace_of(run)).or_default();
-            if !placed {
+            if placed {
+                // A warm sandbox: its Pod was counted long ago.
+                queue.asked.remove(uid);
+            } else {
                 queue.unplaced.insert(uid.to_owned());
+                if let Some((_, created)) = queue.asked.get_mut(uid) {
+                    *created = Some(now);
+                }
             }
         }
         self.leave(run, uid, true, now);
@@ -693,6 +751,7 @@ impl Admission {
         if !admitted {
             queue.unschedulable.remove(uid);
             queue.unplaced.remove(uid);
+            queue.asked.remove(uid);
         }
         if admitted {
             queue.holding.insert(uid.to_owned(), now);

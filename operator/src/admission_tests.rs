@@ -16,7 +16,7 @@ const LONGEST: Duration = Duration::from_secs(1);
 
 /// Run `name` of `agent` asks at `now`, not queued before.
 fn ask(admission: &Admission, name: &str, agent: &str, now: Timestamp) -> Ask {
-    admission.ask(&run(name), name, agent, None, LONGEST, now)
+    admission.ask(&run(name), name, agent, None, LONGEST, None, now)
 }
 
 fn position(ask: &Ask) -> u32 {
@@ -44,7 +44,7 @@ fn a_run_the_quota_refused_heads_the_queue_and_later_runs_wait_behind_it() {
     // Nobody overtakes it: a new run waits even though it has not tried.
     assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
     assert_eq!(
-        admission.ask(&run("a1"), "a1", "a", Some(at(0)), LONGEST, at(1)),
+        admission.ask(&run("a1"), "a1", "a", Some(at(0)), LONGEST, None, at(1)),
         Ask::Head
     );
 }
@@ -63,7 +63,7 @@ fn agents_take_turns_however_many_runs_each_has_waiting() {
         .into_iter()
         .map(|name| {
             let agent = &name[..1];
-            let p = admission.ask(&run(name), name, agent, Some(at(0)), LONGEST, at(4));
+            let p = admission.ask(&run(name), name, agent, Some(at(0)), LONGEST, None, at(4));
             (name.to_owned(), position(&p))
         })
         .collect();
@@ -88,7 +88,7 @@ fn order_of(admission: &Admission, names: &[&str], now: Timestamp) -> Vec<String
         .iter()
         .map(|name| {
             let agent = &name[..1];
-            let p = admission.ask(&run(name), name, agent, Some(at(0)), LONGEST, now);
+            let p = admission.ask(&run(name), name, agent, Some(at(0)), LONGEST, None, now);
             (position(&p), (*name).to_owned())
         })
         .collect();
@@ -161,7 +161,7 @@ fn busy_queue(allowance: u64, waiting: usize) -> Admission {
     admission.no_room(&run("head"), "head", "h", None, LONGEST, at(0));
     for i in 0..waiting {
         let name = format!("w{i}");
-        admission.ask(&run(&name), &name, &name, None, LONGEST, at(0));
+        admission.ask(&run(&name), &name, &name, None, LONGEST, None, at(0));
     }
     for s in 1..=20 {
         let name = format!("served{s}");
@@ -171,10 +171,10 @@ fn busy_queue(allowance: u64, waiting: usize) -> Admission {
         let before = format!("served{}", s - 1);
         admission.ended(&run(&before), &before, at(s));
         // The waiting runs are reconciled meanwhile, which keeps their places.
-        admission.ask(&run("head"), "head", "h", Some(at(0)), LONGEST, at(s));
+        admission.ask(&run("head"), "head", "h", Some(at(0)), LONGEST, None, at(s));
         for i in 0..waiting {
             let name = format!("w{i}");
-            admission.ask(&run(&name), &name, &name, Some(at(0)), LONGEST, at(s));
+            admission.ask(&run(&name), &name, &name, Some(at(0)), LONGEST, None, at(s));
         }
     }
     admission
@@ -228,12 +228,13 @@ fn an_accepted_run_waits_past_its_allowance_and_is_refused_only_as_a_last_resort
     // Reconciled every few seconds while it waits; nobody is admitted, and it was accepted: it
     // is not refused at the end of its allowance.
     for s in (2..60).step_by(2) {
-        admission.ask(&run("head"), "head", "h", Some(at(0)), LONGEST, at(s));
-        let again = admission.ask(&run("w"), "w", "w", Some(at(0)), LONGEST, at(s));
+        admission.ask(&run("head"), "head", "h", Some(at(0)), LONGEST, None, at(s));
+        let again = admission.ask(&run("w"), "w", "w", Some(at(0)), LONGEST, None, at(s));
         assert!(matches!(again, Ask::Wait(_)), "{s}: {again:?}");
     }
     // At twice the allowance the queue has not moved for a minute: a rate of zero.
-    let Ask::Refuse(refusal) = admission.ask(&run("w"), "w", "w", Some(at(0)), LONGEST, at(60))
+    let Ask::Refuse(refusal) =
+        admission.ask(&run("w"), "w", "w", Some(at(0)), LONGEST, None, at(60))
     else {
         panic!("not refused")
     };
@@ -251,11 +252,11 @@ fn a_run_that_is_gone_stops_holding_the_head() {
     assert_eq!(position(&ask(&admission, "b1", "b", at(1))), 2);
     // b1 keeps being reconciled; the deleted run does not.
     for s in [10, 20, 29] {
-        let asked = admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(s));
+        let asked = admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, None, at(s));
         assert_eq!(position(&asked), 2, "{s}: not lapsed yet");
     }
     assert_eq!(
-        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(31)),
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, None, at(31)),
         Ask::Head
     );
 }
@@ -264,12 +265,12 @@ fn a_run_that_is_gone_stops_holding_the_head() {
 fn after_a_restart_waiting_runs_take_their_recorded_places() {
     let admission = Admission::new(Duration::from_secs(600));
     // Reconciled in any order: the recorded times decide.
-    let second = admission.ask(&run("r2"), "r2", "b", Some(at(5)), LONGEST, at(100));
+    let second = admission.ask(&run("r2"), "r2", "b", Some(at(5)), LONGEST, None, at(100));
     assert_eq!(second, Ask::Head, "alone so far");
-    let first = admission.ask(&run("r1"), "r1", "a", Some(at(2)), LONGEST, at(100));
+    let first = admission.ask(&run("r1"), "r1", "a", Some(at(2)), LONGEST, None, at(100));
     assert_eq!(first, Ask::Head);
     assert_eq!(
-        position(&admission.ask(&run("r2"), "r2", "b", Some(at(5)), LONGEST, at(100))),
+        position(&admission.ask(&run("r2"), "r2", "b", Some(at(5)), LONGEST, None, at(100))),
         2
     );
 }
@@ -280,7 +281,7 @@ fn queues_of_different_namespaces_are_separate() {
     admission.no_room(&run("a1"), "a1", "a", None, LONGEST, at(0));
     let other = ObjectRef::new("o1").within("elsewhere");
     assert_eq!(
-        admission.ask(&other, "o1", "a", None, LONGEST, at(0)),
+        admission.ask(&other, "o1", "a", None, LONGEST, None, at(0)),
         Ask::Go
     );
 }
@@ -346,7 +347,7 @@ fn while_a_sandbox_waits_for_a_node_everyone_else_waits_in_the_queue() {
     admission.scheduling(&run("a1"), "a1", Placement::Placed, at(2));
     assert_eq!(next(), Some(run("b1")));
     assert_eq!(
-        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(2)),
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, None, at(2)),
         Ask::Head
     );
 }
@@ -427,7 +428,7 @@ fn runs_that_came_before_the_queue_could_tell_its_rate_are_accepted_and_later_on
     for s in [6, 14, 22, 30, 38, 46, 54, 62, 70] {
         for i in 0..150 {
             let name = format!("w{i:03}");
-            let again = admission.ask(&run(&name), &name, &name, Some(at(1)), LONGEST, at(s));
+            let again = admission.ask(&run(&name), &name, &name, Some(at(1)), LONGEST, None, at(s));
             assert!(
                 matches!(again, Ask::Wait(_) | Ask::Head),
                 "{name} at {s}: {again:?}"
@@ -519,7 +520,15 @@ fn the_room_seen_lately_does_not_stand_for_sandboxes_when_no_pod_waits_for_a_nod
     // At 41 s the one sandbox has been held 21 s: four places ahead of a new call, 84 s.
     for i in 0..3 {
         let name = format!("w{i}");
-        admission.ask(&run(&name), &name, &name, Some(at(21)), LONGEST, at(41));
+        admission.ask(
+            &run(&name),
+            &name,
+            &name,
+            Some(at(21)),
+            LONGEST,
+            None,
+            at(41),
+        );
     }
     let Ask::Refuse(refusal) = ask(&admission, "late", "z", at(41)) else {
         panic!("not refused: the room of five seen earlier stood for the one there is")
@@ -579,7 +588,7 @@ fn before_the_queue_can_tell_its_pace_a_run_that_might_wait_too_long_is_refused_
         })
     ));
     assert!(matches!(
-        admission.ask(&run("w03"), "w03", "w03", None, longest, at(1)),
+        admission.ask(&run("w03"), "w03", "w03", None, longest, None, at(1)),
         Ask::Refuse(Refusal {
             position: 2,
             unknown_pace: Some(_),
@@ -593,7 +602,8 @@ fn before_the_queue_can_tell_its_pace_a_run_that_might_wait_too_long_is_refused_
     ));
     // At 7 s the 3 sandboxes have been held 6 s: half a run a second, (2 + 17) / 0.5 = 38 s for
     // the next place. The pace decides now, whatever the run's own limit.
-    let Ask::Wait(place) = admission.ask(&run("w04"), "w04", "w04", None, longest, at(7)) else {
+    let Ask::Wait(place) = admission.ask(&run("w04"), "w04", "w04", None, longest, None, at(7))
+    else {
         panic!("judged on the longest wait once the pace is known")
     };
     assert_eq!(place.position, 2);
@@ -617,7 +627,7 @@ fn before_a_sandbox_is_placed_the_hold_seen_lately_bounds_the_wait_not_the_runs_
         let asked = if i == 0 {
             admission.no_room(&run(name), name, name, None, longest, at(11))
         } else {
-            admission.ask(&run(name), name, name, None, longest, at(11))
+            admission.ask(&run(name), name, name, None, longest, None, at(11))
         };
         assert!(matches!(asked, Ask::Wait(_)), "{name}: {asked:?}");
     }
@@ -631,12 +641,12 @@ fn a_run_whose_reconcile_comes_late_keeps_its_place_and_the_next_asks_meanwhile(
     // a1's reconciles come late (an operator busy with a burst); b1's come on time. A
     // reconcile some seconds late is not lapsed.
     for s in [10, 20, 29] {
-        let asked = admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(s));
+        let asked = admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, None, at(s));
         assert_eq!(position(&asked), 2, "{s}");
     }
     // a1 has lapsed: b1 asks in its stead, and is let in.
     assert_eq!(
-        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(31)),
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, None, at(31)),
         Ask::Head
     );
     admission.admitted(&run("b1"), "b1", true, at(31));
@@ -647,10 +657,10 @@ fn a_run_whose_reconcile_comes_late_keeps_its_place_and_the_next_asks_meanwhile(
     assert_eq!(position(&c1), 2);
     // a1's reconcile comes at last: it heads the queue, not behind the runs that came after it.
     assert_eq!(
-        admission.ask(&run("a1"), "a1", "a", Some(at(0)), LONGEST, at(45)),
+        admission.ask(&run("a1"), "a1", "a", Some(at(0)), LONGEST, None, at(45)),
         Ask::Head
     );
-    let c1 = admission.ask(&run("c1"), "c1", "c", Some(at(32)), LONGEST, at(45));
+    let c1 = admission.ask(&run("c1"), "c1", "c", Some(at(32)), LONGEST, None, at(45));
     assert_eq!(position(&c1), 2);
 }
 
@@ -665,13 +675,13 @@ fn a_gone_run_leaves_the_queue_at_its_last_resort() {
     };
     // b1 waits behind it and is reconciled; the deleted run never is again.
     for s in (1..60).step_by(3) {
-        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(s));
+        admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, None, at(s));
     }
     assert!(
         holds(),
         "kept until a run that came back would be refused anyway"
     );
-    admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, at(60));
+    admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, None, at(60));
     assert!(!holds(), "dropped at its last resort");
 }
 
@@ -688,7 +698,7 @@ fn a_queue_that_fills_again_is_judged_on_the_pace_it_last_admitted_at() {
         let now = at(2 * (k + 1));
         for i in k..20 {
             let name = format!("w{i:02}");
-            admission.ask(&run(&name), &name, &name, Some(at(0)), LONGEST, now);
+            admission.ask(&run(&name), &name, &name, Some(at(0)), LONGEST, None, now);
         }
         let name = format!("w{k:02}");
         admission.admitted(&run(&name), &name, true, now);
@@ -719,4 +729,88 @@ fn a_queue_that_fills_again_is_judged_on_the_pace_it_last_admitted_at() {
     let queues = admission.queues.lock().unwrap();
     assert!(queues[NS].last_pace(at(619)).is_some());
     assert!(queues[NS].last_pace(at(621)).is_none());
+}
+
+/// Run `name` asks at `now`, the quota having had room for `room` more sandboxes at `seen`.
+fn ask_with_room(admission: &Admission, name: &str, room: u32, seen: i64, now: i64) -> Ask {
+    let quota = Room {
+        sandboxes: room,
+        seen: at(seen),
+    };
+    admission.ask(&run(name), name, name, None, LONGEST, Some(quota), at(now))
+}
+
+#[test]
+fn a_burst_asks_only_for_the_room_the_quota_has_and_the_rest_are_judged_on_arrival() {
+    // Runs may hold a sandbox 40 s and wait 60: with nothing running yet, a run with one
+    // sandbox ahead of it may wait up to 80 s.
+    let admission = Admission::new(Duration::from_secs(60));
+    let longest = Duration::from_secs(40);
+    let asks: Vec<Ask> = (0..6)
+        .map(|i| {
+            let name = format!("r{i}");
+            let quota = Some(Room {
+                sandboxes: 3,
+                seen: at(0),
+            });
+            admission.ask(&run(&name), &name, &name, None, longest, quota, at(1))
+        })
+        .collect();
+    // Three ask; the fourth heads the queue and asks for the queue (the quota seen may lag a
+    // sandbox just freed); the fifth is judged at once, not after a create the quota refuses.
+    assert_eq!(asks[..3], [Ask::Go, Ask::Go, Ask::Go]);
+    assert_eq!(asks[3], Ask::Head);
+    assert!(
+        matches!(&asks[4], Ask::Refuse(r) if r.position == 2),
+        "{:?}",
+        asks[4]
+    );
+    assert!(matches!(&asks[5], Ask::Refuse(_)), "{:?}", asks[5]);
+    // A longer allowance: the rest wait in the queue, in the order they came.
+    let admission = Admission::new(Duration::from_secs(600));
+    for i in 0..3 {
+        assert_eq!(
+            ask_with_room(&admission, &format!("s{i}"), 3, 0, 1),
+            Ask::Go
+        );
+    }
+    assert_eq!(ask_with_room(&admission, "s3", 3, 0, 1), Ask::Head);
+    assert_eq!(position(&ask_with_room(&admission, "s4", 3, 0, 1)), 2);
+}
+
+#[test]
+fn runs_let_ask_count_against_the_room_until_the_quota_is_seen_after_their_pod() {
+    let admission = Admission::new(Duration::from_secs(60));
+    assert_eq!(ask_with_room(&admission, "a", 2, 0, 1), Ask::Go);
+    // a's Pod is created at 2: the quota seen at 0 (room for 2) does not count it yet.
+    admission.admitted(&run("a"), "a", false, at(2));
+    assert_eq!(ask_with_room(&admission, "b", 2, 0, 3), Ask::Go);
+    admission.admitted(&run("b"), "b", false, at(4));
+    assert_eq!(ask_with_room(&admission, "c", 2, 0, 5), Ask::Head);
+    admission.ended(&run("c"), "c", at(5));
+    // Seen at 6, after both Pods: the room it says is all there is.
+    assert_eq!(ask_with_room(&admission, "d", 1, 6, 7), Ask::Go);
+    assert_eq!(ask_with_room(&admission, "e", 1, 6, 7), Ask::Head);
+    admission.ended(&run("e"), "e", at(7));
+    // The quota refused d after all (its view lagged): d takes no room.
+    admission.no_room(&run("d"), "d", "d", None, LONGEST, at(8));
+    admission.ended(&run("d"), "d", at(8));
+    assert_eq!(ask_with_room(&admission, "f", 1, 6, 9), Ask::Go);
+    // A run that was let ask and then heard of no more (its reconcile failed) stops counting.
+    assert_eq!(ask_with_room(&admission, "g", 1, 6, 9), Ask::Head);
+    admission.ended(&run("g"), "g", at(9));
+    let later = 9 + LAPSED_AFTER.as_secs();
+    assert_eq!(ask_with_room(&admission, "h", 1, 6, later), Ask::Go);
+}
+
+#[test]
+fn a_warm_sandbox_and_an_unknown_room_take_nothing_from_the_room() {
+    let admission = Admission::new(Duration::from_secs(60));
+    assert_eq!(ask_with_room(&admission, "a", 1, 0, 1), Ask::Go);
+    // a claimed a warm sandbox: its Pod was counted long ago.
+    admission.admitted(&run("a"), "a", true, at(2));
+    assert_eq!(ask_with_room(&admission, "b", 1, 0, 3), Ask::Go);
+    // No room known (no watch, no quota): every run of an empty queue asks.
+    assert_eq!(ask(&admission, "c", "c", at(3)), Ask::Go);
+    assert_eq!(ask(&admission, "d", "d", at(3)), Ask::Go);
 }

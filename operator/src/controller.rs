@@ -97,6 +97,9 @@ pub struct Context {
     pub held: crate::pool_streams::HeldStreams,
     /// The queues of runs waiting for room for a sandbox (`admission.rs`).
     pub admission: crate::admission::Admission,
+    /// The room the namespaces' quotas have for sandbox Pods, as a watch has it
+    /// (`quota_room.rs`); nothing known without one.
+    pub quota_room: crate::quota_room::QuotaRoom,
     /// Held while a run opens a session: an agent's open sessions are counted and the new one
     /// created under it (`session/call.rs`).
     pub sessions_opening: tokio::sync::Mutex<()>,
@@ -156,6 +159,7 @@ impl Context {
             pool_demand: crate::pool_scale::Demand::default(),
             held: crate::pool_streams::HeldStreams::default(),
             admission: crate::admission::Admission::new(crate::admission::DEFAULT_ALLOWANCE),
+            quota_room: crate::quota_room::QuotaRoom::default(),
             sessions_opening: tokio::sync::Mutex::default(),
             failures: Mutex::default(),
             unaudited: Mutex::default(),
@@ -188,7 +192,6 @@ impl Context {
         self
     }
 
-    /// The same context, claiming warm sandboxes from the pools in `pools`.
     /// The same context, holding streams to the pools' ready sandboxes or (`hold` false) not.
     pub fn holding_streams(mut self, hold: bool) -> Self {
         self.held = crate::pool_streams::HeldStreams::enabled(hold);
@@ -201,6 +204,7 @@ impl Context {
         self
     }
 
+    /// The same context, claiming warm sandboxes from the pools in `pools`.
     pub fn with_pools(
         mut self,
         pools: kube::runtime::reflector::Store<sandboxrun_api::SandboxPool>,
@@ -208,6 +212,12 @@ impl Context {
     ) -> Self {
         self.pools = pools;
         self.idle_pods = idle_pods;
+        self
+    }
+
+    /// The same context, weighing the room for a run's Pod with `quota_room`.
+    pub fn with_quota_room(mut self, quota_room: crate::quota_room::QuotaRoom) -> Self {
+        self.quota_room = quota_room;
         self
     }
 

@@ -707,6 +707,7 @@ async fn a_run_whose_cached_status_lags_its_sandbox_does_not_join_the_queue_agai
         "another-agent",
         None,
         std::time::Duration::from_secs(1),
+        None,
         Timestamp::now(),
     );
     assert_eq!(ask, crate::admission::Ask::Go);
@@ -753,6 +754,84 @@ async fn a_run_that_waits_on_arrival_records_its_decision_with_its_place() {
     reconcile_as(cached(&api), &ctx).await;
     assert_eq!(api.with(|s| s.events.clone()), ["PolicyAllowed"]);
     assert_eq!(api.status()["decision"], status["decision"]);
+}
+
+/// A store of the namespace's quotas, seen just now: `used` Pods of `hard`.
+fn quota_room(hard: u32, used: u32) -> crate::quota_room::QuotaRoom {
+    let (reader, mut writer) = kube::runtime::reflector::store();
+    let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "sandbox-quota", "namespace": NS},
+        "spec": {"hard": {"pods": hard.to_string()}},
+        "status": {"hard": {"pods": hard.to_string()}, "used": {"pods": used.to_string()}},
+    }))
+    .unwrap();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(quota));
+    crate::quota_room::QuotaRoom::new(reader).seen_at(Timestamp::now())
+}
+
+/// Reconciles the run in the background until its Pod's create is on its way (held there),
+/// and says what a run arriving meanwhile may do; then lets the create be answered.
+async fn a_run_arriving_while_a_create_is_on_its_way(
+    api: &FakeApi,
+    ctx: &Arc<Context>,
+) -> crate::admission::Ask {
+    api.with(|s| s.hold_pod_creates = true);
+    let reconciling = tokio::spawn(reconcile(Arc::new(cached(api)), ctx.clone()));
+    let create = format!("POST /api/v1/namespaces/{NS}/pods");
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while !api.with(|s| s.requests.contains(&create)) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the run asks for its Pod");
+    let later = ObjectRef::<SandboxRun>::new("a-later-run").within(NS);
+    let ask = ctx.admission.ask(
+        &later,
+        "uid-of-a-later-run",
+        "another-agent",
+        None,
+        std::time::Duration::from_secs(1),
+        // A Pod of no size takes one of the Pods the quota counts.
+        ctx.quota_room
+            .room(NS, &crate::quota_room::Needs::default()),
+        Timestamp::now(),
+    );
+    api.with(|s| s.hold_pod_creates = false);
+    reconciling.await.unwrap().unwrap();
+    ask
+}
+
+#[tokio::test]
+async fn a_burst_asks_for_no_more_pods_than_the_quota_has_room_for() {
+    // Room for one: the run asks, and a run arriving while its create is on its way is judged
+    // in the queue at once instead of asking too (and being refused by the quota first).
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = Arc::try_unwrap(context(&api, None)).ok().unwrap();
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 4)));
+    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx).await;
+    assert!(
+        matches!(&later, crate::admission::Ask::Head),
+        "the first in the queue: {later:?}"
+    );
+    assert_eq!(api.status()["reason"], "PodCreated", "{}", api.status());
+    // Room for two: both ask.
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = Arc::try_unwrap(context(&api, None)).ok().unwrap();
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 3)));
+    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx).await;
+    assert_eq!(later, crate::admission::Ask::Go);
+}
+
+#[tokio::test]
+async fn a_run_a_pool_may_serve_takes_no_room_in_the_quota() {
+    // The pool may have a sandbox: the run will not make a Pod, so it is not counted against
+    // the room of one, and the next run asks too.
+    let api = FakeApi::start(default_limits_run()).await;
+    let ctx = Arc::try_unwrap(context_with_pool(&api)).ok().unwrap();
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 4)));
+    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx).await;
+    assert_eq!(later, crate::admission::Ask::Go);
 }
 
 #[tokio::test]

@@ -32,6 +32,8 @@ pub struct ApiState {
     pub stall_logs: bool,
     /// When set, no request is ever answered (a stalled API server).
     pub stall_all: bool,
+    /// While set, a Pod create is held unanswered (a create on its way), then answered.
+    pub hold_pod_creates: bool,
     /// Status writes that commit but answer 504 (the response lost on the way back), counted
     /// down per write.
     pub lose_status_responses: u32,
@@ -272,6 +274,11 @@ async fn handle(
     };
     if stall {
         return std::future::pending().await;
+    }
+    if method == Method::POST && path == format!("/api/v1/namespaces/{NS}/pods") {
+        while state.lock().unwrap().hold_pod_creates {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
     let mut s = state.lock().unwrap();
     let runs = format!("/apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxruns/");

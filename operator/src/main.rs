@@ -20,6 +20,7 @@ mod python;
 mod query;
 #[cfg(test)]
 mod query_depth_tests;
+mod quota_room;
 mod run_quota;
 mod session;
 mod ttl;
@@ -199,6 +200,14 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(pool::mirror(pools_api(), pool_writer, metrics.clone()));
     let (idle_pods, idle_writer) = kube::runtime::reflector::store();
     tokio::spawn(pool::mirror_idle_pods(pods_api(), idle_writer));
+    // The room the namespace's quotas have for sandbox Pods: a burst asks for no more.
+    let (quotas, quota_writer) = kube::runtime::reflector::store();
+    let quota_room = quota_room::QuotaRoom::new(quotas);
+    let quotas_api: kube::Api<k8s_openapi::api::core::v1::ResourceQuota> = match namespace {
+        Some(ns) => kube::Api::namespaced(client.clone(), ns),
+        None => kube::Api::all(client.clone()),
+    };
+    tokio::spawn(quota_room.clone().watch(quotas_api, quota_writer));
 
     let ctx = Arc::new(
         Context::new(
@@ -220,6 +229,7 @@ async fn main() -> anyhow::Result<()> {
         .with_prometheus(prometheus, config.prometheus_environment)
         .with_identity(identity.clone())
         .with_pools(pool_store, idle_pods)
+        .with_quota_room(quota_room)
         .holding_streams(config.hold_streams)
         .with_queue_allowance(std::time::Duration::from_secs(
             config.max_queue_wait_seconds,

@@ -26,6 +26,7 @@ use self::phase::{Exited, Next, Progress};
 use self::queue::Turn;
 use crate::controller::{Decided, Error, Reconcile, is_terminal, until};
 use crate::outcome::Outcome;
+use crate::quota_room::Needs;
 
 impl Reconcile<'_> {
     /// The execute stage of a python run: one step of the Pod state machine. `decided` is the
@@ -54,7 +55,7 @@ impl Reconcile<'_> {
             && queue::waiting_without_pod(&prev)
             && !self.ctx.admission.holds(&self.run_ref(), &self.uid())
         {
-            match self.turn(prev).await? {
+            match self.turn(prev, None).await? {
                 Turn::Go(next) => (prev, admitted) = (*next, true),
                 Turn::Done(action) => return Ok(action),
             }
@@ -168,9 +169,17 @@ impl Reconcile<'_> {
                     );
                     return self.end(&prev, Some(Tool::Python), &outcome, None).await;
                 }
-                // Its turn: nobody waits for a sandbox, or it heads the queue.
+                // What its own Pod would be, and the room the quota has for it: weighed only
+                // for a run that will make one (not one a pool may have a sandbox for).
+                let desired = pod::build_with_limits(self.run, &self.ctx.sandbox, &limits, files)?;
+                let cold = prev.path == Some(SandboxPath::Cold);
+                let quota = (cold || !self.may_run_warm(profile, &limits))
+                    .then(|| self.ctx.quota_room.room(&self.ns, &Needs::of(&desired)))
+                    .flatten();
+                // Its turn: nobody waits for a sandbox (and the quota has room, as far as the
+                // operator has seen), or it heads the queue.
                 if !admitted {
-                    match self.turn(prev).await? {
+                    match self.turn(prev, quota).await? {
                         Turn::Go(next) => prev = *next,
                         // Its place in the queue or its refusal, written with the decision.
                         Turn::Done(action) => return Ok(action),
@@ -203,7 +212,7 @@ impl Reconcile<'_> {
                 // yet is recorded in the same write (no pool had a sandbox: the usual case
                 // under load, one write fewer per cold run).
                 let prev = self.record_cold(prev).await?;
-                self.create_pod(&prev, &limits, files, pod_name, first)
+                self.create_pod(&prev, desired, &limits, files, pod_name, first)
                     .await
             }
             Next::Progress(progress) => {
@@ -303,18 +312,20 @@ impl Reconcile<'_> {
     async fn create_pod(
         &self,
         prev: &SandboxRunStatus,
+        desired: Pod,
         limits: &Limits,
         files: FileCaps,
         pod_name: &str,
         first: bool,
     ) -> Result<Action, Error> {
         let (run, ctx, now) = (self.run, self.ctx, self.now);
-        let desired = pod::build_with_limits(run, &ctx.sandbox, limits, files)?;
         match self.pods.create(&PostParams::default(), &desired).await {
             Ok(_) => {
                 info!(run = %self.name, namespace = %self.ns, pod = %pod_name, "created sandbox pod");
+                // The clock now: the quota's usage seen before this moment does not count the
+                // Pod (quota_room.rs).
                 ctx.admission
-                    .admitted(&self.run_ref(), &self.uid(), false, now);
+                    .admitted(&self.run_ref(), &self.uid(), false, jiff::Timestamp::now());
                 // Counted here, once per Pod: a lagging cache can show "no phase" again.
                 ctx.metrics.entered(Phase::Pending);
                 ctx.events.pod_created(run, pod_name).await;

@@ -15,7 +15,7 @@ use sandboxrun_api::{SandboxRun, SandboxRunStatus};
 use sandboxrun_core::{Phase, Reason, Tool};
 use tracing::info;
 
-use crate::admission::{Ask, HEAD_RETRY, Place, REFRESH, Refusal};
+use crate::admission::{Ask, HEAD_RETRY, Place, REFRESH, Refusal, Room};
 use crate::controller::{Error, Reconcile};
 use crate::outcome::Outcome;
 use crate::python::pod::ACTIVE_DEADLINE_GRACE_SECONDS;
@@ -42,13 +42,16 @@ impl Reconcile<'_> {
     }
 
     /// May this run ask for a sandbox now? Waits in the queue, or ends refused, otherwise.
-    pub async fn turn(&self, prev: SandboxRunStatus) -> Result<Turn, Error> {
+    /// `quota`: the room the namespace's quota has for its Pod, as last seen, if it would make
+    /// one ([`crate::quota_room`]).
+    pub async fn turn(&self, prev: SandboxRunStatus, quota: Option<Room>) -> Result<Turn, Error> {
         let ask = self.ctx.admission.ask(
             &self.run_ref(),
             &self.uid(),
             &self.run.spec.agent,
             prev.queued_at.as_ref().map(|t| t.0),
             self.longest_hold(),
+            quota,
             // The clock now, not when the reconcile began: its reads before may have taken
             // seconds under load, and the queue tells a run whose reconcile is late by it.
             Timestamp::now(),

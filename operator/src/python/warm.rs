@@ -88,6 +88,17 @@ pub fn candidates<'a>(
     names
 }
 
+/// Whether `pool` may have a sandbox to claim, as its last reconcile reported it: a ready one,
+/// or, in a preloading pool, a starting one (it may be importing: still sooner than a sandbox of
+/// the run's own, which would have to start and import). A pool not reported on yet may.
+fn has_sandbox(pool: &SandboxPool) -> bool {
+    let preloads = !pool.spec.profile.preloaded_modules().is_empty();
+    !pool
+        .status
+        .as_ref()
+        .is_some_and(|st| st.ready_replicas == 0 && (st.starting_replicas == 0 || !preloads))
+}
+
 /// The patch that hands the idle sandbox `pod` of pool `pool` to `run`: conditional on the
 /// resourceVersion the claimer saw, it takes the Pod out of the pool (labels, owner), records
 /// the run's limits, its caps on returned files and the claim time, and shortens the Pod's
@@ -166,12 +177,7 @@ impl Reconcile<'_> {
                 else {
                     return false;
                 };
-                // A preloading pool's starting sandboxes may be importing: one of them is still
-                // sooner than a sandbox of the run's own, which would have to start and import.
-                let preloads = !pool_obj.spec.profile.preloaded_modules().is_empty();
-                let empty = pool_obj.status.as_ref().is_some_and(|st| {
-                    st.ready_replicas == 0 && (st.starting_replicas == 0 || !preloads)
-                });
+                let empty = !has_sandbox(pool_obj);
                 if empty {
                     ctx.metrics
                         .warm_claim_result(&pool::key(&self.ns, name), false);
@@ -180,6 +186,22 @@ impl Reconcile<'_> {
                 !empty
             })
             .collect()
+    }
+
+    /// Whether a pool the run fits may have a sandbox for it, as [`Self::warm_pools`] tells it,
+    /// recording nothing: a run that will claim one needs no room in the quota.
+    pub(super) fn may_run_warm(&self, profile: Profile, limits: &Limits) -> bool {
+        let pools = self.ctx.pools.state();
+        let names = candidates(
+            pools.iter().map(|p| p.as_ref()),
+            &self.ns,
+            profile,
+            limits,
+            &self.ctx.sandbox,
+        );
+        pools
+            .iter()
+            .any(|p| p.metadata.name.as_ref().is_some_and(|n| names.contains(n)) && has_sandbox(p))
     }
 
     /// Claims a ready sandbox of one of `pools` ([`Self::warm_pools`]) for the run, with
