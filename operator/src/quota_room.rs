@@ -24,6 +24,7 @@ use kube::Api;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use sandboxrun_core::quantity::{cpu_millis, memory_bytes};
+use tracing::warn;
 
 use crate::admission::Room;
 
@@ -202,8 +203,10 @@ impl QuotaRoom {
             .default_backoff()
             .reflect(writer)
             .for_each(|event| {
-                if event.is_ok() {
-                    *seen.lock().expect("not poisoned") = Some(Timestamp::now());
+                match event {
+                    Ok(_) => *seen.lock().expect("not poisoned") = Some(Timestamp::now()),
+                    // Retried with backoff; until it works, runs ask as if no quota were known.
+                    Err(e) => warn!(error = %e, "cannot watch the sandbox namespace's ResourceQuotas (list and watch resourcequotas): a burst's runs beyond the quota's room are judged only after the quota refuses their Pods"),
                 }
                 async {}
             })
