@@ -214,8 +214,14 @@ struct Queue {
     /// node took its Pod if it waited for one.
     holding: HashMap<String, Timestamp>,
     /// How long a run holds its sandbox, on average lately (seconds; an exponential average of
-    /// the runs that ended).
+    /// the cold runs that ended, from when a node took their Pod).
     hold: Option<f64>,
+    /// The runs holding a warm sandbox, by uid: their hold is not a cold one's. A warm sandbox
+    /// started before it was claimed; the runs of the queue start theirs after the room frees
+    /// (the pool is empty under load). One warm `print(1)` ended a second after its claim was
+    /// a burst's only hold seen, and the burst was accepted 76 places deep on it (the load
+    /// suite, 2026-12-05: three of them met their last resort).
+    warm: HashSet<String>,
     /// Runs admitted whose sandbox Pod no node has taken yet: they go before the queue, and free
     /// nothing until a node takes them (with room for 3 and a quota of 20, 17 of them; the load
     /// suite's late refusals came from counting them as running).
@@ -227,8 +233,9 @@ struct Queue {
     /// the nodes or the quota have. It stands in for the sandboxes running now while Pods just
     /// created are not placed yet (the first seconds of a burst), for [`PEAK_FOR`].
     peak: Option<(usize, Timestamp)>,
-    /// Runs let ask for a Pod of their own (asked with a [`Room`]), by uid: since when, and when
-    /// their Pod was created (`None`: not yet). Until the quota is seen after that, its usage may not count them, and
+    /// Runs let ask for a sandbox while the room was known (asked with a [`Room`]), by uid:
+    /// since when, and when their Pod was created (`None`: not yet; a run that claims a warm
+    /// sandbox leaves). Until the quota is seen after that, its usage may not count them, and
     /// the room it says it has is that much smaller ([`Queue::room_left`]).
     asked: HashMap<String, (Timestamp, Option<Timestamp>)>,
 }
@@ -503,8 +510,8 @@ impl Admission {
     /// Run `uid` (of `agent`) needs a sandbox: may it ask for one now? `queued_since` is when
     /// its status says it joined the queue, if it did; it may wait the allowance from then.
     /// `longest`: the most it can hold a sandbox (its timeout and its Pod's start-up grace).
-    /// `quota`: the room the namespace's quota had for its Pod when last seen, if known (not
-    /// asked of a run that will claim a warm sandbox, which needs none).
+    /// `quota`: the room for it when last seen, if known: the namespace's quota's for its Pod,
+    /// and the ready sandboxes of the pools it may claim from.
     ///
     /// A run arriving while nobody waits asks at once, unless the quota is known to be full:
     /// then it joins the queue and is judged on arrival, as every run of a burst beyond the
@@ -540,8 +547,6 @@ impl Admission {
         let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
         self.enter(queue, run, uid, agent, queued_since.unwrap_or(now), now);
         let ask = self.judge(queue, uid, arriving, longest, room, now);
-        // Only a run that will make a Pod of its own counts against the room (a run a pool may
-        // serve is asked with none).
         if ask == Ask::Head && quota.is_some() {
             queue.asked.entry(uid.to_owned()).or_insert((now, None));
         }
@@ -657,6 +662,7 @@ impl Admission {
             if placed {
                 // A warm sandbox: its Pod was counted long ago.
                 queue.asked.remove(uid);
+                queue.warm.insert(uid.to_owned());
             } else {
                 queue.unplaced.insert(uid.to_owned());
                 if let Some((_, created)) = queue.asked.get_mut(uid) {
@@ -755,7 +761,9 @@ impl Admission {
         }
         if admitted {
             queue.holding.insert(uid.to_owned(), now);
-        } else if let Some(since) = queue.holding.remove(uid) {
+        } else if let Some(since) = queue.holding.remove(uid)
+            && !queue.warm.remove(uid)
+        {
             let held = now.duration_since(since).as_secs_f64().max(0.0);
             queue.hold = Some(
                 queue
@@ -769,9 +777,13 @@ impl Admission {
             .holding
             .retain(|_, since| now.duration_since(*since) < HELD_AT_MOST);
         let Queue {
-            holding, unplaced, ..
+            holding,
+            unplaced,
+            warm,
+            ..
         } = &mut *queue;
         unplaced.retain(|uid| holding.contains_key(uid));
+        warm.retain(|uid| holding.contains_key(uid));
         queue.drop_gone(self.waits_at_most(), now);
         queue.wake_head(&self.wake, now);
     }

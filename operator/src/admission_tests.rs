@@ -19,6 +19,13 @@ fn ask(admission: &Admission, name: &str, agent: &str, now: Timestamp) -> Ask {
     admission.ask(&run(name), name, agent, None, LONGEST, None, now)
 }
 
+/// Run `uid` got a sandbox of its own that a node runs (at once): a cold one, whose hold
+/// teaches the queue its pace.
+fn on_a_node(admission: &Admission, run: &ObjectRef<SandboxRun>, uid: &str, now: Timestamp) {
+    admission.admitted(run, uid, false, now);
+    admission.scheduling(run, uid, Placement::Placed, now);
+}
+
 fn position(ask: &Ask) -> u32 {
     match ask {
         Ask::Wait(place) => place.position,
@@ -112,13 +119,13 @@ fn turns_alternate_as_runs_are_admitted_not_only_on_arrival() {
         order_of(&admission, &all, at(3)),
         ["a1", "b1", "a2", "b2", "a3", "a4"]
     );
-    admission.admitted(&run("a1"), "a1", true, at(3));
+    on_a_node(&admission, &run("a1"), "a1", at(3));
     let rest = ["a2", "a3", "a4", "b1", "b2"];
     assert_eq!(
         order_of(&admission, &rest, at(3)),
         ["b1", "a2", "b2", "a3", "a4"]
     );
-    admission.admitted(&run("b1"), "b1", true, at(4));
+    on_a_node(&admission, &run("b1"), "b1", at(4));
     // A third agent arriving now takes the next round's turn: after a2 and b2, before a3.
     ask(&admission, "c1", "c", at(4));
     let rest = ["a2", "a3", "a4", "b2", "c1"];
@@ -142,14 +149,14 @@ fn the_next_head_is_woken_when_the_head_gets_a_sandbox_or_a_run_ends() {
     admission.no_room(&run("a1"), "a1", "a", None, LONGEST, at(0));
     ask(&admission, "b1", "b", at(0));
     ask(&admission, "c1", "c", at(1));
-    admission.admitted(&run("a1"), "a1", true, at(2));
+    on_a_node(&admission, &run("a1"), "a1", at(2));
     assert_eq!(next().unwrap(), run("b1"));
     // A run holding a sandbox ends: the head (still b1) asks again.
     admission.ended(&run("x"), "x", at(3));
     assert_eq!(next().unwrap(), run("b1"));
     admission.ended(&run("b1"), "b1", at(3));
     assert_eq!(next().unwrap(), run("c1"));
-    admission.admitted(&run("c1"), "c1", true, at(4));
+    on_a_node(&admission, &run("c1"), "c1", at(4));
     assert!(next().is_none(), "nobody left to wake");
     // The queue is empty again: the next run goes straight on.
     assert_eq!(ask(&admission, "d1", "d", at(5)), Ask::Go);
@@ -166,7 +173,7 @@ fn busy_queue(allowance: u64, waiting: usize) -> Admission {
     for s in 1..=20 {
         let name = format!("served{s}");
         admission.no_room(&run(&name), &name, &name, None, LONGEST, at(s));
-        admission.admitted(&run(&name), &name, true, at(s));
+        on_a_node(&admission, &run(&name), &name, at(s));
         // One sandbox, each held for a second.
         let before = format!("served{}", s - 1);
         admission.ended(&run(&before), &before, at(s));
@@ -293,7 +300,7 @@ fn sandboxes_held_now_tell_the_rate_before_the_queue_has_admitted_anyone() {
     for i in 0..10 {
         let name = format!("r{i}");
         assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
-        admission.admitted(&run(&name), &name, true, at(0));
+        on_a_node(&admission, &run(&name), &name, at(0));
     }
     for i in 0..5 {
         let name = format!("r{i}");
@@ -317,9 +324,9 @@ fn sandboxes_held_now_tell_the_rate_before_the_queue_has_admitted_anyone() {
     // A short queue waits.
     let fresh = Admission::new(Duration::from_secs(60));
     assert_eq!(ask(&fresh, "x", "x", at(0)), Ask::Go);
-    fresh.admitted(&run("x"), "x", true, at(0));
+    on_a_node(&fresh, &run("x"), "x", at(0));
     fresh.ended(&run("x"), "x", at(4));
-    fresh.admitted(&run("y"), "y", true, at(4));
+    on_a_node(&fresh, &run("y"), "y", at(4));
     fresh.no_room(&run("h"), "h", "h", None, LONGEST, at(5));
     assert!(matches!(ask(&fresh, "z", "z", at(5)), Ask::Wait(_)));
 }
@@ -412,7 +419,7 @@ fn runs_that_came_before_the_queue_could_tell_its_rate_are_accepted_and_later_on
     for i in 0..10 {
         let name = format!("r{i}");
         assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
-        admission.admitted(&run(&name), &name, true, at(0));
+        on_a_node(&admission, &run(&name), &name, at(0));
     }
     admission.no_room(&run("w000"), "w000", "w000", None, LONGEST, at(1));
     // A burst a second after the sandboxes were taken: nothing to tell a rate by yet.
@@ -452,14 +459,14 @@ fn saw_room(admission: &Admission, room: usize) {
     for i in 0..room {
         let name = format!("e{i}");
         assert_eq!(ask(admission, &name, &name, at(0)), Ask::Go);
-        admission.admitted(&run(&name), &name, true, at(0));
+        on_a_node(admission, &run(&name), &name, at(0));
     }
     admission.no_room(&run("q"), "q", "q", None, LONGEST, at(0));
     for i in 0..room {
         let name = format!("e{i}");
         admission.ended(&run(&name), &name, at(5));
     }
-    admission.admitted(&run("q"), "q", true, at(5));
+    on_a_node(admission, &run("q"), "q", at(5));
     admission.ended(&run("q"), "q", at(10));
 }
 
@@ -512,7 +519,7 @@ fn the_room_seen_lately_does_not_stand_for_sandboxes_when_no_pod_waits_for_a_nod
     saw_room(&admission, 5);
     // One sandbox held from 20 s, three calls waiting for room (no Pod of theirs: the quota).
     assert_eq!(ask(&admission, "holder", "h", at(20)), Ask::Go);
-    admission.admitted(&run("holder"), "holder", true, at(20));
+    on_a_node(&admission, &run("holder"), "holder", at(20));
     for i in 0..3 {
         let name = format!("w{i}");
         admission.no_room(&run(&name), &name, &name, None, LONGEST, at(21));
@@ -615,7 +622,7 @@ fn before_a_sandbox_is_placed_the_hold_seen_lately_bounds_the_wait_not_the_runs_
     // Runs held their sandboxes 2 s each lately (the queue's cluster test's first call).
     let admission = Admission::new(Duration::from_secs(60));
     assert_eq!(ask(&admission, "x", "x", at(0)), Ask::Go);
-    admission.admitted(&run("x"), "x", true, at(0));
+    on_a_node(&admission, &run("x"), "x", at(0));
     admission.ended(&run("x"), "x", at(2));
     // A long run takes the one sandbox; its Pod is not placed yet when the next calls meet the
     // quota: nothing runs, so the pace cannot be told.
@@ -649,7 +656,7 @@ fn a_run_whose_reconcile_comes_late_keeps_its_place_and_the_next_asks_meanwhile(
         admission.ask(&run("b1"), "b1", "b", Some(at(1)), LONGEST, None, at(31)),
         Ask::Head
     );
-    admission.admitted(&run("b1"), "b1", true, at(31));
+    on_a_node(&admission, &run("b1"), "b1", at(31));
     // A run arriving meanwhile asks too while a1 is late; the quota has no room for it, and it
     // waits behind a1, which still holds its place.
     assert_eq!(ask(&admission, "c1", "c", at(32)), Ask::Head);
@@ -701,7 +708,7 @@ fn a_queue_that_fills_again_is_judged_on_the_pace_it_last_admitted_at() {
             admission.ask(&run(&name), &name, &name, Some(at(0)), LONGEST, None, now);
         }
         let name = format!("w{k:02}");
-        admission.admitted(&run(&name), &name, true, now);
+        on_a_node(&admission, &run(&name), &name, now);
     }
     // The rest are cancelled and every sandbox given back: the queue is empty, nothing runs.
     for i in 0..20 {
@@ -813,4 +820,37 @@ fn a_warm_sandbox_and_an_unknown_room_take_nothing_from_the_room() {
     // No room known (no watch, no quota): every run of an empty queue asks.
     assert_eq!(ask(&admission, "c", "c", at(3)), Ask::Go);
     assert_eq!(ask(&admission, "d", "d", at(3)), Ask::Go);
+}
+
+#[test]
+fn a_warm_runs_hold_says_nothing_of_how_soon_the_queue_moves() {
+    // The runs of a burst the quota refused, with no pace known yet, after one run held a
+    // sandbox for a second and ended: each sandbox ahead may be held for that second only if
+    // it was a cold one (a warm one started before it was claimed).
+    let judged = |placed_at_once: bool| -> Vec<bool> {
+        let admission = Admission::new(Duration::from_secs(60));
+        let longest = Duration::from_secs(40);
+        if placed_at_once {
+            admission.admitted(&run("w"), "w", true, at(0));
+        } else {
+            on_a_node(&admission, &run("w"), "w", at(0));
+        }
+        admission.ended(&run("w"), "w", at(1));
+        (0..10)
+            .map(|i| {
+                let name = format!("r{i}");
+                let ask = admission.no_room(&run(&name), &name, &name, None, longest, at(2));
+                !matches!(ask, Ask::Refuse(_))
+            })
+            .collect()
+    };
+    // After a warm run: bounded by the runs' own 40 s, one place fits in the 60 s allowance.
+    let after_warm = judged(true);
+    assert_eq!(
+        after_warm.iter().filter(|a| **a).count(),
+        1,
+        "{after_warm:?}"
+    );
+    // After a cold run held a second: every place does.
+    assert!(judged(false).iter().all(|a| *a));
 }

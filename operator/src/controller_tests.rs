@@ -770,10 +770,12 @@ fn quota_room(hard: u32, used: u32) -> crate::quota_room::QuotaRoom {
 }
 
 /// Reconciles the run in the background until its Pod's create is on its way (held there),
-/// and says what a run arriving meanwhile may do; then lets the create be answered.
+/// and says what a run arriving meanwhile may do, with room for `room` sandboxes as the quota
+/// was last seen (the reconciled run's among them); then lets the create be answered.
 async fn a_run_arriving_while_a_create_is_on_its_way(
     api: &FakeApi,
     ctx: &Arc<Context>,
+    room: Option<u32>,
 ) -> crate::admission::Ask {
     api.with(|s| s.hold_pod_creates = true);
     let reconciling = tokio::spawn(reconcile(Arc::new(cached(api)), ctx.clone()));
@@ -792,9 +794,10 @@ async fn a_run_arriving_while_a_create_is_on_its_way(
         "another-agent",
         None,
         std::time::Duration::from_secs(1),
-        // A Pod of no size takes one of the Pods the quota counts.
-        ctx.quota_room
-            .room(NS, &crate::quota_room::Needs::default()),
+        room.map(|sandboxes| crate::admission::Room {
+            sandboxes,
+            seen: Timestamp::now(),
+        }),
         Timestamp::now(),
     );
     api.with(|s| s.hold_pod_creates = false);
@@ -809,29 +812,52 @@ async fn a_burst_asks_for_no_more_pods_than_the_quota_has_room_for() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = Arc::try_unwrap(context(&api, None)).ok().unwrap();
     let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 4)));
-    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx).await;
-    assert!(
-        matches!(&later, crate::admission::Ask::Head),
-        "the first in the queue: {later:?}"
-    );
+    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, Some(1)).await;
+    assert_eq!(later, crate::admission::Ask::Head, "the first in the queue");
     assert_eq!(api.status()["reason"], "PodCreated", "{}", api.status());
     // Room for two: both ask.
     let api = FakeApi::start(run_json(python())).await;
     let ctx = Arc::try_unwrap(context(&api, None)).ok().unwrap();
     let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 3)));
-    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx).await;
+    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, Some(2)).await;
     assert_eq!(later, crate::admission::Ask::Go);
+    // The quota full: the run heads the queue and asks for it (the quota seen may lag a
+    // sandbox just freed); a run arriving meanwhile waits behind it.
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = Arc::try_unwrap(context(&api, None)).ok().unwrap();
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 5)));
+    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, None).await;
+    assert!(
+        matches!(&later, crate::admission::Ask::Wait(p) if p.position == 2),
+        "{later:?}"
+    );
 }
 
 #[tokio::test]
-async fn a_run_a_pool_may_serve_takes_no_room_in_the_quota() {
-    // The pool may have a sandbox: the run will not make a Pod, so it is not counted against
-    // the room of one, and the next run asks too.
+async fn the_sandboxes_ready_in_a_pool_the_run_fits_are_room_too() {
+    // The quota full, a sandbox ready in the pool: the run asks on its own (it may claim it),
+    // and a run arriving meanwhile finds nobody waiting.
+    let api = FakeApi::start(default_limits_run()).await;
+    let (pools, mut writer) = kube::runtime::reflector::store();
+    let mut pool = pool_object(2);
+    pool.status = Some(serde_json::from_value(json!({"readyReplicas": 1})).unwrap());
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool));
+    let ctx = Arc::try_unwrap(context(&api, None)).ok().unwrap();
+    let ctx = Arc::new(
+        ctx.with_pools(pools, kube::runtime::reflector::store().0)
+            .with_quota_room(quota_room(5, 5)),
+    );
+    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, None).await;
+    assert_eq!(later, crate::admission::Ask::Go);
+    // Without it, the run heads the queue.
     let api = FakeApi::start(default_limits_run()).await;
     let ctx = Arc::try_unwrap(context_with_pool(&api)).ok().unwrap();
-    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 4)));
-    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx).await;
-    assert_eq!(later, crate::admission::Ask::Go);
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 5)));
+    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, None).await;
+    assert!(
+        matches!(&later, crate::admission::Ask::Wait(_)),
+        "{later:?}"
+    );
 }
 
 #[tokio::test]

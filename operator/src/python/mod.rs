@@ -24,6 +24,7 @@ use crate::pool::FROM_POOL_ANNOTATION;
 use self::feed::{FeedState, OwnedProgram};
 use self::phase::{Exited, Next, Progress};
 use self::queue::Turn;
+use crate::admission::Room;
 use crate::controller::{Decided, Error, Reconcile, is_terminal, until};
 use crate::outcome::Outcome;
 use crate::quota_room::Needs;
@@ -169,13 +170,24 @@ impl Reconcile<'_> {
                     );
                     return self.end(&prev, Some(Tool::Python), &outcome, None).await;
                 }
-                // What its own Pod would be, and the room the quota has for it: weighed only
-                // for a run that will make one (not one a pool may have a sandbox for).
+                // What its own Pod would be, and the room there is for the run: the quota's
+                // for that Pod, and the sandboxes ready in the pools it may claim from (a run
+                // recorded cold claims none).
                 let desired = pod::build_with_limits(self.run, &self.ctx.sandbox, &limits, files)?;
-                let cold = prev.path == Some(SandboxPath::Cold);
-                let quota = (cold || !self.may_run_warm(profile, &limits))
-                    .then(|| self.ctx.quota_room.room(&self.ns, &Needs::of(&desired)))
-                    .flatten();
+                let quota = self
+                    .ctx
+                    .quota_room
+                    .room(&self.ns, &Needs::of(&desired))
+                    .map(|room| {
+                        let warm = match prev.path {
+                            Some(SandboxPath::Cold) => 0,
+                            _ => self.warm_sandboxes(profile, &limits),
+                        };
+                        Room {
+                            sandboxes: room.sandboxes.saturating_add(warm),
+                            ..room
+                        }
+                    });
                 // Its turn: nobody waits for a sandbox (and the quota has room, as far as the
                 // operator has seen), or it heads the queue.
                 if !admitted {

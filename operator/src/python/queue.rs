@@ -42,8 +42,8 @@ impl Reconcile<'_> {
     }
 
     /// May this run ask for a sandbox now? Waits in the queue, or ends refused, otherwise.
-    /// `quota`: the room the namespace's quota has for its Pod, as last seen, if it would make
-    /// one ([`crate::quota_room`]).
+    /// `quota`: the room for it as last seen, if known ([`crate::quota_room`], and the pools'
+    /// ready sandboxes).
     pub async fn turn(&self, prev: SandboxRunStatus, quota: Option<Room>) -> Result<Turn, Error> {
         let ask = self.ctx.admission.ask(
             &self.run_ref(),

@@ -188,9 +188,10 @@ impl Reconcile<'_> {
             .collect()
     }
 
-    /// Whether a pool the run fits may have a sandbox for it, as [`Self::warm_pools`] tells it,
-    /// recording nothing: a run that will claim one needs no room in the quota.
-    pub(super) fn may_run_warm(&self, profile: Profile, limits: &Limits) -> bool {
+    /// How many sandboxes the pools the run fits had ready when they last reported (starting
+    /// ones too, in a preloading pool: see [`has_sandbox`]), recording nothing: room for a run
+    /// beside the quota's, as it needs no Pod of its own if it claims one.
+    pub(super) fn warm_sandboxes(&self, profile: Profile, limits: &Limits) -> u32 {
         let pools = self.ctx.pools.state();
         let names = candidates(
             pools.iter().map(|p| p.as_ref()),
@@ -201,7 +202,18 @@ impl Reconcile<'_> {
         );
         pools
             .iter()
-            .any(|p| p.metadata.name.as_ref().is_some_and(|n| names.contains(n)) && has_sandbox(p))
+            .filter(|p| p.metadata.name.as_ref().is_some_and(|n| names.contains(n)))
+            .filter_map(|p| {
+                let status = p.status.as_ref()?;
+                let preloads = !p.spec.profile.preloaded_modules().is_empty();
+                let starting = if preloads {
+                    status.starting_replicas
+                } else {
+                    0
+                };
+                u32::try_from(status.ready_replicas.saturating_add(starting)).ok()
+            })
+            .fold(0, u32::saturating_add)
     }
 
     /// Claims a ready sandbox of one of `pools` ([`Self::warm_pools`]) for the run, with
