@@ -238,6 +238,9 @@ struct Queue {
     /// sandbox leaves). Until the quota is seen after that, its usage may not count them, and
     /// the room it says it has is that much smaller ([`Queue::room_left`]).
     asked: HashMap<String, (Timestamp, Option<Timestamp>)>,
+    /// When the quota last refused a Pod: fresher news than a usage seen before it, which
+    /// then says no room ([`Queue::room_left`]).
+    refused_at: Option<Timestamp>,
 }
 
 impl Queue {
@@ -431,8 +434,11 @@ impl Queue {
     /// Whether `room`, the quota as last seen, has room for one more sandbox beside the runs let
     /// ask that it may not count yet: those still asking, and those whose Pod was created after
     /// it was seen. A run that asked and was heard of no more (its reconcile failed) stops
-    /// counting after [`LAPSED_AFTER`].
+    /// counting after [`LAPSED_AFTER`]. None after a refusal of the quota's later than it.
     fn room_left(&mut self, room: Room, now: Timestamp) -> bool {
+        if self.refused_at.is_some_and(|at| at >= room.seen) {
+            return false;
+        }
         self.asked.retain(|_, (since, created)| match created {
             Some(at) => *at >= room.seen,
             None => now.duration_since(*since) < LAPSED_AFTER,
@@ -568,8 +574,9 @@ impl Admission {
     ) -> Ask {
         let mut queues = self.queues.lock().expect("not poisoned");
         let queue = queues.entry(namespace_of(run)).or_default();
-        // Refused: it takes no room.
+        // Refused: it takes no room, and there is none until the quota is seen again.
         queue.asked.remove(uid);
+        queue.refused_at = Some(now);
         queue.drop_gone(self.waits_at_most(), now);
         let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
         let since = queue

@@ -799,15 +799,15 @@ fn runs_let_ask_count_against_the_room_until_the_quota_is_seen_after_their_pod()
     assert_eq!(ask_with_room(&admission, "d", 1, 6, 7), Ask::Go);
     assert_eq!(ask_with_room(&admission, "e", 1, 6, 7), Ask::Head);
     admission.ended(&run("e"), "e", at(7));
-    // The quota refused d after all (its view lagged): d takes no room.
+    // The quota refused d after all (its view lagged): d takes no room of the quota seen next.
     admission.no_room(&run("d"), "d", "d", None, LONGEST, at(8));
     admission.ended(&run("d"), "d", at(8));
-    assert_eq!(ask_with_room(&admission, "f", 1, 6, 9), Ask::Go);
+    assert_eq!(ask_with_room(&admission, "f", 1, 9, 9), Ask::Go);
     // A run that was let ask and then heard of no more (its reconcile failed) stops counting.
-    assert_eq!(ask_with_room(&admission, "g", 1, 6, 9), Ask::Head);
+    assert_eq!(ask_with_room(&admission, "g", 1, 9, 9), Ask::Head);
     admission.ended(&run("g"), "g", at(9));
     let later = 9 + LAPSED_AFTER.as_secs();
-    assert_eq!(ask_with_room(&admission, "h", 1, 6, later), Ask::Go);
+    assert_eq!(ask_with_room(&admission, "h", 1, 9, later), Ask::Go);
 }
 
 #[test]
@@ -853,4 +853,17 @@ fn a_warm_runs_hold_says_nothing_of_how_soon_the_queue_moves() {
     );
     // After a cold run held a second: every place does.
     assert!(judged(false).iter().all(|a| *a));
+}
+
+#[test]
+fn a_refusal_of_the_quotas_is_fresher_than_the_usage_seen_before_it() {
+    let admission = Admission::new(Duration::from_secs(60));
+    // The usage seen at 0 says room for 5, but the quota refused a Pod at 2 (the pool's
+    // replacements took the room meanwhile, say).
+    admission.no_room(&run("x"), "x", "x", None, LONGEST, at(2));
+    admission.ended(&run("x"), "x", at(2));
+    assert_eq!(ask_with_room(&admission, "a", 5, 0, 3), Ask::Head);
+    admission.ended(&run("a"), "a", at(3));
+    // Seen again after the refusal: its room stands.
+    assert_eq!(ask_with_room(&admission, "b", 5, 4, 5), Ask::Go);
 }
