@@ -12,7 +12,14 @@
 //! of its agent's last turn and the turn last served; the queue goes by turn, then arrival).
 //! Only the run at the head asks for a sandbox; when it gets one (or a run ends and frees one)
 //! the next head is woken. While the queue is not empty, every new run joins it, so nobody
-//! overtakes a waiting run.
+//! overtakes a waiting run. While it is empty, a run asks at once unless the room known for it
+//! is taken ([`Room`]: the namespace's quota as a watch last saw it, and the pools' ready
+//! sandboxes, less the runs let ask since): then it joins the queue, so that a burst asks for
+//! no more sandboxes than there is room for, and the rest are judged on arrival, not after a
+//! create the quota refuses.
+//!
+//! How long a sandbox is held is learned from cold runs only: the queue's runs start theirs
+//! after the room frees, and a warm one's was started before its claim.
 //!
 //! A run is judged once, on arrival: one whose expected wait (the runs ahead of it, with those
 //! whose Pod waits for a node, over the rate at which the queue admits runs) is longer than the
