@@ -88,15 +88,19 @@ pub fn candidates<'a>(
     names
 }
 
-/// Whether `pool` may have a sandbox to claim, as its last reconcile reported it: a ready one,
-/// or, in a preloading pool, a starting one (it may be importing: still sooner than a sandbox of
-/// the run's own, which would have to start and import). A pool not reported on yet may.
-fn has_sandbox(pool: &SandboxPool) -> bool {
+/// How many sandboxes `pool` may have to claim, as its last reconcile reported it: the ready
+/// ones and, in a preloading pool, the starting ones (they may be importing: one of them is
+/// still sooner than a sandbox of the run's own, which would have to start and import). `None`:
+/// not reported on yet.
+fn sandboxes(pool: &SandboxPool) -> Option<u32> {
+    let status = pool.status.as_ref()?;
     let preloads = !pool.spec.profile.preloaded_modules().is_empty();
-    !pool
-        .status
-        .as_ref()
-        .is_some_and(|st| st.ready_replicas == 0 && (st.starting_replicas == 0 || !preloads))
+    let starting = if preloads {
+        status.starting_replicas
+    } else {
+        0
+    };
+    Some(u32::try_from(status.ready_replicas.saturating_add(starting)).unwrap_or(0))
 }
 
 /// The patch that hands the idle sandbox `pod` of pool `pool` to `run`: conditional on the
@@ -177,7 +181,8 @@ impl Reconcile<'_> {
                 else {
                     return false;
                 };
-                let empty = !has_sandbox(pool_obj);
+                // A pool not reported on yet may have one.
+                let empty = sandboxes(pool_obj) == Some(0);
                 if empty {
                     ctx.metrics
                         .warm_claim_result(&pool::key(&self.ns, name), false);
@@ -188,9 +193,9 @@ impl Reconcile<'_> {
             .collect()
     }
 
-    /// How many sandboxes the pools the run fits had ready when they last reported (starting
-    /// ones too, in a preloading pool: see [`has_sandbox`]), recording nothing: room for a run
-    /// beside the quota's, as it needs no Pod of its own if it claims one.
+    /// How many sandboxes the pools the run fits had to claim when they last reported
+    /// ([`sandboxes`]), recording nothing: room for a run beside the quota's, as it needs no Pod
+    /// of its own if it claims one.
     pub(super) fn warm_sandboxes(&self, profile: Profile, limits: &Limits) -> u32 {
         let pools = self.ctx.pools.state();
         let names = candidates(
@@ -203,16 +208,7 @@ impl Reconcile<'_> {
         pools
             .iter()
             .filter(|p| p.metadata.name.as_ref().is_some_and(|n| names.contains(n)))
-            .filter_map(|p| {
-                let status = p.status.as_ref()?;
-                let preloads = !p.spec.profile.preloaded_modules().is_empty();
-                let starting = if preloads {
-                    status.starting_replicas
-                } else {
-                    0
-                };
-                u32::try_from(status.ready_replicas.saturating_add(starting)).ok()
-            })
+            .filter_map(|p| sandboxes(p))
             .fold(0, u32::saturating_add)
     }
 
