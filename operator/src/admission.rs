@@ -679,9 +679,9 @@ impl Admission {
                 queue.warm.insert(uid.to_owned());
             } else {
                 queue.unplaced.insert(uid.to_owned());
-                if let Some((_, created)) = queue.asked.get_mut(uid) {
-                    *created = Some(now);
-                }
+                // Counted against the room until the quota is seen after it, however the run
+                // came to ask (on its own, or as the queue's head).
+                queue.asked.entry(uid.to_owned()).or_insert((now, None)).1 = Some(now);
             }
         }
         self.leave(run, uid, true, now);

@@ -867,3 +867,22 @@ fn a_refusal_of_the_quotas_is_fresher_than_the_usage_seen_before_it() {
     // Seen again after the refusal: its room stands.
     assert_eq!(ask_with_room(&admission, "b", 5, 4, 5), Ask::Go);
 }
+
+#[test]
+fn a_pod_created_for_the_queues_head_counts_against_the_room_too() {
+    let admission = Admission::new(Duration::from_secs(60));
+    // A run woken from the queue asked with no room known, and got its Pod at 2.
+    admission.no_room(&run("h"), "h", "h", None, LONGEST, at(0));
+    assert_eq!(
+        admission.ask(&run("h"), "h", "h", Some(at(0)), LONGEST, None, at(1)),
+        Ask::Head
+    );
+    admission.admitted(&run("h"), "h", false, at(2));
+    // The quota seen at 1.5 had room for one: h's Pod took it.
+    let seen = Timestamp::from_second(1_800_000_001).unwrap() + SignedDuration::from_millis(500);
+    let quota = Some(Room { sandboxes: 1, seen });
+    assert_eq!(
+        admission.ask(&run("a"), "a", "a", None, LONGEST, quota, at(3)),
+        Ask::Head
+    );
+}
