@@ -879,7 +879,7 @@ fn a_pod_created_for_the_queues_head_counts_against_the_room_too() {
     );
     admission.admitted(&run("h"), "h", false, at(2));
     // The quota seen at 1.5 had room for one: h's Pod took it.
-    let seen = Timestamp::from_second(1_800_000_001).unwrap() + SignedDuration::from_millis(500);
+    let seen = at(1) + SignedDuration::from_millis(500);
     let quota = Some(Room { sandboxes: 1, seen });
     assert_eq!(
         admission.ask(&run("a"), "a", "a", None, LONGEST, quota, at(3)),
