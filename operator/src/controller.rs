@@ -112,6 +112,10 @@ pub struct Context {
     /// Runs whose audit line this process wrote and whose `Audited` condition is not recorded
     /// yet, by uid: recording it is retried without writing the line again.
     audit_written: Mutex<std::collections::HashSet<String>>,
+    /// Runs this process wrote a status to while its cache still showed them undecided, by uid,
+    /// until the cache shows them decided: their cached copy lags this process's own write, so
+    /// they are decided on the run as the API server has it ([`Reconcile::decide`]).
+    written_undecided: Mutex<std::collections::HashSet<String>>,
 }
 
 /// An end whose terminal status write failed, as [`Context::unaudited`] keeps it.
@@ -164,6 +168,7 @@ impl Context {
             failures: Mutex::default(),
             unaudited: Mutex::default(),
             audit_written: Mutex::default(),
+            written_undecided: Mutex::default(),
         }
     }
 
@@ -263,6 +268,24 @@ impl Context {
         }
     }
 
+    /// Whether this process wrote a status to the run `uid` that its cache has not shown yet
+    /// while the run looked undecided there.
+    fn wrote_undecided(&self, uid: &str) -> bool {
+        self.written_undecided
+            .lock()
+            .expect("not poisoned")
+            .contains(uid)
+    }
+
+    /// The cache shows the run `uid` decided, or going: it lags no write of this process's
+    /// that [`Self::wrote_undecided`] tracks.
+    fn caught_up(&self, uid: &str) {
+        self.written_undecided
+            .lock()
+            .expect("not poisoned")
+            .remove(uid);
+    }
+
     /// The end of the run `uid` whose terminal status write failed, if any (still to be
     /// audited).
     pub(crate) fn unaudited_end(&self, uid: &str) -> Option<Unaudited> {
@@ -309,6 +332,10 @@ pub enum Error {
     /// it left half done is safe to redo: every step checks what the API server has first.
     #[error("the reconciliation did not finish within {0:?}")]
     Timeout(Duration),
+    /// The run was decided on its cached copy and someone wrote it since: nothing was written,
+    /// claimed or created for that decision, and the run is looked at again in a moment.
+    #[error("the run changed since the copy it was decided on")]
+    Changed,
     /// The program could not be handed to the started sandbox yet (retried; the Pod's deadline
     /// bounds the retries).
     #[error("sending the program to Pod {pod}: {source}")]
@@ -330,6 +357,7 @@ impl Error {
             Error::LogUnreadable { .. } => "LogUnreadable",
             Error::Feed { .. } => "Feed",
             Error::Timeout(_) => "Timeout",
+            Error::Changed => "Changed",
         }
     }
 }
@@ -400,6 +428,9 @@ pub struct Reconcile<'a> {
     /// The run's resourceVersion as this reconciliation last read it from the API server or
     /// wrote its status, if it did ([`Self::known_version`]).
     known_version: std::sync::Mutex<Option<String>>,
+    /// Whether the run was decided on its cached copy: then the reconcile's next status write
+    /// is conditional on that copy's resourceVersion ([`Reconcile::decide`]).
+    fenced: std::sync::atomic::AtomicBool,
 }
 
 impl<'a> Reconcile<'a> {
@@ -416,6 +447,7 @@ impl<'a> Reconcile<'a> {
             now: Timestamp::now(),
             generation: run.metadata.generation,
             known_version: std::sync::Mutex::default(),
+            fenced: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -431,13 +463,24 @@ impl<'a> Reconcile<'a> {
         *self.known_version.lock().expect("not poisoned") = version;
     }
 
+    /// Whether the run was decided on its cached copy and nothing was written since: the next
+    /// status write is conditional on that copy ([`Self::decide`]).
+    fn fenced(&self) -> bool {
+        self.fenced.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// The stages, in order; each either hands over to the next or ends the reconciliation.
     async fn stages(&self) -> Result<Action, Error> {
         if self.run.metadata.deletion_timestamp.is_some() {
+            self.ctx.caught_up(&self.uid());
             // Garbage collection removes the Pod through its ownerReference.
             return Ok(Action::await_change());
         }
         let prev = self.run.status.clone().unwrap_or_default();
+        if !undecided(&prev) {
+            // The cache shows what this process wrote (or something later).
+            self.ctx.caught_up(&self.uid());
+        }
         if is_terminal(&prev) {
             return self.finished(&prev).await;
         }
@@ -473,20 +516,32 @@ impl<'a> Reconcile<'a> {
         prev: SandboxRunStatus,
         tool: Tool,
     ) -> Stage<(SandboxRunStatus, Option<Decided>)> {
-        let undecided = |s: &SandboxRunStatus| s.decision.is_none() && s.phase.is_none();
         if !undecided(&prev) {
             return Ok(ControlFlow::Continue((prev, None)));
         }
-        // The cache may lag our own decision write: decide on the run as it is now.
-        let Some(mut prev) = self.fresh_status().await? else {
-            return Ok(ControlFlow::Break(Action::await_change()));
+        let mut prev = if self.ctx.wrote_undecided(&self.uid()) {
+            // The cache lags this process's own write: decide on the run as it is now.
+            let Some(fresh) = self.fresh_status().await? else {
+                return Ok(ControlFlow::Break(Action::await_change()));
+            };
+            if is_terminal(&fresh) {
+                return self.finished(&fresh).await.map(ControlFlow::Break);
+            }
+            if !undecided(&fresh) {
+                return Ok(ControlFlow::Continue((fresh, None)));
+            }
+            fresh
+        } else {
+            // Nothing this process wrote is missing from the cached run: decide on it, without
+            // a read on every call's path. Someone else may have written the run since (its
+            // caller's cancel, an operator before a restart): the reconcile's next status write
+            // is conditional on the cached copy, so it fails instead of writing over theirs,
+            // and the run is looked at again. Nothing is claimed, created, sent or executed
+            // before that write.
+            self.know_version(self.run.resource_version());
+            self.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
+            prev
         };
-        if is_terminal(&prev) {
-            return self.finished(&prev).await.map(ControlFlow::Break);
-        }
-        if !undecided(&prev) {
-            return Ok(ControlFlow::Continue((prev, None)));
-        }
         let record = self.ctx.decide(self.run, tool);
         let decision = record
             .taken()
@@ -595,8 +650,14 @@ impl<'a> Reconcile<'a> {
     /// approval written at any moment before is recorded as void, one written after is at a
     /// later generation.
     async fn begin_waiting(&self, prev: &SandboxRunStatus, tool: Tool) -> Stage<()> {
-        let Some(fresh) = self.runs.get_opt(&self.name).await? else {
-            return Ok(ControlFlow::Break(Action::await_change()));
+        // Decided on the cached copy: written over that copy alone (see `decide`).
+        let fresh = if self.fenced() {
+            self.run.clone()
+        } else {
+            let Some(fresh) = self.runs.get_opt(&self.name).await? else {
+                return Ok(ControlFlow::Break(Action::await_change()));
+            };
+            fresh
         };
         let current = fresh.status.clone().unwrap_or_default();
         if is_terminal(&current) {
@@ -707,6 +768,8 @@ impl<'a> Reconcile<'a> {
         // from a cached copy that predates a terminal status written by the previous one.
         let read_at = match written {
             Some(rv) => Some(rv),
+            // Decided on the cached copy: ended over that copy alone (see `decide`).
+            None if self.fenced() => self.known_version(),
             None => {
                 let fresh = self.runs.get_opt(&self.name).await?;
                 if let Some(done) = fresh
@@ -990,6 +1053,14 @@ impl<'a> Reconcile<'a> {
             "kind": SandboxRun::kind(&()),
             "status": status,
         });
+        // The first write after a decision taken on the cached copy is conditional on it.
+        let fenced = self.fenced.swap(false, std::sync::atomic::Ordering::SeqCst)
+            && resource_version.is_none();
+        let resource_version = match resource_version {
+            Some(rv) => Some(rv),
+            None if fenced => self.known_version(),
+            None => None,
+        };
         if let Some(rv) = resource_version {
             patch["metadata"] = json!({ "resourceVersion": rv });
         }
@@ -1007,8 +1078,20 @@ impl<'a> Reconcile<'a> {
             .ok()
             .and_then(|w| w.metadata.resource_version.clone());
         self.know_version(version.clone());
-        written?;
-        Ok(version)
+        match written {
+            Ok(_) => {
+                if self.run.status.as_ref().is_none_or(undecided) {
+                    self.ctx
+                        .written_undecided
+                        .lock()
+                        .expect("not poisoned")
+                        .insert(self.uid());
+                }
+                Ok(version)
+            }
+            Err(kube::Error::Api(e)) if fenced && e.code == 409 => Err(Error::Changed),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Deletes a Pod; one that is already gone is fine.
@@ -1048,12 +1131,23 @@ pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
-    let action = result?;
+    let action = match result {
+        Err(Error::Changed) => {
+            info!("the run changed since the copy it was decided on; looking again");
+            Action::requeue(Duration::from_millis(200))
+        }
+        other => other?,
+    };
     ctx.failures
         .lock()
         .expect("not poisoned")
         .remove(&ObjectRef::from_obj(run.as_ref()));
     Ok(action)
+}
+
+/// Whether `status` shows no decision yet: a run not judged by policy.
+fn undecided(status: &SandboxRunStatus) -> bool {
+    status.decision.is_none() && status.phase.is_none()
 }
 
 /// Default [`Context::reconcile_timeout`].

@@ -143,14 +143,13 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, None);
 
-    // First reconciliation: decide (fresh read), then the Pod (no second read of the run, no
-    // read of the Pod's name): no pool has a sandbox, so the Allow and the cold path are
-    // recorded in one write before the Pod is asked for, then the Pod recorded.
+    // First reconciliation: decide (on the cached run: no read), then the Pod (no read of the
+    // Pod's name): no pool has a sandbox, so the Allow and the cold path are recorded in one
+    // write, conditional on the cached run, before the Pod is asked for, then the Pod recorded.
     let action = reconcile_as(cached(&api), &ctx).await;
     assert_eq!(
         api.take_requests(),
         [
-            get_run(),
             patch_status(),
             format!("POST /api/v1/namespaces/{NS}/pods"),
             patch_status(),
@@ -234,11 +233,10 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
     );
 }
 
-/// Asserts that the reconcile just made decided the run on a fresh read and ended it after one
-/// more (the terminal check) in a single status write, with `phase`, `reason` and the decision's
-/// `verdict`, then recorded its audit line, and that no Pod was made. Returns the status.
-/// `reads`: the reads of the run before its end is written (one to decide it, and one more
-/// unless the end is written over the run as the first read it).
+/// Asserts that the reconcile just made ended the run in a single status write, with `phase`,
+/// `reason` and the decision's `verdict`, then recorded its audit line, and that no Pod was
+/// made. Returns the status. `reads`: the reads of the run before its end is written (none
+/// when it was decided on the cached run and ended over it).
 fn assert_ended_at_once(
     api: &FakeApi,
     reads: usize,
@@ -269,7 +267,7 @@ async fn a_blocked_run_ends_rejected_without_a_pod() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, Some("default: block\nrules: []\n"));
     let action = reconcile_as(cached(&api), &ctx).await;
-    let status = assert_ended_at_once(&api, 2, "Rejected", "PolicyBlocked", "Block");
+    let status = assert_ended_at_once(&api, 0, "Rejected", "PolicyBlocked", "Block");
     assert!(status.get("podName").is_none(), "{status}");
     assert!(action != Action::await_change());
     assert_eq!(
@@ -308,8 +306,8 @@ async fn an_escalated_run_waits_and_runs_once_approved() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, Some("default: escalate\nrules: []\n"));
     reconcile_as(cached(&api), &ctx).await;
-    // Decided on a fresh read; the wait recorded over the run as read once more.
-    assert_eq!(api.take_requests(), [get_run(), get_run(), patch_status()]);
+    // Decided on the cached run; the wait recorded over it, with no read.
+    assert_eq!(api.take_requests(), [patch_status()]);
     let status = api.status();
     assert_eq!(status["phase"], "AwaitingApproval", "{status}");
     assert_eq!(status["decision"]["verdict"], "Escalate");
@@ -485,12 +483,12 @@ async fn a_query_run_reads_the_api_server_before_executing() {
     let api = FakeApi::start(run_json(sql)).await;
     let ctx = context(&api, None);
     reconcile_as(cached(&api), &ctx).await;
-    // decide (fresh read, Allow recorded), the fresh read and the claim before the query, the
-    // terminal check, the terminal status and the record that its audit line is out.
+    // decide (on the cached run, Allow recorded over it), the fresh read and the claim before
+    // the query, the terminal check, the terminal status and the record that its audit line is
+    // out.
     assert_eq!(
         api.take_requests(),
         [
-            get_run(),
             patch_status(),
             get_run(),
             patch_status(),
@@ -667,8 +665,8 @@ async fn a_run_refused_on_arrival_records_its_decision_and_its_refusal_in_one_wr
     let ctx = context_with_a_run_waiting(&api, std::time::Duration::from_secs(12));
     reconcile_as(cached(&api), &ctx).await;
     // The decision and the refusal in one write (before: the decision had a write of its own),
-    // over the run as it was read to decide it (before: read once more).
-    let status = assert_ended_at_once(&api, 1, "Rejected", "NoCapacity", "Allow");
+    // over the cached run it was decided on (before: read, and before that read twice).
+    let status = assert_ended_at_once(&api, 0, "Rejected", "NoCapacity", "Allow");
     assert!(status["retryAfterSeconds"].as_u64().is_some(), "{status}");
     // Decided once: one policy Event, one audit line that carries the decision.
     assert_eq!(
@@ -714,21 +712,22 @@ async fn a_run_whose_cached_status_lags_its_sandbox_does_not_join_the_queue_agai
 }
 
 #[tokio::test]
-async fn a_refusal_is_written_only_over_the_run_as_it_was_read() {
+async fn a_refusal_is_written_only_over_the_run_as_it_was_decided_on() {
     let (audit, _guard) = Captured::audit();
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context_with_a_run_waiting(&api, std::time::Duration::from_secs(12));
-    // Someone else writes the run just after the operator read it to decide it.
-    api.with(|s| s.write_after_reads = 1);
-    reconcile_as(cached(&api), &ctx).await;
-    // The refusal was conditional on the run as read: refused by the API server, nothing
-    // recorded, no audit line.
-    assert_eq!(api.take_requests(), [get_run(), patch_status()]);
+    // Someone else wrote the run after the copy the operator decides on.
+    let stale = cached(&api);
+    someone_else_writes(&api, |_| {});
+    reconcile_as(stale, &ctx).await;
+    // The refusal was conditional on that copy: refused by the API server, nothing recorded,
+    // no audit line.
+    assert_eq!(api.take_requests(), [patch_status()]);
     assert!(api.status().is_null(), "{}", api.status());
     assert!(audit.lines().is_empty());
     // The next reconcile decides it on the run as it is now and ends it, once.
     reconcile_as(cached(&api), &ctx).await;
-    let status = assert_ended_at_once(&api, 1, "Rejected", "NoCapacity", "Allow");
+    let status = assert_ended_at_once(&api, 0, "Rejected", "NoCapacity", "Allow");
     assert!(status["retryAfterSeconds"].as_u64().is_some(), "{status}");
     assert_eq!(audit.lines().len(), 1);
 }
@@ -737,8 +736,9 @@ async fn a_refusal_is_written_only_over_the_run_as_it_was_read() {
 async fn a_run_that_waits_on_arrival_records_its_decision_with_its_place() {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context_with_a_run_waiting(&api, crate::admission::DEFAULT_ALLOWANCE);
-    reconcile_as(cached(&api), &ctx).await;
-    assert_eq!(api.take_requests(), [get_run(), patch_status()]);
+    let stale = cached(&api);
+    reconcile_as(stale.clone(), &ctx).await;
+    assert_eq!(api.take_requests(), [patch_status()]);
     let status = api.status();
     assert_eq!(
         (
@@ -750,10 +750,92 @@ async fn a_run_that_waits_on_arrival_records_its_decision_with_its_place() {
         "{status}"
     );
     assert_eq!(status["decision"]["verdict"], "Allow", "{status}");
+    // A reconcile before the cache shows that write (a requeue, another object's event) reads
+    // the run rather than deciding it again.
+    reconcile_as(stale, &ctx).await;
+    assert_eq!(api.take_requests()[0], get_run());
+    assert_eq!(api.with(|s| s.events.clone()), ["PolicyAllowed"]);
     // Its next reconcile acts on the recorded decision: no second one.
     reconcile_as(cached(&api), &ctx).await;
     assert_eq!(api.with(|s| s.events.clone()), ["PolicyAllowed"]);
     assert_eq!(api.status()["decision"], status["decision"]);
+}
+
+/// Someone other than this operator writes the run (`change` to its JSON): its resourceVersion
+/// moves on, as on a real API server.
+fn someone_else_writes(api: &FakeApi, change: impl FnOnce(&mut Value)) {
+    api.with(|s| {
+        let run = s.run.as_mut().expect("the run exists");
+        change(run);
+        let rv: u64 = run["metadata"]["resourceVersion"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .expect("a numeric resourceVersion");
+        run["metadata"]["resourceVersion"] = json!((rv + 1).to_string());
+    });
+}
+
+/// A run decided on its cached copy after its caller cancelled it (a copy the cache had not
+/// updated yet): whatever the decision leads to first, a sandbox created or claimed, a place
+/// in the queue, a refusal, a Block, an escalation or a query, nothing is written over the
+/// cancel and nothing starts; the next reconcile ends the run Cancelled, once.
+#[tokio::test]
+async fn a_decision_on_a_copy_the_caller_cancelled_since_writes_nothing_and_starts_nothing() {
+    let sql = json!({"sql": {"database": "demo", "query": "SELECT id FROM ledger"}});
+    type Case = (&'static str, Value, fn(&FakeApi) -> Arc<Context>);
+    let cases: Vec<Case> = vec![
+        ("a cold sandbox", run_json(python()), |api| {
+            context(api, None)
+        }),
+        ("a warm sandbox", default_limits_run(), |api| {
+            api.with(|s| s.pool_pods = vec![pool_pod("default-aaaaa", "7")]);
+            context_with_pool(api)
+        }),
+        ("a place in the queue", run_json(python()), |api| {
+            context_with_a_run_waiting(api, crate::admission::DEFAULT_ALLOWANCE)
+        }),
+        ("a refusal", run_json(python()), |api| {
+            context_with_a_run_waiting(api, std::time::Duration::from_secs(12))
+        }),
+        ("a Block", run_json(python()), |api| {
+            context(api, Some("default: block\nrules: []\n"))
+        }),
+        ("an escalation", run_json(python()), |api| {
+            context(api, Some("default: escalate\nrules: []\n"))
+        }),
+        ("a query", run_json(sql), |api| context(api, None)),
+    ];
+    for (case, run, ctx) in cases {
+        let (audit, _guard) = Captured::audit();
+        let api = FakeApi::start(run).await;
+        let ctx = ctx(&api);
+        let stale = cached(&api);
+        someone_else_writes(&api, |run| {
+            run["spec"]["cancelled"] = json!(true);
+            run["metadata"]["generation"] = json!(2);
+        });
+        reconcile_as(stale, &ctx).await;
+        let requests = api.take_requests();
+        assert!(api.status().is_null(), "{case}: {}", api.status());
+        assert!(
+            !requests
+                .iter()
+                .any(|r| !r.starts_with("GET") && r.contains("/pods")),
+            "{case}: a sandbox was made or claimed: {requests:?}"
+        );
+        assert!(
+            api.with(|s| s.pod.is_none()
+                && s.pool_pods
+                    .iter()
+                    .all(|p| p["metadata"]["resourceVersion"] == "7")),
+            "{case}"
+        );
+        assert!(audit.lines().is_empty(), "{case}");
+        reconcile_as(cached(&api), &ctx).await;
+        let status = api.status();
+        assert_eq!(status["phase"], "Cancelled", "{case}: {status}");
+        assert_eq!(audit.lines().len(), 1, "{case}");
+    }
 }
 
 /// A store of the namespace's quotas, seen just now: `used` Pods of `hard`.
