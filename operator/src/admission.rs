@@ -23,7 +23,9 @@
 //!
 //! A run is judged once, on arrival: one whose expected wait (the runs ahead of it, with those
 //! whose Pod waits for a node, over the rate at which the queue admits runs) is longer than the
-//! allowance is refused at once, with the expected wait as a retry hint. A queue that fills again
+//! allowance is refused at once, with the expected wait as a retry hint; runs refused in one
+//! moment are told moments one pace apart, as if they had kept their order in the queue, so
+//! that they do not all come back in one burst. A queue that fills again
 //! goes by the pace it last admitted runs at until it can tell its own. Before the queue can tell
 //! any pace (a new leader, or the first seconds of its first burst: no sandbox held long enough to
 //! tell), the wait is bounded instead by the longest it can be: every sandbox ahead held as long as
@@ -89,6 +91,9 @@ const MIN_RETRY_SECONDS: u32 = 1;
 /// The retry hint of a run refused before the queue could tell its pace: by then a sandbox has
 /// been held long enough to tell ([`RATE_MIN_SPAN`]), and the run is judged on the pace.
 pub const UNKNOWN_PACE_RETRY: Duration = Duration::from_secs(5);
+/// How far apart the moments refused runs are told to come back at while the queue cannot tell
+/// its pace ([`Queue::book_retry`]).
+const UNKNOWN_PACE_SPACING: Duration = Duration::from_secs(1);
 
 /// Where a cold sandbox's Pod stands with the scheduler, as its run's reconcile saw it.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -248,9 +253,36 @@ struct Queue {
     /// When the quota last refused a Pod: fresher news than a usage seen before it, which
     /// then says no room ([`Queue::room_left`]).
     refused_at: Option<Timestamp>,
+    /// The latest moment a refused run was told to come back at ([`Queue::book_retry`]).
+    retries_until: Option<Timestamp>,
 }
 
 impl Queue {
+    /// When a run refused now, told to come back `earliest` from now, should come back: no
+    /// sooner than `spacing` after the run refused before it was told to, as if the refused
+    /// runs had kept their order in the queue. A burst refused in one moment and told the same
+    /// moment to come back comes back as a burst, and most of it is refused again (the load
+    /// suite, 2026-12-05: 21 retries in one second, each answered in over 2 s). Never later
+    /// than `latest` from now.
+    fn book_retry(
+        &mut self,
+        earliest: Duration,
+        spacing: Duration,
+        latest: Duration,
+        now: Timestamp,
+    ) -> Duration {
+        let at = |d: Duration| now.checked_add(d).unwrap_or(now);
+        let mut when = at(earliest.min(latest));
+        if let Some(after) = self
+            .retries_until
+            .and_then(|booked| booked.checked_add(spacing).ok())
+        {
+            when = when.max(after).min(at(latest));
+        }
+        self.retries_until = Some(when);
+        when.duration_since(now).unsigned_abs()
+    }
+
     fn insert(&mut self, uid: &str, entry: Entry) {
         let turns = self.turns.entry(entry.agent.clone()).or_default();
         let turn = turns.back().copied().unwrap_or(0).max(self.served) + 1;
@@ -638,14 +670,24 @@ impl Admission {
                 _ => expected
                     .filter(|e| *e != Duration::MAX)
                     .map_or(self.allowance, |e| e.saturating_sub(self.allowance / 2)),
-            }
-            .min(self.allowance * LAST_RESORT_FACTOR);
+            };
+            // One pace apart from the run refused before it: the time the queue takes to admit
+            // one more run (a second while it cannot tell).
+            let spacing = queue
+                .rate(now)
+                .filter(|r| *r > 0.0)
+                .and_then(|r| Duration::try_from_secs_f64(1.0 / r).ok())
+                .unwrap_or(UNKNOWN_PACE_SPACING);
+            let retry = queue.book_retry(retry, spacing, self.allowance * LAST_RESORT_FACTOR, now);
             return Ask::Refuse(Refusal {
                 position,
                 expected: expected.filter(|e| *e != Duration::MAX),
-                retry_after_seconds: u32::try_from(retry.as_secs())
-                    .unwrap_or(u32::MAX)
-                    .max(MIN_RETRY_SECONDS),
+                // Rounded up: told a second early, a caller comes back before its moment.
+                retry_after_seconds: u32::try_from(
+                    retry.as_secs() + u64::from(retry.subsec_nanos() > 0),
+                )
+                .unwrap_or(u32::MAX)
+                .max(MIN_RETRY_SECONDS),
                 last_resort: !hopeless,
                 unknown_pace: unknown_pace.filter(|_| hopeless),
             });

@@ -214,6 +214,51 @@ fn a_run_that_cannot_start_within_its_allowance_is_refused_at_once_with_a_hint()
 }
 
 #[test]
+fn runs_refused_in_one_moment_are_told_to_come_back_one_pace_apart() {
+    // 100 runs ahead at one a second: each late run is refused at the same place.
+    let admission = busy_queue(60, 99);
+    let hints: Vec<u32> = (0..5)
+        .map(
+            |i| match ask(&admission, &format!("late-{i}"), "z", at(20)) {
+                Ask::Refuse(refusal) => refusal.retry_after_seconds,
+                other => panic!("not refused: {other:?}"),
+            },
+        )
+        .collect();
+    // Told one second apart (the queue admits one a second), not all the same second: they
+    // come back as the queue would have served them, not as a burst.
+    for pair in hints.windows(2) {
+        assert_eq!(pair[1], pair[0] + 1, "{hints:?}");
+    }
+    // Once the moments told have passed, a run refused is told what the queue says.
+    let mut queue = Queue::default();
+    let (second, minute) = (Duration::from_secs(1), Duration::from_secs(60));
+    assert_eq!(
+        queue.book_retry(10 * second, second, minute, at(0)),
+        10 * second
+    );
+    assert_eq!(
+        queue.book_retry(10 * second, second, minute, at(0)),
+        11 * second
+    );
+    assert_eq!(
+        queue.book_retry(10 * second, second, minute, at(30)),
+        10 * second
+    );
+    // Never later than the last resort: a burst of hundreds is told at most that.
+    let admission = busy_queue(60, 99);
+    let most = (0..200)
+        .map(
+            |i| match ask(&admission, &format!("many-{i}"), "z", at(20)) {
+                Ask::Refuse(refusal) => refusal.retry_after_seconds,
+                other => panic!("not refused: {other:?}"),
+            },
+        )
+        .max();
+    assert_eq!(most, Some(120));
+}
+
+#[test]
 fn a_run_the_queue_can_serve_in_time_waits_with_its_expected_wait() {
     let admission = busy_queue(60, 9);
     let Ask::Wait(place) = ask(&admission, "soon", "z", at(20)) else {
