@@ -5,12 +5,20 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use sandboxrun_api::SandboxRun;
 use sandboxrun_core::{Phase, Reason, Verdict};
 
+/// How many Events are sent at once; the rest wait their turn, in order.
+const SENT_AT_ONCE: usize = 4;
+
 /// Publishes Events about runs; failures are logged, never fatal: an Event is a courtesy.
 #[derive(Clone)]
 pub struct Events {
     recorder: Recorder,
     /// Events still being sent (they go in the background).
     in_flight: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Turns to send one ([`SENT_AT_ONCE`]): in a burst of calls, two or three Events per call
+    /// all sent at once compete on the API server with the status writes the calls wait for
+    /// (a burst of 100 refusals: 200 Events in the same second as their 100 status writes).
+    /// They trail the calls they describe instead.
+    turns: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl Events {
@@ -23,6 +31,7 @@ impl Events {
         Self {
             recorder: Recorder::new(client, reporter),
             in_flight: std::sync::Arc::default(),
+            turns: std::sync::Arc::new(tokio::sync::Semaphore::new(SENT_AT_ONCE)),
         }
     }
 
@@ -56,9 +65,11 @@ impl Events {
             run.object_ref(&()),
             reason.to_owned(),
         );
-        let in_flight = self.in_flight.clone();
+        let (in_flight, turns) = (self.in_flight.clone(), self.turns.clone());
         in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         tokio::spawn(async move {
+            // The semaphore is never closed.
+            let _turn = turns.acquire().await;
             if let Err(e) = recorder.publish(&event, &object).await {
                 tracing::warn!(error = %e, reason, "could not publish event");
             }
@@ -135,5 +146,50 @@ impl Events {
         };
         self.publish(run, type_, reason, "Finish", format!("{phase}: {message}"))
             .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::{FakeApi, NS};
+    use serde_json::json;
+
+    /// Event creates the fake API server received so far.
+    fn received(api: &FakeApi) -> usize {
+        api.with(|s| s.requests.iter().filter(|r| r.ends_with("/events")).count())
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_events_is_sent_a_few_at_a_time_and_all_of_it_in_order() {
+        let run = json!({"apiVersion": "sandboxrun.dev/v1alpha1", "kind": "SandboxRun",
+            "metadata": {"name": "r", "namespace": NS, "uid": "uid-1"},
+            "spec": {"agent": "a", "environment": "sandbox"}});
+        let api = FakeApi::start(run.clone()).await;
+        let run: SandboxRun = serde_json::from_value(run).unwrap();
+        let events = Events::new(api.client.clone(), "test".into());
+        api.with(|s| s.hold_events = true);
+        // Different reasons: the recorder patches an Event of the same reason and object it
+        // sent lately (a series) instead of creating one.
+        for i in 0..10 {
+            let reason = format!("Reason{i}");
+            let note = format!("event {i}");
+            events
+                .publish(&run, EventType::Normal, &reason, "Test", note)
+                .await;
+        }
+        while received(&api) < SENT_AT_ONCE {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // The rest wait for a turn while the first ones are held.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(received(&api), SENT_AT_ONCE);
+        api.with(|s| s.hold_events = false);
+        events.settled().await;
+        let notes = api.with(|s| s.event_notes.clone());
+        assert_eq!(notes.len(), 10, "{notes:?}");
+        // Those after the first turns went out in the order they were published.
+        let later: Vec<String> = (SENT_AT_ONCE..10).map(|i| format!("event {i}")).collect();
+        assert_eq!(notes[SENT_AT_ONCE..], later[..], "{notes:?}");
     }
 }

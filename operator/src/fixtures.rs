@@ -34,6 +34,8 @@ pub struct ApiState {
     pub stall_all: bool,
     /// While set, a Pod create is held unanswered (a create on its way), then answered.
     pub hold_pod_creates: bool,
+    /// While set, an Event's create is held unanswered, then answered.
+    pub hold_events: bool,
     /// Status writes that commit but answer 504 (the response lost on the way back), counted
     /// down per write.
     pub lose_status_responses: u32,
@@ -277,6 +279,11 @@ async fn handle(
     }
     if method == Method::POST && path == format!("/api/v1/namespaces/{NS}/pods") {
         while state.lock().unwrap().hold_pod_creates {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+    if method == Method::POST && path.ends_with("/events") {
+        while state.lock().unwrap().hold_events {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     }
