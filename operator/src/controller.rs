@@ -425,8 +425,8 @@ pub struct Reconcile<'a> {
     pub now: Timestamp,
     /// The run's `metadata.generation`, recorded as `observedGeneration`.
     pub generation: Option<i64>,
-    /// The run's resourceVersion as this reconciliation last read it from the API server or
-    /// wrote its status, if it did ([`Self::known_version`]).
+    /// The run's resourceVersion as this reconciliation last read it from the API server,
+    /// decided it on its cached copy or wrote its status, if it did ([`Self::known_version`]).
     known_version: std::sync::Mutex<Option<String>>,
     /// Whether the run was decided on its cached copy: then the reconcile's next status write
     /// is conditional on that copy's resourceVersion ([`Reconcile::decide`]).
@@ -451,8 +451,9 @@ impl<'a> Reconcile<'a> {
         })
     }
 
-    /// The run's resourceVersion as this reconciliation last read it fresh ([`Self::fresh_status`])
-    /// or wrote its status: the run as it is now unless someone else wrote it since, for a write
+    /// The run's resourceVersion as this reconciliation last read it fresh ([`Self::fresh_status`]),
+    /// decided it on its cached copy ([`Self::decide`]) or wrote its status: the run as it is
+    /// now unless someone else wrote it since, for a write
     /// conditional on it (such a write then fails, and the run is looked at again) without
     /// reading the run once more.
     pub fn known_version(&self) -> Option<String> {

@@ -124,9 +124,9 @@ impl Reconcile<'_> {
         );
         let mut status = self.terminal(prev, Some(Tool::Python), &outcome, None);
         status.retry_after_seconds = Some(refusal.retry_after_seconds);
-        // Over the run as this reconcile last read or wrote it (a run refused on arrival was
-        // just read to decide it): not read once more on the refusal's path, which has to be
-        // quick under load; a run changed since is looked at again.
+        // Over the run as this reconcile last read or wrote it, or decided it on (a run refused
+        // on arrival: its cached copy): not read once more on the refusal's path, which has to
+        // be quick under load; a run changed since is looked at again.
         let action = self
             .finish_over(status, &outcome, None, self.known_version())
             .await?;
