@@ -277,6 +277,14 @@ impl Context {
             .contains(uid)
     }
 
+    /// This process wrote a status to the run `uid` while its cache shows it undecided.
+    fn wrote_while_undecided(&self, uid: &str) {
+        self.written_undecided
+            .lock()
+            .expect("not poisoned")
+            .insert(uid.to_owned());
+    }
+
     /// The cache shows the run `uid` decided, or going: it lags no write of this process's
     /// that [`Self::wrote_undecided`] tracks.
     fn caught_up(&self, uid: &str) {
@@ -647,18 +655,13 @@ impl<'a> Reconcile<'a> {
     /// Records that the run now waits for a person (`AwaitingApproval`, with
     /// `status.approvalRequest`: when, at which generation, and any approval it already
     /// carries, which will never count). Written only over the run as just read from the API
-    /// server, so the generation and the approval recorded are the ones the write lands on: an
+    /// server, or as the cached copy it was decided on ([`Self::current_run`]), so the
+    /// generation and the approval recorded are the ones the write lands on: an
     /// approval written at any moment before is recorded as void, one written after is at a
     /// later generation.
     async fn begin_waiting(&self, prev: &SandboxRunStatus, tool: Tool) -> Stage<()> {
-        // Decided on the cached copy: written over that copy alone (see `decide`).
-        let fresh = if self.fenced() {
-            self.run.clone()
-        } else {
-            let Some(fresh) = self.runs.get_opt(&self.name).await? else {
-                return Ok(ControlFlow::Break(Action::await_change()));
-            };
-            fresh
+        let Some(fresh) = self.current_run().await? else {
+            return Ok(ControlFlow::Break(Action::await_change()));
         };
         let current = fresh.status.clone().unwrap_or_default();
         if is_terminal(&current) {
@@ -769,10 +772,8 @@ impl<'a> Reconcile<'a> {
         // from a cached copy that predates a terminal status written by the previous one.
         let read_at = match written {
             Some(rv) => Some(rv),
-            // Decided on the cached copy: ended over that copy alone (see `decide`).
-            None if self.fenced() => self.known_version(),
             None => {
-                let fresh = self.runs.get_opt(&self.name).await?;
+                let fresh = self.current_run().await?;
                 if let Some(done) = fresh
                     .as_ref()
                     .and_then(|r| r.status.clone())
@@ -1020,6 +1021,16 @@ impl<'a> Reconcile<'a> {
         }
     }
 
+    /// The run to write over: the cached copy the run was decided on, when this reconcile
+    /// decided on it and wrote nothing since (its next write is conditional on that copy, see
+    /// [`Self::decide`]); else the run as the API server has it now. `None`: the run is gone.
+    async fn current_run(&self) -> Result<Option<SandboxRun>, Error> {
+        if self.fenced() {
+            return Ok(Some(self.run.clone()));
+        }
+        Ok(self.runs.get_opt(&self.name).await?)
+    }
+
     /// The run's status as the API server has it now (never the watch cache): `None` when the
     /// run is gone, else its status.
     pub async fn fresh_status(&self) -> Result<Option<SandboxRunStatus>, Error> {
@@ -1082,11 +1093,7 @@ impl<'a> Reconcile<'a> {
         match written {
             Ok(_) => {
                 if self.run.status.as_ref().is_none_or(undecided) {
-                    self.ctx
-                        .written_undecided
-                        .lock()
-                        .expect("not poisoned")
-                        .insert(self.uid());
+                    self.ctx.wrote_while_undecided(&self.uid());
                 }
                 Ok(version)
             }
