@@ -178,9 +178,14 @@ mod tests {
                 .publish(&run, EventType::Normal, &reason, "Test", note)
                 .await;
         }
-        while received(&api) < SENT_AT_ONCE {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        // Bounded, so that a limit that lets fewer out fails here instead of hanging the suite.
+        tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while received(&api) < SENT_AT_ONCE {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the first Events were sent");
         // The rest wait for a turn while the first ones are held.
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         assert_eq!(received(&api), SENT_AT_ONCE);
