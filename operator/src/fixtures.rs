@@ -282,22 +282,24 @@ async fn handle(
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
     }
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     if method == Method::POST && path.ends_with("/events") {
+        // Recorded as it arrives, so that a test sees which Events were sent while held.
+        {
+            let mut s = state.lock().unwrap();
+            s.events
+                .push(body["reason"].as_str().unwrap_or_default().to_owned());
+            s.event_notes
+                .push(body["note"].as_str().unwrap_or_default().to_owned());
+        }
         while state.lock().unwrap().hold_events {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
+        return json_response(201, &body);
     }
     let mut s = state.lock().unwrap();
     let runs = format!("/apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxruns/");
     let pods = format!("/api/v1/namespaces/{NS}/pods");
-    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    if path.ends_with("/events") && method == Method::POST {
-        s.events
-            .push(body["reason"].as_str().unwrap_or_default().to_owned());
-        s.event_notes
-            .push(body["note"].as_str().unwrap_or_default().to_owned());
-        return json_response(201, &body);
-    }
     let sessions = format!("/apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxsessions");
     if let Some(rest) = path.strip_prefix(&sessions) {
         return session_request(&mut s, &method, rest, body);
