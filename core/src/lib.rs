@@ -38,7 +38,8 @@ pub use runner::{
     CANARY_ENV, EnvelopeError, IDLE_MARK, NO_PROGRAM_EXIT, NotRun, NotRunReason, Observed,
     OutputChunk, OutputFn, PROGRAM_RECEIVED, Program, RUNNER_SCRIPT, RunnerResult, SESSION_CLOSE,
     SESSION_FLAG, SessionEnd, SessionState, Stream, parse_call_envelope, parse_envelope,
-    parse_output_line, program_frame, runner_argv, session_argv, session_frame, valid_call_name,
+    parse_output_line, pod_runner_argv, pod_session_argv, program_frame, runner_argv, session_argv,
+    session_frame, valid_call_name,
 };
 pub use sql::{
     Columns, GuardViolation, GuardedQuery, SqlDialect, SqlRules, TableRule, ViolationKind, guard,

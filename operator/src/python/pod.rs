@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 use sandboxrun_api::SandboxRun;
-use sandboxrun_core::{CANARY_ENV, FileCaps, IDLE_MARK, Limits, Profile, Tool, runner_argv};
+use sandboxrun_core::{CANARY_ENV, FileCaps, IDLE_MARK, Limits, Profile, Tool, pod_runner_argv};
 
 /// Name of the single container of a sandbox Pod.
 pub const CONTAINER: &str = "sandbox";
@@ -349,7 +349,7 @@ pub fn sandbox_pod(
         // No shell parses anything, and the code is not here: the runner waits for it on stdin,
         // which the operator writes once over the Pod's attach stream (stdinOnce closes it when
         // that session ends, so nobody can send a second program).
-        command: Some(runner_argv(limits, profile)),
+        command: Some(pod_runner_argv(limits, profile)),
         stdin: Some(true),
         stdin_once: Some(true),
         tty: Some(false),
@@ -452,7 +452,7 @@ pub fn sandbox_pod(
 mod tests {
     use super::*;
     use sandboxrun_api::{LimitsSpec, PythonSpec, SandboxRunSpec, SqlSpec};
-    use sandboxrun_core::RUNNER_SCRIPT;
+    use sandboxrun_core::pod_runner_argv;
 
     fn config() -> SandboxConfig {
         SandboxConfig {
@@ -589,7 +589,10 @@ mod tests {
         // on stdin, once).
         let cmd = c.command.as_ref().unwrap();
         assert_eq!(cmd[..4], ["python3", "-I", "-S", "-c"]);
-        assert_eq!(cmd[4], RUNNER_SCRIPT);
+        assert_eq!(
+            cmd[4],
+            pod_runner_argv(&Limits::default(), Profile::Minimal)[4]
+        );
         assert_eq!(cmd[5..], ["1000", "32", "5"]);
         assert_eq!(
             (c.stdin, c.stdin_once, c.tty),

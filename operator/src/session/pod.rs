@@ -1,5 +1,5 @@
 //! A session's sandbox Pod (pure): a run's sandbox in every isolation setting, but its runner
-//! serves calls until the session ends (`session_argv`), its stdin stays open between the calls'
+//! serves calls until the session ends (`pod_session_argv`), its stdin stays open between the calls'
 //! attach streams, and its hard bound is the session's longest life.
 
 use std::collections::BTreeMap;
@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::{Resource, ResourceExt};
 use sandboxrun_api::SandboxSession;
 use sandboxrun_core::Limits;
-use sandboxrun_core::runner::session_argv;
+use sandboxrun_core::runner::pod_session_argv;
 
 use crate::python::pod::{
     self, ACTIVE_DEADLINE_GRACE_SECONDS, BuildError, LABEL_AGENT, LABEL_MANAGED_BY, LABEL_TOOL,
@@ -78,7 +78,7 @@ pub fn build(session: &SandboxSession, config: &SandboxConfig) -> Result<Pod, Bu
     let mut built = pod::sandbox_pod(metadata, &config, profile, &limits, deadline, &limits.cpu);
     let preloads = !profile.preloaded_modules().is_empty();
     for container in built.spec.iter_mut().flat_map(|s| s.containers.iter_mut()) {
-        container.command = Some(session_argv(&limits, profile));
+        container.command = Some(pod_session_argv(&limits, profile));
         // Each call comes over an attach stream of its own: the runner's stdin must outlive
         // each of them (the runner drops a frame cut short by a stream that broke).
         container.stdin_once = Some(false);
