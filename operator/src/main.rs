@@ -52,8 +52,21 @@ async fn until_true(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|v| *v).await;
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// The runtime's workers get 8 MiB of stack, not Tokio's 2: a debug build (the e2e suite's) gives
+/// every future an async function builds its own slot in that function's stack frame, and a
+/// reconcile of a session's call takes about 2 MiB there (under 100 KiB in a release build).
+/// Address space only: a stack's pages are touched as it grows.
+const WORKER_STACK_BYTES: usize = 8 << 20;
+
+fn main() -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(WORKER_STACK_BYTES)
+        .build()?
+        .block_on(operate())
+}
+
+async fn operate() -> anyhow::Result<()> {
     let config = Config::parse();
     tracing_subscriber::fmt()
         .json()
