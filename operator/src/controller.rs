@@ -1289,6 +1289,7 @@ pub async fn run(
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
         .owns(pods, pod_watch)
         .reconcile_on(ctx.admission.wakeups())
+        .reconcile_on(ctx.feeds.wakeups())
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {

@@ -1164,6 +1164,54 @@ async fn a_finished_run_of_long_ago_sends_no_delete_for_its_pod() {
     assert_eq!(api.take_requests(), [delete_pod()]);
 }
 
+#[tokio::test]
+async fn a_cold_run_ends_on_the_answer_read_off_its_stream_before_the_kubelet_says_it_ended() {
+    use crate::python::feed::{Answer, FeedState};
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    // The early feeder handed the program over and read the runner's envelope; the kubelet has
+    // not even reported the container running (the Pod has no status).
+    ctx.feeds.mark_fed("uid-1");
+    let sent_at = Timestamp::now() - SignedDuration::from_millis(300);
+    let answer = Answer {
+        log: format!("{} 10\n{OK_LOG}", sandboxrun_core::PROGRAM_RECEIVED),
+        exit_code: 0,
+        sent_at,
+        read_at: Timestamp::now(),
+    };
+    let run = kube::runtime::reflector::ObjectRef::new(RUN).within(NS);
+    assert!(ctx.feeds.answered(run, "uid-1", answer));
+    assert!(matches!(
+        ctx.feeds.state("uid-1"),
+        Some(FeedState::Answered(_))
+    ));
+    api.take_requests();
+    reconcile_as(cached(&api), &ctx).await;
+    let requests = api.take_requests();
+    // No log read: the answer is the log.
+    assert!(
+        !requests.iter().any(|r| r.ends_with("/log")),
+        "{requests:?}"
+    );
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Succeeded"), &json!("Succeeded"))
+    );
+    assert_eq!(status["stdout"], "hello from sandboxrun\n");
+    // When the program was sent (Kubernetes keeps whole seconds).
+    let started: Timestamp = status["startTime"].as_str().unwrap().parse().unwrap();
+    assert_eq!(started.as_second(), sent_at.as_second());
+    assert!(api.with(|s| s.pod.is_none()), "the Pod is deleted");
+    assert_eq!(ctx.feeds.state("uid-1"), None, "forgotten with the run");
+    assert!(
+        api.with(|s| s.events.clone())
+            .contains(&"Started".to_owned()),
+        "it ran, though the kubelet had not said so"
+    );
+}
+
 /// A python run whose cold Pod was created and whose code then exited 0 two seconds later, with
 /// its envelope in the log: the next reconcile ends it.
 async fn a_run_whose_code_succeeded() -> (FakeApi, Arc<Context>) {

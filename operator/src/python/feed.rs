@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, AttachParams, AttachedProcess};
+use kube::runtime::reflector::ObjectRef;
+use sandboxrun_api::SandboxRun;
 use sandboxrun_core::runner::Program;
 use sandboxrun_core::{
     FileCaps, InputFile, Limits, PROGRAM_RECEIVED, parse_envelope, program_frame,
@@ -67,31 +69,104 @@ const FAST_FOR: Duration = Duration::from_secs(5);
 const START_WITHIN: Duration = Duration::from_secs(120);
 
 /// Where handing a run's program over stands, by run uid (shared by the reconciles and the
-/// early feeders they start).
-#[derive(Clone, Debug, Default)]
-pub struct Feeds(Arc<Mutex<HashMap<String, FeedState>>>);
+/// early feeders they start), and the runs whose early feeder read their answer, to reconcile.
+#[derive(Clone, Debug)]
+pub struct Feeds {
+    states: Arc<Mutex<HashMap<String, FeedState>>>,
+    answered: tokio::sync::mpsc::UnboundedSender<ObjectRef<SandboxRun>>,
+    wakeups: Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<ObjectRef<SandboxRun>>>>,
+}
+
+impl Default for Feeds {
+    fn default() -> Self {
+        let (answered, wakeups) = tokio::sync::mpsc::unbounded_channel();
+        Self {
+            states: Arc::default(),
+            answered,
+            wakeups: Arc::new(tokio::sync::Mutex::new(wakeups)),
+        }
+    }
+}
 
 /// The state of one run's program.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FeedState {
     /// An early feeder is trying to hand it over.
     Feeding,
     /// The runner confirmed it.
     Fed,
+    /// The runner confirmed it, and the early feeder read its envelope off the stream.
+    Answered(Arc<Answer>),
+}
+
+/// What a cold sandbox's runner printed, read off the attach stream by the early feeder: the
+/// run ends on it as soon as it is read, not once the kubelet noticed that the container ended
+/// (it looks once a second) and the log was read.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The runner's output, its envelope last (what the container's log holds).
+    pub log: String,
+    /// The code's exit status, as the envelope says.
+    pub exit_code: i32,
+    /// When the program was sent.
+    pub sent_at: jiff::Timestamp,
+    /// When the envelope was read.
+    pub read_at: jiff::Timestamp,
 }
 
 impl Feeds {
     /// The state of run `uid`'s program (`None`: nobody is at it, e.g. after a restart).
     pub fn state(&self, uid: &str) -> Option<FeedState> {
-        self.0.lock().expect("not poisoned").get(uid).copied()
+        self.states.lock().expect("not poisoned").get(uid).cloned()
+    }
+
+    /// What the early feeder read from run `uid`'s runner, if it read its envelope.
+    pub fn answer(&self, uid: &str) -> Option<Arc<Answer>> {
+        match self.state(uid) {
+            Some(FeedState::Answered(answer)) => Some(answer),
+            _ => None,
+        }
+    }
+
+    /// Runs whose answer an early feeder read: the controller reconciles each at once.
+    pub fn wakeups(&self) -> impl futures::Stream<Item = ObjectRef<SandboxRun>> + Send + use<> {
+        futures::stream::unfold(self.wakeups.clone(), |wakeups| async move {
+            let next = wakeups.lock().await.recv().await;
+            next.map(|run| (run, wakeups))
+        })
     }
 
     fn set(&self, uid: &str, state: Option<FeedState>) {
-        let mut map = self.0.lock().expect("not poisoned");
+        let mut map = self.states.lock().expect("not poisoned");
         match state {
             Some(s) => map.insert(uid.to_owned(), s),
             None => map.remove(uid),
         };
+    }
+
+    /// Keeps `answer` for run `uid` (`run`) and has the controller reconcile it, if its
+    /// program is still [`FeedState::Fed`]: not for a run that ended meanwhile.
+    pub fn answered(&self, run: ObjectRef<SandboxRun>, uid: &str, answer: Answer) -> bool {
+        let answered = FeedState::Answered(Arc::new(answer));
+        let kept = self.advance(uid, &FeedState::Fed, answered);
+        if kept {
+            // The receiver lives as long as the controller.
+            let _ = self.answered.send(run);
+        }
+        kept
+    }
+
+    /// Moves run `uid` from `from` to `to`, only if it is still at `from`: a run that ended (or
+    /// that a reconcile took over) meanwhile is left as it is.
+    fn advance(&self, uid: &str, from: &FeedState, to: FeedState) -> bool {
+        let mut map = self.states.lock().expect("not poisoned");
+        match map.get_mut(uid) {
+            Some(state) if state == from => {
+                *state = to;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Records that run `uid`'s program was handed over (by the warm path, inline).
@@ -104,19 +179,24 @@ impl Feeds {
         self.set(uid, None);
     }
 
-    /// Hands `program` to the sandbox `pod` of run `uid` as soon as its container runs, in the
-    /// background: the kubelet reports a started container only at its next relist (up to a
-    /// second later), and the code should not wait for that. Attaching to a container that has
-    /// not started fails at once and is retried; an attach that opened but did not end in a
-    /// confirmation is not repeated (stdinOnce closed the container's stdin with it), and the
-    /// reconcile that sees the container running takes over.
+    /// Hands `program` to the sandbox `pod` of run `run` (uid `uid`) as soon as its container
+    /// runs, in the background, then reads its output off the same stream until the envelope
+    /// (for at most `read_for`): the kubelet reports a started container only at its next
+    /// relist, and an ended one at the one after (each up to a second later), and the code
+    /// should wait for neither. With the envelope read, the run is marked
+    /// [`FeedState::Answered`] and reconciled at once ([`Feeds::wakeups`]). Attaching to a
+    /// container that has not started fails at once and is retried; an attach that opened but
+    /// did not end in a confirmation is not repeated (stdinOnce closed the container's stdin
+    /// with it), and the reconcile that sees the container running takes over. A stream that
+    /// ends without the envelope leaves the run to the kubelet's view and the log, as before.
     pub fn start_early(
         &self,
         pods: Api<Pod>,
         pod: String,
-        uid: String,
+        (run, uid): (ObjectRef<SandboxRun>, String),
         program: OwnedProgram,
         limits: Limits,
+        read_for: Duration,
     ) {
         self.set(&uid, Some(FeedState::Feeding));
         let feeds = self.clone();
@@ -128,22 +208,39 @@ impl Feeds {
                 if feeds.state(&uid) != Some(FeedState::Feeding) {
                     return;
                 }
+                let sent_at = jiff::Timestamp::now();
+                // Marked fed as soon as the runner confirms: the reconciles that see the
+                // container running go on, while this task reads what the code prints.
                 let sent = session(
                     &pods,
                     &pod,
                     &program.program(),
                     &limits,
-                    None,
+                    Some(read_for),
                     EARLY_CONFIRM_WITHIN,
                     None,
+                    || {
+                        feeds.advance(&uid, &FeedState::Feeding, FeedState::Fed);
+                    },
                 )
                 .await;
+                // An output is returned only once it holds a whole envelope.
+                if let Ok(Some(log)) = &sent
+                    && let Ok(envelope) = parse_envelope(log)
+                {
+                    let answer = Answer {
+                        exit_code: envelope.exit_code,
+                        log: log.clone(),
+                        sent_at,
+                        read_at: jiff::Timestamp::now(),
+                    };
+                    feeds.answered(run, &uid, answer);
+                    return;
+                }
                 match confirmed_in_log(&pods, &pod, sent).await {
                     Ok(()) => {
                         // Only if still wanted: the run may have ended meanwhile.
-                        if feeds.state(&uid) == Some(FeedState::Feeding) {
-                            feeds.set(&uid, Some(FeedState::Fed));
-                        }
+                        feeds.advance(&uid, &FeedState::Feeding, FeedState::Fed);
                         return;
                     }
                     Err(FeedError::Attach(_) | FeedError::NotStarted(_))
@@ -159,8 +256,9 @@ impl Feeds {
                     }
                     Err(e) => {
                         tracing::info!(pod = %pod, error = %e, "early program hand-over did not complete; the reconcile takes over");
-                        if feeds.state(&uid) == Some(FeedState::Feeding) {
-                            feeds.set(&uid, None);
+                        let mut map = feeds.states.lock().expect("not poisoned");
+                        if map.get(&uid) == Some(&FeedState::Feeding) {
+                            map.remove(&uid);
                         }
                         return;
                     }
@@ -232,9 +330,18 @@ pub async fn feed(
     program: &Program<'_>,
     limits: &Limits,
 ) -> Result<(), FeedError> {
-    session(pods, pod, program, limits, None, CONFIRM_WITHIN, None)
-        .await
-        .map(|_| ())
+    session(
+        pods,
+        pod,
+        program,
+        limits,
+        None,
+        CONFIRM_WITHIN,
+        None,
+        || {},
+    )
+    .await
+    .map(|_| ())
 }
 
 /// Sends `program` to the runner of `pod`, then keeps the stream open and reads the runner's
@@ -259,6 +366,7 @@ pub async fn feed_and_read(
         Some(within),
         CONFIRM_WITHIN,
         held,
+        || {},
     )
     .await;
     let Err(FeedError::Unconfirmed(why)) = read else {
@@ -316,7 +424,9 @@ fn in_log(log: String, bytes: usize) -> InLog {
 }
 
 /// One attach session (`held`, or a new one): send the framed program, wait for its
-/// confirmation and, with `read_for`, read the output that follows until the stream ends.
+/// confirmation (then call `confirmed`) and, with `read_for`, read the output that follows until
+/// the envelope or the end of the stream.
+#[allow(clippy::too_many_arguments)]
 async fn session(
     pods: &Api<Pod>,
     pod: &str,
@@ -325,6 +435,7 @@ async fn session(
     read_for: Option<Duration>,
     confirm_within: Duration,
     held: Option<AttachedProcess>,
+    confirmed: impl FnOnce(),
 ) -> Result<Option<String>, FeedError> {
     let began = std::time::Instant::now();
     let was_held = held.is_some();
@@ -371,6 +482,9 @@ async fn session(
         )))
     });
     let confirmed_ms = began.elapsed().as_millis();
+    if result.is_ok() {
+        confirmed();
+    }
     let output = match (&result, read_for, stdout.as_mut()) {
         (Ok(seen), Some(within), Some(stdout)) => {
             let most = usize::try_from(log_limit_bytes(limits)).unwrap_or(usize::MAX);
@@ -482,6 +596,40 @@ async fn confirmation(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn answer() -> Answer {
+        Answer {
+            log: "ok\n".into(),
+            exit_code: 0,
+            sent_at: jiff::Timestamp::now(),
+            read_at: jiff::Timestamp::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_kept_and_its_run_reconciled_only_for_a_program_that_was_fed() {
+        use futures::StreamExt as _;
+        let feeds = Feeds::default();
+        let run = |name: &str| ObjectRef::<SandboxRun>::new(name).within("ns");
+        let mut wakeups = Box::pin(feeds.wakeups());
+        // Not confirmed yet, or ended (forgotten): nothing kept, nobody woken.
+        feeds.set("feeding", Some(FeedState::Feeding));
+        assert!(!feeds.answered(run("feeding"), "feeding", answer()));
+        assert!(!feeds.answered(run("ended"), "ended", answer()));
+        assert_eq!(feeds.state("feeding"), Some(FeedState::Feeding));
+        assert_eq!(feeds.state("ended"), None);
+        // Confirmed: kept, and the run reconciled.
+        feeds.set("fed", Some(FeedState::Fed));
+        assert!(feeds.answered(run("fed"), "fed", answer()));
+        assert_eq!(feeds.answer("fed").unwrap().log, "ok\n");
+        assert_eq!(wakeups.next().await, Some(run("fed")));
+        // Once: a second answer changes nothing.
+        assert!(!feeds.answered(run("fed"), "fed", answer()));
+        feeds.forget("fed");
+        assert_eq!(feeds.answer("fed"), None);
+        let more = tokio::time::timeout(Duration::from_millis(50), wakeups.next()).await;
+        assert!(more.is_err(), "{more:?}");
+    }
 
     #[test]
     fn a_log_names_the_program_it_confirmed_and_holds_its_result_once_ended() {

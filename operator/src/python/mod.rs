@@ -129,6 +129,17 @@ impl Reconcile<'_> {
             }
         }
         let pod_name = pod_name.as_str();
+        // The early feeder read the runner's envelope off the attach stream of this Pod: the
+        // run ends on it now, not once the kubelet noticed that the container ended and its log
+        // was read (nor as PodDeleted if the Pod is gone since: the code ran to its end).
+        if let Some(answer) = self.ctx.feeds.answer(&self.uid())
+            && prev.pod_name.as_deref() == Some(pod_name)
+        {
+            let files = self.file_caps(pod.as_ref(), &prev, decided.as_ref());
+            return self
+                .end_on_answer(&prev, &answer, &limits, files, pod_name)
+                .await;
+        }
         match phase::next(&prev, pod.as_ref(), &limits, self.now) {
             Next::CreatePod => {
                 // Not for a run recorded cold: it was recorded so only after no claim was made
@@ -257,7 +268,7 @@ impl Reconcile<'_> {
                         prev = recorded;
                     }
                     match self.ctx.feeds.state(&self.uid()) {
-                        Some(FeedState::Fed) => {}
+                        Some(FeedState::Fed | FeedState::Answered(_)) => {}
                         // Almost there: look again in a moment rather than attach twice.
                         Some(FeedState::Feeding) => {
                             return Ok(Action::requeue(std::time::Duration::from_millis(100)));
@@ -385,16 +396,21 @@ impl Reconcile<'_> {
         let action = self.progress_to(&prev, &progress, pod_name).await?;
         // Recorded: the program may go as soon as the container runs.
         if let Some(python) = run.spec.python.as_ref().filter(|_| ctx.early_feed) {
+            // Its output is read as long as the code may run.
+            let read_for = std::time::Duration::from_secs(u64::from(
+                limits.timeout_seconds + pod::ACTIVE_DEADLINE_GRACE_SECONDS,
+            ));
             ctx.feeds.start_early(
                 self.pods.clone(),
                 pod_name.to_owned(),
-                self.uid(),
+                (self.run_ref(), self.uid()),
                 OwnedProgram {
                     code: python.code.clone(),
                     inputs: python.files.clone(),
                     outputs: files,
                 },
                 limits.clone(),
+                read_for,
             );
         }
         Ok(action)
@@ -467,6 +483,34 @@ impl Reconcile<'_> {
             }
         }
         Ok(Action::requeue(until(progress.deadline, self.now)))
+    }
+
+    /// Ends the run on what its early feeder read off the attach stream ([`feed::Answer`]): the
+    /// runner printed its envelope and exited. What the kubelet would report later adds nothing
+    /// the envelope does not say, except an OOM kill of the whole sandbox, which leaves no
+    /// envelope (and then no answer: the kubelet's view decides). As on the warm path.
+    async fn end_on_answer(
+        &self,
+        prev: &SandboxRunStatus,
+        answer: &feed::Answer,
+        limits: &Limits,
+        files: FileCaps,
+        pod_name: &str,
+    ) -> Result<Action, Error> {
+        if prev.phase != Some(Phase::Running) {
+            // It ran, though the kubelet had not said so yet.
+            self.ctx.metrics.entered(Phase::Running);
+            self.ctx.events.started(self.run, pod_name).await;
+        }
+        let exited = Exited {
+            exit_code: answer.exit_code,
+            reason: None,
+            started_at: Some(answer.sent_at),
+            finished_at: answer.read_at,
+        };
+        let outcome = phase::collected(&exited, &answer.log, limits, files);
+        self.end(prev, Some(Tool::Python), &outcome, Some(pod_name))
+            .await
     }
 
     /// Reads the log of an ended sandbox and ends the run with its classification; an
