@@ -148,7 +148,7 @@ impl Feeds {
     /// program is still [`FeedState::Fed`]: not for a run that ended meanwhile.
     pub fn answered(&self, run: ObjectRef<SandboxRun>, uid: &str, answer: Answer) -> bool {
         let answered = FeedState::Answered(Arc::new(answer));
-        let kept = self.advance(uid, &FeedState::Fed, answered);
+        let kept = self.advance(uid, &FeedState::Fed, Some(answered));
         if kept {
             // The receiver lives as long as the controller.
             let _ = self.answered.send(run);
@@ -156,17 +156,18 @@ impl Feeds {
         kept
     }
 
-    /// Moves run `uid` from `from` to `to`, only if it is still at `from`: a run that ended (or
-    /// that a reconcile took over) meanwhile is left as it is.
-    fn advance(&self, uid: &str, from: &FeedState, to: FeedState) -> bool {
+    /// Moves run `uid` from `from` to `to` (`None`: forgotten), only if it is still at `from`:
+    /// a run that ended (or that a reconcile took over) meanwhile is left as it is.
+    fn advance(&self, uid: &str, from: &FeedState, to: Option<FeedState>) -> bool {
         let mut map = self.states.lock().expect("not poisoned");
-        match map.get_mut(uid) {
-            Some(state) if state == from => {
-                *state = to;
-                true
-            }
-            _ => false,
+        if map.get(uid) != Some(from) {
+            return false;
         }
+        match to {
+            Some(to) => map.insert(uid.to_owned(), to),
+            None => map.remove(uid),
+        };
+        true
     }
 
     /// Records that run `uid`'s program was handed over (by the warm path, inline).
@@ -220,7 +221,7 @@ impl Feeds {
                     EARLY_CONFIRM_WITHIN,
                     None,
                     || {
-                        feeds.advance(&uid, &FeedState::Feeding, FeedState::Fed);
+                        feeds.advance(&uid, &FeedState::Feeding, Some(FeedState::Fed));
                     },
                 )
                 .await;
@@ -240,7 +241,7 @@ impl Feeds {
                 match confirmed_in_log(&pods, &pod, sent).await {
                     Ok(()) => {
                         // Only if still wanted: the run may have ended meanwhile.
-                        feeds.advance(&uid, &FeedState::Feeding, FeedState::Fed);
+                        feeds.advance(&uid, &FeedState::Feeding, Some(FeedState::Fed));
                         return;
                     }
                     Err(FeedError::Attach(_) | FeedError::NotStarted(_))
@@ -256,10 +257,7 @@ impl Feeds {
                     }
                     Err(e) => {
                         tracing::info!(pod = %pod, error = %e, "early program hand-over did not complete; the reconcile takes over");
-                        let mut map = feeds.states.lock().expect("not poisoned");
-                        if map.get(&uid) == Some(&FeedState::Feeding) {
-                            map.remove(&uid);
-                        }
+                        feeds.advance(&uid, &FeedState::Feeding, None);
                         return;
                     }
                 }
