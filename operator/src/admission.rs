@@ -14,9 +14,9 @@
 //! the next head is woken. While the queue is not empty, every new run joins it, so nobody
 //! overtakes a waiting run. While it is empty, a run asks at once unless the room known for it
 //! is taken ([`Room`]: the namespace's quota as a watch last saw it, and the pools' ready
-//! sandboxes, less the runs let ask since): then it joins the queue, so that a burst asks for
-//! no more sandboxes than there is room for, and the rest are judged on arrival, not after a
-//! create the quota refuses.
+//! sandboxes, less the runs let ask and the pools' Pods created since): then it joins the
+//! queue, so that a burst asks for no more sandboxes than there is room for, and the rest are
+//! judged on arrival, not after a create the quota refuses.
 //!
 //! How long a sandbox is held is learned from cold runs only: the queue's runs start theirs
 //! after the room frees, and a warm one's was started before its claim.
@@ -47,6 +47,7 @@
 //! last resort.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -245,7 +246,8 @@ struct Queue {
     /// the nodes or the quota have. It stands in for the sandboxes running now while Pods just
     /// created are not placed yet (the first seconds of a burst), for [`PEAK_FOR`].
     peak: Option<(usize, Timestamp)>,
-    /// Runs let ask for a sandbox while the room was known (asked with a [`Room`]), by uid:
+    /// Runs let ask for a sandbox while the room was known (asked with a [`Room`]), by uid, and
+    /// the pools' Pods being created or created lately ([`Admission::pool_pod_creating`]):
     /// since when, and when their Pod was created (`None`: not yet; a run that claims a warm
     /// sandbox leaves). Until the quota is seen after that, its usage may not count them, and
     /// the room it says it has is that much smaller ([`Queue::room_left`]).
@@ -525,7 +527,18 @@ pub struct Admission {
     wake: mpsc::UnboundedSender<ObjectRef<SandboxRun>>,
     /// Read by one controller at a time (a replica that leads again starts a new one).
     wakeups: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<ObjectRef<SandboxRun>>>>,
+    /// Numbers the pools' Pods counted against the room ([`Self::pool_pod_creating`]).
+    pool_pods: AtomicU64,
 }
+
+/// The key among the runs let ask of a warm claim whose pool has not started its replacement.
+const REFILL_PREFIX: &str = "refill/";
+
+/// A pool's Pod counted against its namespace's room while it is created: its key among the
+/// runs let ask (never a run's uid).
+#[derive(Debug)]
+#[must_use = "report the create's end with Admission::pool_pod_created"]
+pub struct CountedPod(String);
 
 impl Admission {
     /// Queues whose runs may wait `allowance` for a sandbox.
@@ -536,6 +549,51 @@ impl Admission {
             allowance,
             wake,
             wakeups: Arc::new(tokio::sync::Mutex::new(wakeups)),
+            pool_pods: AtomicU64::new(0),
+        }
+    }
+
+    /// A warm pool is about to create a sandbox Pod in `namespace`. It takes room in the
+    /// namespace's quota as a run's own Pod does, so it counts against the room last seen as a
+    /// run let ask does, until the quota is seen after its create. Uncounted, a burst that
+    /// claimed warm sandboxes had their replacements take the room that runs were let ask for:
+    /// the quota refused those runs' Pods, and they were refused 2.2 s after their call instead
+    /// of 1 (the load suite's opening burst, 2026-12-06: 5 of 100, and 3 more in the next).
+    pub fn pool_pod_creating(&self, namespace: &str, now: Timestamp) -> CountedPod {
+        let n = self.pool_pods.fetch_add(1, Ordering::Relaxed);
+        let key = format!("pool-pod/{n}");
+        let mut queues = self.queues.lock().expect("not poisoned");
+        let queue = queues.entry(namespace.to_owned()).or_default();
+        // The replacement of the earliest claim still waiting for one: that claim stops
+        // counting, the Pod counts instead.
+        let replaced = queue
+            .asked
+            .iter()
+            .filter(|(key, _)| key.starts_with(REFILL_PREFIX))
+            .min_by_key(|(_, (since, _))| *since)
+            .map(|(key, _)| key.clone());
+        if let Some(replaced) = replaced {
+            queue.asked.remove(&replaced);
+        }
+        queue.asked.insert(key.clone(), (now, None));
+        CountedPod(key)
+    }
+
+    /// The create of a pool's Pod counted by [`Self::pool_pod_creating`] ended: a Pod created
+    /// counts until the quota is seen after `now`; one refused takes no room.
+    pub fn pool_pod_created(
+        &self,
+        namespace: &str,
+        CountedPod(key): CountedPod,
+        created: bool,
+        now: Timestamp,
+    ) {
+        let mut queues = self.queues.lock().expect("not poisoned");
+        let queue = queues.entry(namespace.to_owned()).or_default();
+        if created {
+            queue.asked.insert(key, (now, Some(now)));
+        } else {
+            queue.asked.remove(&key);
         }
     }
 
@@ -716,8 +774,13 @@ impl Admission {
             let mut queues = self.queues.lock().expect("not poisoned");
             let queue = queues.entry(namespace_of(run)).or_default();
             if placed {
-                // A warm sandbox: its Pod was counted long ago.
+                // A warm sandbox: its Pod was counted long ago, but its pool starts a
+                // replacement, which takes room in the quota: the claim counts in its stead
+                // until the pool creates it ([`Self::pool_pod_creating`]).
                 queue.asked.remove(uid);
+                queue
+                    .asked
+                    .insert(format!("{REFILL_PREFIX}{uid}"), (now, None));
                 queue.warm.insert(uid.to_owned());
             } else {
                 queue.unplaced.insert(uid.to_owned());

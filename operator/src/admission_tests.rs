@@ -856,15 +856,24 @@ fn runs_let_ask_count_against_the_room_until_the_quota_is_seen_after_their_pod()
 }
 
 #[test]
-fn a_warm_sandbox_and_an_unknown_room_take_nothing_from_the_room() {
+fn a_warm_claim_counts_for_its_replacement_and_an_unknown_room_for_nothing() {
     let admission = Admission::new(Duration::from_secs(60));
-    assert_eq!(ask_with_room(&admission, "a", 1, 0, 1), Ask::Go);
-    // a claimed a warm sandbox: its Pod was counted long ago.
+    // Room for one more Pod in the quota and one warm sandbox: a claims the sandbox.
+    assert_eq!(ask_with_room(&admission, "a", 2, 0, 1), Ask::Go);
     admission.admitted(&run("a"), "a", true, at(2));
-    assert_eq!(ask_with_room(&admission, "b", 1, 0, 3), Ask::Go);
+    // Its Pod was counted long ago, but the pool's replacement of it takes the quota's room.
+    assert_eq!(ask_with_room(&admission, "b", 1, 0, 3), Ask::Head);
+    admission.ended(&run("b"), "b", at(3));
+    // The pool creates it: the Pod counts instead of the claim, not beside it.
+    let replacement = admission.pool_pod_creating(NS, at(4));
+    admission.pool_pod_created(NS, replacement, true, at(4));
+    assert_eq!(ask_with_room(&admission, "c", 2, 0, 5), Ask::Go);
+    assert_eq!(ask_with_room(&admission, "d", 2, 0, 5), Ask::Head);
+    admission.ended(&run("d"), "d", at(5));
     // No room known (no watch, no quota): every run of an empty queue asks.
-    assert_eq!(ask(&admission, "c", "c", at(3)), Ask::Go);
-    assert_eq!(ask(&admission, "d", "d", at(3)), Ask::Go);
+    let admission = Admission::new(Duration::from_secs(60));
+    assert_eq!(ask(&admission, "e", "e", at(3)), Ask::Go);
+    assert_eq!(ask(&admission, "f", "f", at(3)), Ask::Go);
 }
 
 #[test]
@@ -930,4 +939,26 @@ fn a_pod_created_for_the_queues_head_counts_against_the_room_too() {
         admission.ask(&run("a"), "a", "a", None, LONGEST, quota, at(3)),
         Ask::Head
     );
+}
+
+#[test]
+fn a_pools_pod_counts_against_the_room_while_created_and_until_the_quota_is_seen_after_it() {
+    let admission = Admission::new(Duration::from_secs(60));
+    // The quota seen at 0 had room for two; a pool is creating a replacement at 1.
+    let creating = admission.pool_pod_creating(NS, at(1));
+    assert_eq!(ask_with_room(&admission, "a", 2, 0, 1), Ask::Go);
+    assert_eq!(ask_with_room(&admission, "b", 2, 0, 1), Ask::Head);
+    admission.ended(&run("b"), "b", at(1));
+    // Created at 2: it still counts against the usage seen before it, and not against one
+    // seen after it (which counts the Pod itself).
+    admission.pool_pod_created(NS, creating, true, at(2));
+    admission.admitted(&run("a"), "a", false, at(2));
+    assert_eq!(ask_with_room(&admission, "c", 2, 0, 3), Ask::Head);
+    admission.ended(&run("c"), "c", at(3));
+    assert_eq!(ask_with_room(&admission, "d", 1, 4, 5), Ask::Go);
+    admission.admitted(&run("d"), "d", false, at(5));
+    // A pool's create the API server refused takes no room.
+    let refused = admission.pool_pod_creating(NS, at(6));
+    admission.pool_pod_created(NS, refused, false, at(6));
+    assert_eq!(ask_with_room(&admission, "e", 1, 6, 7), Ask::Go);
 }

@@ -95,8 +95,9 @@ pub struct Context {
     pub pool_demand: crate::pool_scale::Demand,
     /// Streams the pools opened to their ready sandboxes (`pool_streams.rs`; shared with them).
     pub held: crate::pool_streams::HeldStreams,
-    /// The queues of runs waiting for room for a sandbox (`admission.rs`).
-    pub admission: crate::admission::Admission,
+    /// The queues of runs waiting for room for a sandbox (`admission.rs`; shared with the pools,
+    /// whose Pods take the same room).
+    pub admission: Arc<crate::admission::Admission>,
     /// The room the namespaces' quotas have for sandbox Pods, as a watch has it
     /// (`quota_room.rs`); nothing known without one.
     pub quota_room: crate::quota_room::QuotaRoom,
@@ -162,7 +163,9 @@ impl Context {
             claimed_pods: Default::default(),
             pool_demand: crate::pool_scale::Demand::default(),
             held: crate::pool_streams::HeldStreams::default(),
-            admission: crate::admission::Admission::new(crate::admission::DEFAULT_ALLOWANCE),
+            admission: Arc::new(crate::admission::Admission::new(
+                crate::admission::DEFAULT_ALLOWANCE,
+            )),
             quota_room: crate::quota_room::QuotaRoom::default(),
             sessions_opening: tokio::sync::Mutex::default(),
             failures: Mutex::default(),
@@ -205,7 +208,7 @@ impl Context {
 
     /// The same context, letting a run wait `allowance` for room for its sandbox.
     pub fn with_queue_allowance(mut self, allowance: Duration) -> Self {
-        self.admission = crate::admission::Admission::new(allowance);
+        self.admission = Arc::new(crate::admission::Admission::new(allowance));
         self
     }
 

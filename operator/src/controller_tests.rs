@@ -917,21 +917,37 @@ async fn a_burst_asks_for_no_more_pods_than_the_quota_has_room_for() {
 
 #[tokio::test]
 async fn the_sandboxes_ready_in_a_pool_the_run_fits_are_room_too() {
-    // The quota full, a sandbox ready in the pool: the run asks on its own (it may claim it),
-    // and a run arriving meanwhile finds nobody waiting.
+    // The quota full, a sandbox idle in the pool as the watch has it: the run asks on its own
+    // (it may claim it), and a run arriving meanwhile finds nobody waiting. (The fake has no
+    // such Pod: the claim finds it gone, and the run goes cold.)
+    let api = FakeApi::start(default_limits_run()).await;
+    let ctx = Arc::try_unwrap(context_watching_idle(&api, &[("default-aaaaa", "7")]))
+        .ok()
+        .unwrap();
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 5)));
+    let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, None).await;
+    assert_eq!(later, crate::admission::Ask::Go);
+    // The same sandbox claimed by this operator a moment ago, which the watch and the pool's
+    // status do not show yet: it is no room, and the run heads the queue.
     let api = FakeApi::start(default_limits_run()).await;
     let (pools, mut writer) = kube::runtime::reflector::store();
     let mut pool = pool_object(2);
     pool.status = Some(serde_json::from_value(json!({"readyReplicas": 1})).unwrap());
     writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool));
-    let ctx = Arc::try_unwrap(context(&api, None)).ok().unwrap();
+    let watching = context_watching_idle(&api, &[("default-aaaaa", "7")]);
+    watching.claimed_pods.add("default-aaaaa");
+    let ctx = Arc::try_unwrap(watching).ok().unwrap();
+    let idle = ctx.idle_pods.clone();
     let ctx = Arc::new(
-        ctx.with_pools(pools, kube::runtime::reflector::store().0)
+        ctx.with_pools(pools, idle)
             .with_quota_room(quota_room(5, 5)),
     );
     let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, None).await;
-    assert_eq!(later, crate::admission::Ask::Go);
-    // Without it, the run heads the queue.
+    assert!(
+        matches!(&later, crate::admission::Ask::Wait(_)),
+        "{later:?}"
+    );
+    // No sandbox in the pool at all: the run heads the queue.
     let api = FakeApi::start(default_limits_run()).await;
     let ctx = Arc::try_unwrap(context_with_pool(&api)).ok().unwrap();
     let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 5)));

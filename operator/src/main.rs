@@ -256,6 +256,7 @@ async fn operate() -> anyhow::Result<()> {
         claims: ctx.pool_claims.clone(),
         demand: ctx.pool_demand.clone(),
         held: ctx.held.clone(),
+        admission: ctx.admission.clone(),
     });
 
     let run_quota = match (&config.run_count_quota, config.max_stored_runs, namespace) {

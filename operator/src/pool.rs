@@ -64,6 +64,8 @@ pub struct PoolContext {
     pub demand: crate::pool_scale::Demand,
     /// Streams opened to the ready sandboxes, for their claims (`pool_streams.rs`).
     pub held: crate::pool_streams::HeldStreams,
+    /// The runs' queues: a pool's Pod takes room in the namespace's quota as a run's does.
+    pub admission: Arc<crate::admission::Admission>,
 }
 
 /// A claim whose answer never came: the request timed out, its connection broke, or the
@@ -502,7 +504,11 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
             return Err(Error::Unidentified);
         };
         for _ in 0..plan.create {
-            match pods.create(&PostParams::default(), &desired).await {
+            let counted = ctx.admission.pool_pod_creating(&ns, Timestamp::now());
+            let result = pods.create(&PostParams::default(), &desired).await;
+            ctx.admission
+                .pool_pod_created(&ns, counted, result.is_ok(), Timestamp::now());
+            match result {
                 Ok(_) => created += 1,
                 // Refused (quota, admission, an unknown RuntimeClass): say why in the status
                 // and try again at the next resync, not in a tight loop.

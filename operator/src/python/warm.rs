@@ -13,6 +13,7 @@
 //! [`claim_patch`] and [`candidates`] are pure and unit-tested; the I/O is in the `Reconcile`
 //! methods below.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
@@ -193,9 +194,13 @@ impl Reconcile<'_> {
             .collect()
     }
 
-    /// How many sandboxes the pools the run fits had to claim when they last reported
-    /// ([`sandboxes`]), recording nothing: room for a run beside the quota's, as it needs no Pod
-    /// of its own if it claims one.
+    /// How many sandboxes the pools the run fits have to claim now, recording nothing: room for
+    /// a run beside the quota's, as it needs no Pod of its own if it claims one. Counted as a
+    /// claim would find them ([`Self::claimable`]): the idle Pods the watch has, less those this
+    /// operator claimed since. A pool's status lags its claims by its next reconcile, and a
+    /// count taken from it let the runs of a burst ask for the sandboxes just claimed a second
+    /// time: the quota refused their Pods, and they were refused 2.2 s after their call instead
+    /// of 1 (the load suite's opening burst, 2026-12-06: 4 of 100).
     pub(super) fn warm_sandboxes(&self, profile: Profile, limits: &Limits) -> u32 {
         let pools = self.ctx.pools.state();
         let names = candidates(
@@ -205,11 +210,45 @@ impl Reconcile<'_> {
             limits,
             &self.ctx.sandbox,
         );
-        pools
+        let idle = self.ctx.idle_pods.state();
+        let count: usize = pools
             .iter()
             .filter(|p| p.metadata.name.as_ref().is_some_and(|n| names.contains(n)))
-            .filter_map(|p| sandboxes(p))
-            .fold(0, u32::saturating_add)
+            .map(|p| {
+                self.watched_idle(&idle, p)
+                    .into_iter()
+                    .filter(|pod| self.claimable(pod) && is_running(pod))
+                    .count()
+            })
+            .sum();
+        u32::try_from(count).unwrap_or(u32::MAX)
+    }
+
+    /// The idle Pods of `pool` as the operator's watch has them: in the run's namespace, of the
+    /// pool's current profile.
+    fn watched_idle<'a>(&self, idle: &'a [Arc<Pod>], pool: &SandboxPool) -> Vec<&'a Pod> {
+        let (Some(name), profile) = (
+            pool.metadata.name.as_deref(),
+            pool::profile_hash(pool, &self.ctx.sandbox),
+        ) else {
+            return Vec::new();
+        };
+        let label = pod::label_value(name);
+        idle.iter()
+            .map(AsRef::as_ref)
+            .filter(|p| {
+                p.metadata.namespace.as_deref() == Some(self.ns.as_str())
+                    && p.labels().get(LABEL_POOL) == Some(&label)
+                    && p.labels().get(LABEL_PROFILE) == Some(&profile)
+            })
+            .collect()
+    }
+
+    /// Whether `pod`, as read, may still be claimed: not being deleted, and not claimed by this
+    /// operator already (the watch may lag behind).
+    fn claimable(&self, pod: &Pod) -> bool {
+        pod.metadata.deletion_timestamp.is_none()
+            && !self.ctx.claimed_pods.contains(&pod.name_any())
     }
 
     /// Claims a ready sandbox of one of `pools` ([`Self::warm_pools`]) for the run, with
@@ -237,27 +276,18 @@ impl Reconcile<'_> {
             else {
                 continue;
             };
-            let profile = pool::profile_hash(pool_obj, &ctx.sandbox);
             let selector = format!(
-                "{LABEL_POOL}={},{LABEL_PROFILE}={profile}",
-                pod::label_value(name)
+                "{LABEL_POOL}={},{LABEL_PROFILE}={}",
+                pod::label_value(name),
+                pool::profile_hash(pool_obj, &ctx.sandbox)
             );
             // The pool's Pods as the operator's watch has them, then (none there, or each one
             // it showed changed since) fresh from the API server: either way the resourceVersion
             // read is the claim's precondition, so a Pod claimed or changed since is a conflict,
             // never a second claim.
             // Read in place: each idle Pod is tens of kilobytes, not copied per claim.
-            let label = pod::label_value(name);
-            let watched = ctx.idle_pods.state();
-            let watched: Vec<&Pod> = watched
-                .iter()
-                .map(AsRef::as_ref)
-                .filter(|p| {
-                    p.metadata.namespace.as_deref() == Some(self.ns.as_str())
-                        && p.labels().get(LABEL_POOL) == Some(&label)
-                        && p.labels().get(LABEL_PROFILE) == Some(&profile)
-                })
-                .collect();
+            let idle = ctx.idle_pods.state();
+            let watched = self.watched_idle(&idle, pool_obj);
             if let Some(claimed) = self
                 .claim_one_of(name, &watched, limits, files, started)
                 .await?
@@ -295,12 +325,7 @@ impl Reconcile<'_> {
         started: std::time::Instant,
     ) -> Result<Option<Claimed>, Error> {
         let (ctx, uid) = (self.ctx, self.uid());
-        // Not deleted, and not claimed by this operator already (the watch may lag behind).
-        let live = || {
-            pods.iter().copied().filter(|p| {
-                p.metadata.deletion_timestamp.is_none() && !ctx.claimed_pods.contains(&p.name_any())
-            })
-        };
+        let live = || pods.iter().copied().filter(|p| self.claimable(p));
         let mut ready: Vec<&Pod> = live().filter(|p| is_ready(p)).collect();
         // In an order of this run's own: runs arriving together then try different Pods
         // first instead of all racing for the same one.
