@@ -51,11 +51,20 @@ impl OwnedProgram {
 
 /// How long the runner may take to confirm a program, beyond the time to send it.
 const CONFIRM_WITHIN: Duration = Duration::from_secs(20);
-/// The same for the early feeder. An attach that opened while the container was still being
-/// started can hold the program until the session ends (seen under gVisor, rarely): hanging up
-/// then delivers it, and the log shows whether it arrived.
-const EARLY_CONFIRM_WITHIN: Duration = Duration::from_secs(3);
-/// How long the early feeder looks in the log for a confirmation it did not see on the stream.
+/// The same for the early feeder. An attach the API server opened may never reach the
+/// container: under load (the kubelet starting sandboxes 17 s late), the container runtime's log
+/// shows no stream for the program at all until a second attach, which delivers it at once, and
+/// the runner's log no confirmation. So the feeder hangs up after this, looks in the log (an
+/// attach that was connected delivered the program into the container's stdin, and the runner
+/// confirms it there), and attaches again.
+const EARLY_CONFIRM_WITHIN: Duration = Duration::from_secs(2);
+/// How long the early feeder looks in the log for a confirmation it did not see on the stream,
+/// before it attaches again.
+const EARLY_LOG_CONFIRM_WITHIN: Duration = Duration::from_secs(1);
+/// How many attaches that opened but were not confirmed the early feeder tries before it leaves
+/// the hand-over to the reconcile.
+const EARLY_UNCONFIRMED_TRIES: u32 = 3;
+/// How long a feeder that kept its stream looks in the log for a confirmation it did not see.
 const LOG_CONFIRM_WITHIN: Duration = Duration::from_secs(3);
 /// How long the API server may take to open an attach stream (it takes well under a second).
 const ATTACH_WITHIN: Duration = Duration::from_secs(20);
@@ -186,10 +195,10 @@ impl Feeds {
     /// relist, and an ended one at the one after (each up to a second later), and the code
     /// should wait for neither. With the envelope read, the run is marked
     /// [`FeedState::Answered`] and reconciled at once ([`Feeds::wakeups`]). Attaching to a
-    /// container that has not started fails at once and is retried; an attach that opened but
-    /// did not end in a confirmation is not repeated (stdinOnce closed the container's stdin
-    /// with it), and the reconcile that sees the container running takes over. A stream that
-    /// ends without the envelope leaves the run to the kubelet's view and the log, as before.
+    /// container that has not started fails at once and is retried, and so is an attach that
+    /// opened but whose program the runner confirmed neither on the stream nor in its log (a
+    /// few times: then the reconcile that sees the container running takes over). A stream
+    /// that ends without the envelope leaves the run to the kubelet's view and the log.
     pub fn start_early(
         &self,
         pods: Api<Pod>,
@@ -203,7 +212,7 @@ impl Feeds {
         let feeds = self.clone();
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
-            let deadline = started + START_WITHIN;
+            let mut unconfirmed = 0;
             loop {
                 // The run ended (or a reconcile took over): nothing left to hand over.
                 if feeds.state(&uid) != Some(FeedState::Feeding) {
@@ -238,31 +247,65 @@ impl Feeds {
                     feeds.answered(run, &uid, answer);
                     return;
                 }
-                match confirmed_in_log(&pods, &pod, sent).await {
-                    Ok(()) => {
+                let confirmed = confirmed_in_log(&pods, &pod, sent).await;
+                match after_attempt(&confirmed, unconfirmed, started.elapsed()) {
+                    Then::Fed => {
                         // Only if still wanted: the run may have ended meanwhile.
                         feeds.advance(&uid, &FeedState::Feeding, Some(FeedState::Fed));
                         return;
                     }
-                    Err(FeedError::Attach(_) | FeedError::NotStarted(_))
-                        if tokio::time::Instant::now() < deadline =>
-                    {
-                        let slow = started.elapsed() > FAST_FOR;
-                        tokio::time::sleep(if slow {
-                            ATTACH_RETRY_SLOW
-                        } else {
-                            ATTACH_RETRY
-                        })
-                        .await;
+                    Then::AttachAgain(after) => {
+                        if let Err(FeedError::Unconfirmed(why)) = &confirmed {
+                            unconfirmed += 1;
+                            tracing::info!(pod = %pod, reason = %why, attempt = unconfirmed, "the program's stream was not confirmed; attaching again");
+                        }
+                        tokio::time::sleep(after).await;
                     }
-                    Err(e) => {
-                        tracing::info!(pod = %pod, error = %e, "early program hand-over did not complete; the reconcile takes over");
+                    Then::GiveUp => {
+                        let error = confirmed.err().map(|e| e.to_string()).unwrap_or_default();
+                        tracing::info!(pod = %pod, %error, "early program hand-over did not complete; the reconcile takes over");
                         feeds.advance(&uid, &FeedState::Feeding, None);
                         return;
                     }
                 }
             }
         });
+    }
+}
+
+/// What the early feeder does after an attempt to hand the program over.
+#[derive(Debug, PartialEq)]
+enum Then {
+    /// The runner confirmed it.
+    Fed,
+    /// Attach again after this long.
+    AttachAgain(Duration),
+    /// Leave the hand-over to the reconcile that sees the container running.
+    GiveUp,
+}
+
+/// What follows `attempt` (as the log settled it, [`confirmed_in_log`]), made `since_start`
+/// after the first, after `unconfirmed` attaches that opened but were not confirmed.
+fn after_attempt(attempt: &Result<(), FeedError>, unconfirmed: u32, since_start: Duration) -> Then {
+    let in_time = since_start < START_WITHIN;
+    match attempt {
+        Ok(()) => Then::Fed,
+        // Attached, but confirmed neither on the stream nor in the log: the stream may never
+        // have reached the container. Another attach is safe: the runner takes one program
+        // (stdinOnce closed its stdin with a session that did reach it, and one that reads it
+        // then sees the first one's confirmation, or the log does).
+        Err(FeedError::Unconfirmed(_)) if in_time && unconfirmed + 1 < EARLY_UNCONFIRMED_TRIES => {
+            Then::AttachAgain(Duration::ZERO)
+        }
+        // Not started yet: often at first, then less often.
+        Err(FeedError::Attach(_) | FeedError::NotStarted(_)) if in_time => {
+            Then::AttachAgain(if since_start > FAST_FOR {
+                ATTACH_RETRY_SLOW
+            } else {
+                ATTACH_RETRY
+            })
+        }
+        Err(_) => Then::GiveUp,
     }
 }
 
@@ -293,7 +336,7 @@ async fn confirmed_in_log(
     let Err(FeedError::Unconfirmed(why)) = sent else {
         return sent.map(|_| ());
     };
-    let deadline = tokio::time::Instant::now() + LOG_CONFIRM_WITHIN;
+    let deadline = tokio::time::Instant::now() + EARLY_LOG_CONFIRM_WITHIN;
     while tokio::time::Instant::now() < deadline {
         if already_received(pods, pod).await.unwrap_or(false) {
             return Ok(());
@@ -594,6 +637,40 @@ async fn confirmation(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unconfirmed_attach_is_tried_again_a_few_times_then_left_to_the_reconcile() {
+        let unconfirmed = || Err(FeedError::Unconfirmed("nothing within 2s".into()));
+        let early = Duration::from_secs(1);
+        assert_eq!(after_attempt(&Ok(()), 0, early), Then::Fed);
+        assert_eq!(
+            after_attempt(&unconfirmed(), 0, early),
+            Then::AttachAgain(Duration::ZERO)
+        );
+        assert_eq!(
+            after_attempt(&unconfirmed(), EARLY_UNCONFIRMED_TRIES - 2, early),
+            Then::AttachAgain(Duration::ZERO)
+        );
+        assert_eq!(
+            after_attempt(&unconfirmed(), EARLY_UNCONFIRMED_TRIES - 1, early),
+            Then::GiveUp
+        );
+        // A container not started yet: tried often at first, then less often, then given up.
+        let not_started = || Err(FeedError::NotStarted("container not found".into()));
+        assert_eq!(
+            after_attempt(&not_started(), 0, early),
+            Then::AttachAgain(ATTACH_RETRY)
+        );
+        assert_eq!(
+            after_attempt(&not_started(), 0, FAST_FOR + early),
+            Then::AttachAgain(ATTACH_RETRY_SLOW)
+        );
+        assert_eq!(after_attempt(&not_started(), 0, START_WITHIN), Then::GiveUp);
+        assert_eq!(after_attempt(&unconfirmed(), 0, START_WITHIN), Then::GiveUp);
+        // A stream that broke while the program was written: the reconcile decides.
+        let broken = Err(FeedError::Stream(std::io::Error::other("reset")));
+        assert_eq!(after_attempt(&broken, 0, early), Then::GiveUp);
+    }
 
     fn answer() -> Answer {
         Answer {
