@@ -476,6 +476,17 @@ impl Queue {
     /// ask that it may not count yet: those still asking, and those whose Pod was created after
     /// it was seen. A run that asked and was heard of no more (its reconcile failed) stops
     /// counting after [`LAPSED_AFTER`]. None after a refusal of the quota's later than it.
+    /// Forgets the pools' Pods and the warm claims counted against the room ([`REFILL_PREFIX`],
+    /// [`Admission::pool_pod_creating`]) once the quota's watch must have seen them: a run's
+    /// entry leaves with its run, theirs would stay for good in a namespace whose quota is never
+    /// seen (no ResourceQuota there).
+    fn forget_old_pool_pods(&mut self, now: Timestamp) {
+        self.asked.retain(|key, (since, created)| {
+            !(key.starts_with(REFILL_PREFIX) || key.starts_with(POOL_POD_PREFIX))
+                || now.duration_since(created.unwrap_or(*since)) < LAPSED_AFTER
+        });
+    }
+
     fn room_left(&mut self, room: Room, now: Timestamp) -> bool {
         if self.refused_at.is_some_and(|at| at >= room.seen) {
             return false;
@@ -533,6 +544,8 @@ pub struct Admission {
 
 /// The key among the runs let ask of a warm claim whose pool has not started its replacement.
 const REFILL_PREFIX: &str = "refill/";
+/// The key among the runs let ask of a pool's Pod ([`Admission::pool_pod_creating`]).
+const POOL_POD_PREFIX: &str = "pool-pod/";
 
 /// A pool's Pod counted against its namespace's room while it is created: its key among the
 /// runs let ask (never a run's uid).
@@ -561,9 +574,10 @@ impl Admission {
     /// of 1 (the load suite's opening burst, 2026-12-06: 5 of 100, and 3 more in the next).
     pub fn pool_pod_creating(&self, namespace: &str, now: Timestamp) -> CountedPod {
         let n = self.pool_pods.fetch_add(1, Ordering::Relaxed);
-        let key = format!("pool-pod/{n}");
+        let key = format!("{POOL_POD_PREFIX}{n}");
         let mut queues = self.queues.lock().expect("not poisoned");
         let queue = queues.entry(namespace.to_owned()).or_default();
+        queue.forget_old_pool_pods(now);
         // The replacement of the earliest claim still waiting for one: that claim stops
         // counting, the Pod counts instead.
         let replaced = queue
@@ -778,6 +792,7 @@ impl Admission {
                 // replacement, which takes room in the quota: the claim counts in its stead
                 // until the pool creates it ([`Self::pool_pod_creating`]).
                 queue.asked.remove(uid);
+                queue.forget_old_pool_pods(now);
                 queue
                     .asked
                     .insert(format!("{REFILL_PREFIX}{uid}"), (now, None));

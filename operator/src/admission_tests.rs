@@ -962,3 +962,22 @@ fn a_pools_pod_counts_against_the_room_while_created_and_until_the_quota_is_seen
     admission.pool_pod_created(NS, refused, false, at(6));
     assert_eq!(ask_with_room(&admission, "e", 1, 6, 7), Ask::Go);
 }
+
+#[test]
+fn the_pools_pods_and_warm_claims_are_forgotten_where_no_quota_is_seen() {
+    // No ResourceQuota in the namespace: nothing ever asks with a room, which is where the
+    // entries of runs are pruned; those of the pools' Pods and warm claims go on their own.
+    let admission = Admission::new(Duration::from_secs(60));
+    for i in 0..3 {
+        admission.admitted(&run(&format!("w{i}")), &format!("w{i}"), true, at(i));
+    }
+    // One replacement started: it counts instead of the earliest claim.
+    let pod = admission.pool_pod_creating(NS, at(3));
+    admission.pool_pod_created(NS, pod, true, at(3));
+    let counted = |admission: &Admission| admission.queues.lock().unwrap()[NS].asked.len();
+    assert_eq!(counted(&admission), 3);
+    let later = at(4 + LAPSED_AFTER.as_secs());
+    let pod = admission.pool_pod_creating(NS, later);
+    admission.pool_pod_created(NS, pod, true, later);
+    assert_eq!(counted(&admission), 1);
+}
