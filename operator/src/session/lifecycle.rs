@@ -21,6 +21,12 @@ pub const LONGEST_CALL: SignedDuration = SignedDuration::from_secs(
         + OPERATOR_DEADLINE_SLACK_SECONDS,
 );
 
+/// How long after its sandbox ended a call that holds the session has to end the session itself
+/// (it reads its result off the stream it holds, at once, or the sandbox's log) before the
+/// session ends lost. Also how much later a call whose sandbox died without a result (killed
+/// for memory) hears that its session was lost: it waits for this end.
+pub const CALL_ENDS_WITHIN: SignedDuration = SignedDuration::from_secs(10);
+
 /// The next step for a session.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
@@ -89,6 +95,18 @@ pub fn sandbox_started(pod: &Pod) -> bool {
     })
 }
 
+/// When the session's sandbox container ended, if the kubelet says.
+fn sandbox_finished_at(pod: &Pod) -> Option<Timestamp> {
+    sandbox_container(pod)?
+        .state
+        .as_ref()?
+        .terminated
+        .as_ref()?
+        .finished_at
+        .as_ref()
+        .map(|t| t.0)
+}
+
 /// Why the session's sandbox is gone, if it ended.
 pub fn sandbox_ended(pod: &Pod) -> Option<String> {
     let status = pod.status.as_ref()?;
@@ -143,6 +161,18 @@ pub fn next(
         };
     };
     if let Some(why) = sandbox_ended(pod) {
+        // A call that holds the session ends it itself, with what its result says (the code
+        // ended the interpreter: InterpreterExited), and the session ends lost only if that
+        // call does not in time (its run is gone). Ended here at once, a call's `os._exit`
+        // raced the call's own reconcile and its session read SandboxLost (seen in CI).
+        if status.active_run.is_some()
+            && let Some(ended) = sandbox_finished_at(pod)
+        {
+            let give_up = ended.saturating_add(CALL_ENDS_WITHIN).unwrap_or(ended);
+            if now < give_up {
+                return Step::WaitUntil(give_up);
+            }
+        }
         return Step::End(SessionEndReason::SandboxLost, why);
     }
     let lifetime = lifetime_end(spec, status, created);

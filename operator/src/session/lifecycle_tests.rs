@@ -172,6 +172,56 @@ fn a_session_whose_sandbox_is_gone_or_ended_ends_lost() {
 }
 
 #[test]
+fn a_sandbox_that_ended_under_a_call_is_left_to_the_call_to_end_for_a_while() {
+    let ended = at("2026-12-05T10:01:00Z");
+    let exited = pod(
+        ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 0,
+                reason: Some("Completed".to_owned()),
+                finished_at: Some(Time(ended)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        false,
+    );
+    let busy = SandboxSessionStatus {
+        phase: Some(SessionPhase::Busy),
+        active_run: Some("run".to_owned()),
+        active_since: Some(Time(at("2026-12-05T10:00:59Z"))),
+        ..ready()
+    };
+    let give_up = ended.saturating_add(CALL_ENDS_WITHIN).unwrap();
+    // The call ends it (with why its interpreter ended), unless it does not in time.
+    assert_eq!(
+        next(
+            &spec(),
+            &busy,
+            at(CREATED),
+            Some(&exited),
+            at("2026-12-05T10:01:01Z")
+        ),
+        Step::WaitUntil(give_up)
+    );
+    assert!(matches!(
+        next(&spec(), &busy, at(CREATED), Some(&exited), give_up),
+        Step::End(SessionEndReason::SandboxLost, _)
+    ));
+    // Nobody holds it: lost at once.
+    assert!(matches!(
+        next(
+            &spec(),
+            &ready(),
+            at(CREATED),
+            Some(&exited),
+            at("2026-12-05T10:01:01Z")
+        ),
+        Step::End(SessionEndReason::SandboxLost, _)
+    ));
+}
+
+#[test]
 fn an_ended_session_is_cleaned_and_forgotten_later() {
     let ended = SandboxSessionStatus {
         phase: Some(SessionPhase::Ended),
