@@ -397,9 +397,7 @@ impl Reconcile<'_> {
         // Recorded: the program may go as soon as the container runs.
         if let Some(python) = run.spec.python.as_ref().filter(|_| ctx.early_feed) {
             // Its output is read as long as the code may run.
-            let read_for = std::time::Duration::from_secs(u64::from(
-                limits.timeout_seconds + pod::ACTIVE_DEADLINE_GRACE_SECONDS,
-            ));
+            let read_for = pod::longest_hold(limits);
             ctx.feeds.start_early(
                 self.pods.clone(),
                 pod_name.to_owned(),

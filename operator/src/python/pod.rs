@@ -21,6 +21,14 @@ pub const CONTAINER: &str = "sandbox";
 /// accepts the Pod, so it must leave room for sandbox and interpreter start-up (gVisor: ~1-2 s)
 /// and only fires when the runner itself is stuck.
 pub const ACTIVE_DEADLINE_GRACE_SECONDS: u32 = 10;
+
+/// The longest a run with `limits` may hold its sandbox: its timeout and its Pod's start-up
+/// grace, the Pod's `activeDeadlineSeconds`.
+pub fn longest_hold(limits: &Limits) -> std::time::Duration {
+    std::time::Duration::from_secs(u64::from(
+        limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
+    ))
+}
 /// The uid and gid sandbox code runs as (the conventional "nonroot" id of distroless images).
 pub const SANDBOX_UID: i64 = 65532;
 /// Ephemeral storage of a sandbox: only logs are written outside the memory-backed /tmp.
@@ -269,7 +277,7 @@ pub fn build_with_limits(
         owner_references: Some(vec![owner]),
         ..Default::default()
     };
-    let deadline = i64::from(limits.timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS);
+    let deadline = i64::try_from(longest_hold(&limits).as_secs()).unwrap_or(i64::MAX);
     Ok(sandbox_pod(
         metadata,
         &config,

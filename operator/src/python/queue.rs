@@ -18,7 +18,7 @@ use tracing::info;
 use crate::admission::{Ask, HEAD_RETRY, Place, REFRESH, Refusal, Room};
 use crate::controller::{Error, Reconcile};
 use crate::outcome::Outcome;
-use crate::python::pod::ACTIVE_DEADLINE_GRACE_SECONDS;
+use crate::python::pod;
 
 /// What a run that needs a sandbox does next.
 pub enum Turn {
@@ -88,9 +88,7 @@ impl Reconcile<'_> {
 
     /// The most this run can hold a sandbox: its timeout and its Pod's start-up grace.
     fn longest_hold(&self) -> Duration {
-        Duration::from_secs(u64::from(
-            self.run.spec.limits.effective().timeout_seconds + ACTIVE_DEADLINE_GRACE_SECONDS,
-        ))
+        pod::longest_hold(&self.run.spec.limits.effective())
     }
 
     /// Records the run's place (when it changed enough to be worth a write) and looks again

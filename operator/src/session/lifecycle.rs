@@ -2,7 +2,7 @@
 //! (`controller.rs`) does the I/O.
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStateTerminated, Pod};
 use sandboxrun_api::{SandboxSessionSpec, SandboxSessionStatus, SessionEndReason, SessionPhase};
 use sandboxrun_core::limits::MAX_TIMEOUT_SECONDS;
 
@@ -95,16 +95,14 @@ pub fn sandbox_started(pod: &Pod) -> bool {
     })
 }
 
+/// The session's sandbox container's end, if the kubelet reports one.
+fn sandbox_terminated(pod: &Pod) -> Option<&ContainerStateTerminated> {
+    sandbox_container(pod)?.state.as_ref()?.terminated.as_ref()
+}
+
 /// When the session's sandbox container ended, if the kubelet says.
 fn sandbox_finished_at(pod: &Pod) -> Option<Timestamp> {
-    sandbox_container(pod)?
-        .state
-        .as_ref()?
-        .terminated
-        .as_ref()?
-        .finished_at
-        .as_ref()
-        .map(|t| t.0)
+    sandbox_terminated(pod)?.finished_at.as_ref().map(|t| t.0)
 }
 
 /// Why the session's sandbox is gone, if it ended.
@@ -114,10 +112,7 @@ pub fn sandbox_ended(pod: &Pod) -> Option<String> {
     if status.reason.as_deref() == Some("DeadlineExceeded") {
         return Some("its sandbox reached its deadline".to_owned());
     }
-    if let Some(done) = sandbox_container(pod)
-        .and_then(|c| c.state.as_ref())
-        .and_then(|s| s.terminated.as_ref())
-    {
+    if let Some(done) = sandbox_terminated(pod) {
         return Some(format!(
             "its sandbox exited ({}, code {})",
             done.reason.as_deref().unwrap_or("no reason"),
