@@ -109,12 +109,43 @@ pub enum Placement {
 
 /// How many more sandboxes the namespace's quota had room for, as last seen: a hint
 /// (`quota_room.rs`), never the authority (the create is).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Room {
     /// Sandboxes of the asking run's size it had room for.
     pub sandboxes: u32,
-    /// When it was seen: Pods created after this are not counted in it.
+    /// When the quota was seen: a refusal of the quota's after this is fresher news.
     pub seen: Timestamp,
+    /// The Pods counted in it, by name: a Pod the operator created that is not among them
+    /// takes room beside it.
+    pub counted: Arc<HashSet<String>>,
+    /// How many of `sandboxes` are warm ones ready in the pools the run may claim from. A claim
+    /// takes two: the warm sandbox, and the quota's room for its pool's replacement.
+    pub warm: u32,
+}
+
+/// How run got its sandbox ([`Admission::admitted`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sandbox<'a> {
+    /// A pool's, already running.
+    Claimed,
+    /// A Pod of its own, created under this name (it waits for a node until
+    /// [`Admission::scheduling`] says otherwise).
+    Created(&'a str),
+}
+
+/// What counts against the room of a quota: a run let ask for a sandbox while the room was
+/// known, a warm claim whose replacement is not started yet, or a pool's Pod.
+#[derive(Clone, Debug)]
+struct Asked {
+    since: Timestamp,
+    /// Its Pod, once created, and when: it counts until the room counts it.
+    pod: Option<(String, Timestamp)>,
+}
+
+impl Asked {
+    fn new(since: Timestamp) -> Self {
+        Self { since, pod: None }
+    }
 }
 
 /// What a run that needs a sandbox may do now.
@@ -248,10 +279,9 @@ struct Queue {
     peak: Option<(usize, Timestamp)>,
     /// Runs let ask for a sandbox while the room was known (asked with a [`Room`]), by uid, and
     /// the pools' Pods being created or created lately ([`Admission::pool_pod_creating`]):
-    /// since when, and when their Pod was created (`None`: not yet; a run that claims a warm
-    /// sandbox leaves). Until the quota is seen after that, its usage may not count them, and
-    /// the room it says it has is that much smaller ([`Queue::room_left`]).
-    asked: HashMap<String, (Timestamp, Option<Timestamp>)>,
+    /// since when, and their Pod once created (a run that claims a warm sandbox leaves). Until
+    /// a room counts that Pod, the room is that much smaller ([`Queue::room_left`]).
+    asked: HashMap<String, Asked>,
     /// When the quota last refused a Pod: fresher news than a usage seen before it, which
     /// then says no room ([`Queue::room_left`]).
     refused_at: Option<Timestamp>,
@@ -472,28 +502,51 @@ impl Queue {
         }
     }
 
-    /// Whether `room`, the quota as last seen, has room for one more sandbox beside the runs let
-    /// ask that it may not count yet: those still asking, and those whose Pod was created after
-    /// it was seen. A run that asked and was heard of no more (its reconcile failed) stops
-    /// counting after [`LAPSED_AFTER`]. None after a refusal of the quota's later than it.
-    /// Forgets the pools' Pods and the warm claims counted against the room ([`REFILL_PREFIX`],
-    /// [`Admission::pool_pod_creating`]) once the quota's watch must have seen them: a run's
-    /// entry leaves with its run, theirs would stay for good in a namespace whose quota is never
-    /// seen (no ResourceQuota there).
+    /// Forgets the pools' Pods and the warm claims, made or that may be made, counted against
+    /// the room ([`REFILL_PREFIX`], [`MAY_CLAIM_PREFIX`], [`Admission::pool_pod_creating`])
+    /// after [`LAPSED_AFTER`]: a run's entry leaves with its run, theirs would stay for good in
+    /// a namespace where no room is ever seen (no ResourceQuota there), or whose Pods' watch
+    /// never saw the Pod (deleted first).
     fn forget_old_pool_pods(&mut self, now: Timestamp) {
-        self.asked.retain(|key, (since, created)| {
-            !(key.starts_with(REFILL_PREFIX) || key.starts_with(POOL_POD_PREFIX))
-                || now.duration_since(created.unwrap_or(*since)) < LAPSED_AFTER
+        self.asked.retain(|key, asked| {
+            let at = asked.pod.as_ref().map_or(asked.since, |(_, at)| *at);
+            ![REFILL_PREFIX, MAY_CLAIM_PREFIX, POOL_POD_PREFIX]
+                .iter()
+                .any(|prefix| key.starts_with(prefix))
+                || now.duration_since(at) < LAPSED_AFTER
         });
     }
 
-    fn room_left(&mut self, room: Room, now: Timestamp) -> bool {
+    /// Run `uid` may ask for a sandbox with `room`: it counts against the room, and so does the
+    /// replacement of a warm sandbox it may claim, until it creates a Pod of its own or leaves
+    /// without a sandbox. Counted only once its claim was done, the replacement was not counted
+    /// while the claim was on its way, and a burst asked for one sandbox more per claim than
+    /// there was room for (the load suite's opening burst, 2026-12-06: two or three runs of a
+    /// hundred, each refused by the quota 2 s after its decision).
+    fn let_ask(&mut self, uid: &str, room: &Room, now: Timestamp) {
+        self.asked
+            .entry(uid.to_owned())
+            .or_insert_with(|| Asked::new(now));
+        if room.warm > 0 {
+            self.asked
+                .entry(may_claim_key(uid))
+                .or_insert_with(|| Asked::new(now));
+        }
+    }
+
+    /// Whether `room`, the quota as last seen, has room for one more sandbox beside the runs let
+    /// ask that it does not count: those still asking, and those whose Pod it does not name
+    /// ([`Room::counted`]; the time it was seen says nothing of what it counts, a watch under
+    /// load delivering states a second old). A run that asked and was heard of no more (its
+    /// reconcile failed) stops counting after [`LAPSED_AFTER`]. None after a refusal of the
+    /// quota's later than it was seen.
+    fn room_left(&mut self, room: &Room, now: Timestamp) -> bool {
         if self.refused_at.is_some_and(|at| at >= room.seen) {
             return false;
         }
-        self.asked.retain(|_, (since, created)| match created {
-            Some(at) => *at >= room.seen,
-            None => now.duration_since(*since) < LAPSED_AFTER,
+        self.asked.retain(|_, asked| match &asked.pod {
+            Some((pod, _)) => !room.counted.contains(pod),
+            None => now.duration_since(asked.since) < LAPSED_AFTER,
         });
         usize::try_from(room.sandboxes).unwrap_or(usize::MAX) > self.asked.len()
     }
@@ -544,6 +597,17 @@ pub struct Admission {
 
 /// The key among the runs let ask of a warm claim whose pool has not started its replacement.
 const REFILL_PREFIX: &str = "refill/";
+/// The key among the runs let ask of the replacement of run `uid`'s warm claim.
+fn refill_key(uid: &str) -> String {
+    format!("{REFILL_PREFIX}{uid}")
+}
+/// The key among the runs let ask of the replacement of a warm claim run `uid` may make
+/// ([`Queue::let_ask`]): [`refill_key`] once it claimed.
+const MAY_CLAIM_PREFIX: &str = "may-claim/";
+fn may_claim_key(uid: &str) -> String {
+    format!("{MAY_CLAIM_PREFIX}{uid}")
+}
+
 /// The key among the runs let ask of a pool's Pod ([`Admission::pool_pod_creating`]).
 const POOL_POD_PREFIX: &str = "pool-pod/";
 
@@ -584,30 +648,39 @@ impl Admission {
             .asked
             .iter()
             .filter(|(key, _)| key.starts_with(REFILL_PREFIX))
-            .min_by_key(|(_, (since, _))| *since)
+            .min_by_key(|(_, asked)| asked.since)
             .map(|(key, _)| key.clone());
         if let Some(replaced) = replaced {
             queue.asked.remove(&replaced);
         }
-        queue.asked.insert(key.clone(), (now, None));
+        queue.asked.insert(key.clone(), Asked::new(now));
         CountedPod(key)
     }
 
     /// The create of a pool's Pod counted by [`Self::pool_pod_creating`] ended: a Pod created
-    /// counts until the quota is seen after `now`; one refused takes no room.
+    /// (`created`, its name) counts until a room counts it; one refused takes no room.
     pub fn pool_pod_created(
         &self,
         namespace: &str,
         CountedPod(key): CountedPod,
-        created: bool,
+        created: Option<&str>,
         now: Timestamp,
     ) {
         let mut queues = self.queues.lock().expect("not poisoned");
         let queue = queues.entry(namespace.to_owned()).or_default();
-        if created {
-            queue.asked.insert(key, (now, Some(now)));
-        } else {
-            queue.asked.remove(&key);
+        match created {
+            Some(pod) => {
+                queue.asked.insert(
+                    key,
+                    Asked {
+                        since: now,
+                        pod: Some((pod.to_owned(), now)),
+                    },
+                );
+            }
+            None => {
+                queue.asked.remove(&key);
+            }
         }
     }
 
@@ -654,18 +727,20 @@ impl Admission {
         if room
             && queue.entries.is_empty()
             && queued_since.is_none()
-            && quota.is_none_or(|q| queue.room_left(q, now))
+            && quota.as_ref().is_none_or(|q| queue.room_left(q, now))
         {
-            if quota.is_some() {
-                queue.asked.insert(uid.to_owned(), (now, None));
+            if let Some(quota) = &quota {
+                queue.let_ask(uid, quota, now);
             }
             return Ask::Go;
         }
         let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
         self.enter(queue, run, uid, agent, queued_since.unwrap_or(now), now);
         let ask = self.judge(queue, uid, arriving, longest, room, now);
-        if ask == Ask::Head && quota.is_some() {
-            queue.asked.entry(uid.to_owned()).or_insert((now, None));
+        if ask == Ask::Head
+            && let Some(quota) = &quota
+        {
+            queue.let_ask(uid, quota, now);
         }
         ask
     }
@@ -687,6 +762,7 @@ impl Admission {
         let queue = queues.entry(namespace_of(run)).or_default();
         // Refused: it takes no room, and there is none until the quota is seen again.
         queue.asked.remove(uid);
+        queue.asked.remove(&may_claim_key(uid));
         queue.refused_at = Some(now);
         queue.drop_gone(self.waits_at_most(), now);
         let arriving = queued_since.is_none() && !queue.entries.contains_key(uid);
@@ -781,27 +857,41 @@ impl Admission {
     }
 
     /// Run `uid` got its sandbox: it leaves the queue (if it waited there), and the next run
-    /// is woken to ask for one. `placed`: a sandbox already running (a warm one); a cold one's
-    /// Pod waits for a node until [`Self::scheduling`] says otherwise.
-    pub fn admitted(&self, run: &ObjectRef<SandboxRun>, uid: &str, placed: bool, now: Timestamp) {
+    /// is woken to ask for one. A cold one's Pod waits for a node until [`Self::scheduling`]
+    /// says otherwise.
+    pub fn admitted(
+        &self,
+        run: &ObjectRef<SandboxRun>,
+        uid: &str,
+        sandbox: Sandbox<'_>,
+        now: Timestamp,
+    ) {
         {
             let mut queues = self.queues.lock().expect("not poisoned");
             let queue = queues.entry(namespace_of(run)).or_default();
-            if placed {
-                // A warm sandbox: its Pod was counted long ago, but its pool starts a
-                // replacement, which takes room in the quota: the claim counts in its stead
-                // until the pool creates it ([`Self::pool_pod_creating`]).
-                queue.asked.remove(uid);
-                queue.forget_old_pool_pods(now);
-                queue
-                    .asked
-                    .insert(format!("{REFILL_PREFIX}{uid}"), (now, None));
-                queue.warm.insert(uid.to_owned());
-            } else {
-                queue.unplaced.insert(uid.to_owned());
-                // Counted against the room until the quota is seen after it, however the run
-                // came to ask (on its own, or as the queue's head).
-                queue.asked.entry(uid.to_owned()).or_insert((now, None)).1 = Some(now);
+            match sandbox {
+                Sandbox::Claimed => {
+                    // Its Pod was counted long ago, but its pool starts a replacement, which
+                    // takes room in the quota: the claim counts in its stead until the pool
+                    // creates it ([`Self::pool_pod_creating`]).
+                    queue.asked.remove(uid);
+                    queue.asked.remove(&may_claim_key(uid));
+                    queue.forget_old_pool_pods(now);
+                    queue.asked.insert(refill_key(uid), Asked::new(now));
+                    queue.warm.insert(uid.to_owned());
+                }
+                Sandbox::Created(pod) => {
+                    queue.unplaced.insert(uid.to_owned());
+                    // Not a claim: no replacement to come.
+                    queue.asked.remove(&may_claim_key(uid));
+                    // Counted against the room until a room counts its Pod, however the run
+                    // came to ask (on its own, or as the queue's head).
+                    queue
+                        .asked
+                        .entry(uid.to_owned())
+                        .or_insert_with(|| Asked::new(now))
+                        .pod = Some((pod.to_owned(), now));
+                }
             }
         }
         self.leave(run, uid, true, now);
@@ -892,6 +982,9 @@ impl Admission {
             queue.unschedulable.remove(uid);
             queue.unplaced.remove(uid);
             queue.asked.remove(uid);
+            // Leaving without a sandbox, it claimed none (a claim's replacement stays
+            // counted until it is created, under [`refill_key`]).
+            queue.asked.remove(&may_claim_key(uid));
         }
         if admitted {
             queue.holding.insert(uid.to_owned(), now);

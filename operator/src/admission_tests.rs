@@ -22,9 +22,12 @@ fn ask(admission: &Admission, name: &str, agent: &str, now: Timestamp) -> Ask {
 /// Run `uid` got a sandbox of its own that a node runs (at once): a cold one, whose hold
 /// teaches the queue its pace.
 fn on_a_node(admission: &Admission, run: &ObjectRef<SandboxRun>, uid: &str, now: Timestamp) {
-    admission.admitted(run, uid, false, now);
+    admission.admitted(run, uid, COLD, now);
     admission.scheduling(run, uid, Placement::Placed, now);
 }
+
+/// A sandbox of its own, for tests that do not weigh the room.
+const COLD: Sandbox<'static> = Sandbox::Created("a-pod");
 
 fn position(ask: &Ask) -> u32 {
     match ask {
@@ -384,7 +387,7 @@ fn while_a_sandbox_waits_for_a_node_everyone_else_waits_in_the_queue() {
     let mut next =
         || futures::FutureExt::now_or_never(futures::StreamExt::next(&mut wakeups)).flatten();
     assert_eq!(ask(&admission, "a1", "a", at(0)), Ask::Go);
-    admission.admitted(&run("a1"), "a1", false, at(0));
+    admission.admitted(&run("a1"), "a1", COLD, at(0));
     // The quota let a1's Pod in, but no node has room for it.
     admission.scheduling(&run("a1"), "a1", Placement::Unschedulable, at(1));
     assert!(matches!(
@@ -411,7 +414,7 @@ fn runs_waiting_for_a_node_go_first_and_free_nothing() {
     for i in 0..20 {
         let name = format!("r{i:02}");
         assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
-        admission.admitted(&run(&name), &name, false, at(0));
+        admission.admitted(&run(&name), &name, COLD, at(0));
     }
     for i in 0..3 {
         let name = format!("r{i:02}");
@@ -525,7 +528,7 @@ fn in_the_first_seconds_of_a_burst_the_room_seen_lately_stands_for_the_sandboxes
     for i in 0..20 {
         let name = format!("r{i:02}");
         assert_eq!(ask(&admission, &name, &name, at(100)), Ask::Go);
-        admission.admitted(&run(&name), &name, false, at(100));
+        admission.admitted(&run(&name), &name, COLD, at(100));
     }
     admission.no_room(&run("w00"), "w00", "w00", None, LONGEST, at(100));
     let mut waiting = 1;
@@ -598,7 +601,7 @@ fn before_the_queue_can_tell_its_pace_a_run_that_might_wait_too_long_is_refused_
     for i in 0..20 {
         let name = format!("r{i:02}");
         assert_eq!(ask(&admission, &name, &name, at(0)), Ask::Go);
-        admission.admitted(&run(&name), &name, false, at(0));
+        admission.admitted(&run(&name), &name, COLD, at(0));
     }
     for i in 0..3 {
         let name = format!("r{i:02}");
@@ -672,7 +675,7 @@ fn before_a_sandbox_is_placed_the_hold_seen_lately_bounds_the_wait_not_the_runs_
     // A long run takes the one sandbox; its Pod is not placed yet when the next calls meet the
     // quota: nothing runs, so the pace cannot be told.
     assert_eq!(ask(&admission, "holder", "h", at(10)), Ask::Go);
-    admission.admitted(&run("holder"), "holder", false, at(10));
+    admission.admitted(&run("holder"), "holder", COLD, at(10));
     let longest = Duration::from_secs(100);
     // Bounded by the 2-s hold, not by 100 s: the holder's Pod and 3 places are 8 s.
     for (i, name) in ["w0", "w1", "w2"].into_iter().enumerate() {
@@ -783,13 +786,25 @@ fn a_queue_that_fills_again_is_judged_on_the_pace_it_last_admitted_at() {
     assert!(queues[NS].last_pace(at(621)).is_none());
 }
 
-/// Run `name` asks at `now`, the quota having had room for `room` more sandboxes at `seen`.
-fn ask_with_room(admission: &Admission, name: &str, room: u32, seen: i64, now: i64) -> Ask {
-    let quota = Room {
-        sandboxes: room,
+/// The room the quota had for `sandboxes` more, seen at `seen`, counting the Pods `counted`.
+fn room(sandboxes: u32, seen: i64, counted: &[&str]) -> Room {
+    Room {
+        sandboxes,
         seen: at(seen),
-    };
-    admission.ask(&run(name), name, name, None, LONGEST, Some(quota), at(now))
+        counted: Arc::new(counted.iter().map(|p| (*p).to_owned()).collect()),
+        warm: 0,
+    }
+}
+
+/// Run `name` asks at `now`, the quota having had room for `room` more sandboxes at `seen`,
+/// counting no Pod of the operator's.
+fn ask_with_room(admission: &Admission, name: &str, room: u32, seen: i64, now: i64) -> Ask {
+    ask_in(admission, name, self::room(room, seen, &[]), now)
+}
+
+/// Run `name` asks at `now` with `room`.
+fn ask_in(admission: &Admission, name: &str, room: Room, now: i64) -> Ask {
+    admission.ask(&run(name), name, name, None, LONGEST, Some(room), at(now))
 }
 
 #[test]
@@ -801,10 +816,7 @@ fn a_burst_asks_only_for_the_room_the_quota_has_and_the_rest_are_judged_on_arriv
     let asks: Vec<Ask> = (0..6)
         .map(|i| {
             let name = format!("r{i}");
-            let quota = Some(Room {
-                sandboxes: 3,
-                seen: at(0),
-            });
+            let quota = Some(room(3, 0, &[]));
             admission.ask(&run(&name), &name, &name, None, longest, quota, at(1))
         })
         .collect();
@@ -831,23 +843,28 @@ fn a_burst_asks_only_for_the_room_the_quota_has_and_the_rest_are_judged_on_arriv
 }
 
 #[test]
-fn runs_let_ask_count_against_the_room_until_the_quota_is_seen_after_their_pod() {
+fn runs_let_ask_count_against_the_room_until_it_counts_their_pod() {
     let admission = Admission::new(Duration::from_secs(60));
     assert_eq!(ask_with_room(&admission, "a", 2, 0, 1), Ask::Go);
-    // a's Pod is created at 2: the quota seen at 0 (room for 2) does not count it yet.
-    admission.admitted(&run("a"), "a", false, at(2));
-    assert_eq!(ask_with_room(&admission, "b", 2, 0, 3), Ask::Go);
-    admission.admitted(&run("b"), "b", false, at(4));
-    assert_eq!(ask_with_room(&admission, "c", 2, 0, 5), Ask::Head);
+    admission.admitted(&run("a"), "a", Sandbox::Created("a-pod"), at(2));
+    // Seen at 3, after a's Pod was created, but without it: a watch under load delivers a
+    // state older than the moment it is seen. a's Pod still counts.
+    assert_eq!(ask_with_room(&admission, "b", 2, 3, 3), Ask::Go);
+    admission.admitted(&run("b"), "b", Sandbox::Created("b-pod"), at(4));
+    assert_eq!(ask_with_room(&admission, "c", 2, 5, 5), Ask::Head);
     admission.ended(&run("c"), "c", at(5));
-    // Seen at 6, after both Pods: the room it says is all there is.
-    assert_eq!(ask_with_room(&admission, "d", 1, 6, 7), Ask::Go);
-    assert_eq!(ask_with_room(&admission, "e", 1, 6, 7), Ask::Head);
+    // A room that counts one of them: the other still takes room beside it.
+    assert_eq!(ask_in(&admission, "c", room(2, 5, &["a-pod"]), 5), Ask::Go);
+    admission.ended(&run("c"), "c", at(5));
+    // One that counts both Pods: the room it says is all there is.
+    let both = || room(1, 6, &["a-pod", "b-pod"]);
+    assert_eq!(ask_in(&admission, "d", both(), 7), Ask::Go);
+    assert_eq!(ask_in(&admission, "e", both(), 7), Ask::Head);
     admission.ended(&run("e"), "e", at(7));
     // The quota refused d after all (its view lagged): d takes no room of the quota seen next.
     admission.no_room(&run("d"), "d", "d", None, LONGEST, at(8));
     admission.ended(&run("d"), "d", at(8));
-    assert_eq!(ask_with_room(&admission, "f", 1, 9, 9), Ask::Go);
+    assert_eq!(ask_in(&admission, "f", room(1, 9, &[]), 9), Ask::Go);
     // A run that was let ask and then heard of no more (its reconcile failed) stops counting.
     assert_eq!(ask_with_room(&admission, "g", 1, 9, 9), Ask::Head);
     admission.ended(&run("g"), "g", at(9));
@@ -860,13 +877,13 @@ fn a_warm_claim_counts_for_its_replacement_and_an_unknown_room_for_nothing() {
     let admission = Admission::new(Duration::from_secs(60));
     // Room for one more Pod in the quota and one warm sandbox: a claims the sandbox.
     assert_eq!(ask_with_room(&admission, "a", 2, 0, 1), Ask::Go);
-    admission.admitted(&run("a"), "a", true, at(2));
+    admission.admitted(&run("a"), "a", Sandbox::Claimed, at(2));
     // Its Pod was counted long ago, but the pool's replacement of it takes the quota's room.
     assert_eq!(ask_with_room(&admission, "b", 1, 0, 3), Ask::Head);
     admission.ended(&run("b"), "b", at(3));
     // The pool creates it: the Pod counts instead of the claim, not beside it.
     let replacement = admission.pool_pod_creating(NS, at(4));
-    admission.pool_pod_created(NS, replacement, true, at(4));
+    admission.pool_pod_created(NS, replacement, Some("default-x1"), at(4));
     assert_eq!(ask_with_room(&admission, "c", 2, 0, 5), Ask::Go);
     assert_eq!(ask_with_room(&admission, "d", 2, 0, 5), Ask::Head);
     admission.ended(&run("d"), "d", at(5));
@@ -874,6 +891,46 @@ fn a_warm_claim_counts_for_its_replacement_and_an_unknown_room_for_nothing() {
     let admission = Admission::new(Duration::from_secs(60));
     assert_eq!(ask(&admission, "e", "e", at(3)), Ask::Go);
     assert_eq!(ask(&admission, "f", "f", at(3)), Ask::Go);
+}
+
+#[test]
+fn a_run_that_may_claim_a_warm_sandbox_counts_for_its_replacement_from_its_ask() {
+    // Room for one more Pod in the quota and one warm sandbox.
+    let with_warm = || Room {
+        warm: 1,
+        ..room(2, 0, &[])
+    };
+    let admission = Admission::new(Duration::from_secs(60));
+    // a may claim the sandbox: it counts for it and for the replacement its claim starts, so
+    // b, asking while a's claim is on its way, finds no room left.
+    assert_eq!(ask_in(&admission, "a", with_warm(), 1), Ask::Go);
+    assert_eq!(ask_in(&admission, "b", with_warm(), 1), Ask::Head);
+    admission.ended(&run("b"), "b", at(1));
+    // a claimed it: the warm sandbox is gone from the room, its replacement still counts.
+    admission.admitted(&run("a"), "a", Sandbox::Claimed, at(2));
+    assert_eq!(ask_in(&admission, "c", room(1, 2, &[]), 3), Ask::Head);
+    admission.ended(&run("c"), "c", at(3));
+    // a ends before its pool starts the replacement: it still counts.
+    admission.ended(&run("a"), "a", at(4));
+    assert_eq!(ask_in(&admission, "d", room(1, 4, &[]), 5), Ask::Head);
+    admission.ended(&run("d"), "d", at(5));
+
+    // A run that went cold instead counts for its own Pod only.
+    let admission = Admission::new(Duration::from_secs(60));
+    assert_eq!(ask_in(&admission, "a", with_warm(), 1), Ask::Go);
+    admission.admitted(&run("a"), "a", Sandbox::Created("a-pod"), at(2));
+    assert_eq!(ask_in(&admission, "b", with_warm(), 3), Ask::Go);
+    // And one that left without a sandbox (refused by the quota) for nothing.
+    let admission = Admission::new(Duration::from_secs(60));
+    assert_eq!(ask_in(&admission, "a", with_warm(), 1), Ask::Go);
+    admission.no_room(&run("a"), "a", "a", None, LONGEST, at(2));
+    admission.ended(&run("a"), "a", at(2));
+    let seen_since = || Room {
+        warm: 1,
+        ..room(2, 3, &[])
+    };
+    assert_eq!(ask_in(&admission, "b", seen_since(), 3), Ask::Go);
+    assert_eq!(ask_in(&admission, "c", seen_since(), 3), Ask::Head);
 }
 
 #[test]
@@ -885,7 +942,7 @@ fn a_warm_runs_hold_says_nothing_of_how_soon_the_queue_moves() {
         let admission = Admission::new(Duration::from_secs(60));
         let longest = Duration::from_secs(40);
         if placed_at_once {
-            admission.admitted(&run("w"), "w", true, at(0));
+            admission.admitted(&run("w"), "w", Sandbox::Claimed, at(0));
         } else {
             on_a_node(&admission, &run("w"), "w", at(0));
         }
@@ -931,10 +988,9 @@ fn a_pod_created_for_the_queues_head_counts_against_the_room_too() {
         admission.ask(&run("h"), "h", "h", Some(at(0)), LONGEST, None, at(1)),
         Ask::Head
     );
-    admission.admitted(&run("h"), "h", false, at(2));
-    // The quota seen at 1.5 had room for one: h's Pod took it.
-    let seen = at(1) + SignedDuration::from_millis(500);
-    let quota = Some(Room { sandboxes: 1, seen });
+    admission.admitted(&run("h"), "h", Sandbox::Created("h-pod"), at(2));
+    // The quota seen at 1.5 had room for one, without h's Pod: h's Pod took it.
+    let quota = Some(room(1, 1, &[]));
     assert_eq!(
         admission.ask(&run("a"), "a", "a", None, LONGEST, quota, at(3)),
         Ask::Head
@@ -942,25 +998,34 @@ fn a_pod_created_for_the_queues_head_counts_against_the_room_too() {
 }
 
 #[test]
-fn a_pools_pod_counts_against_the_room_while_created_and_until_the_quota_is_seen_after_it() {
+fn a_pools_pod_counts_against_the_room_while_created_and_until_it_is_counted() {
     let admission = Admission::new(Duration::from_secs(60));
     // The quota seen at 0 had room for two; a pool is creating a replacement at 1.
     let creating = admission.pool_pod_creating(NS, at(1));
     assert_eq!(ask_with_room(&admission, "a", 2, 0, 1), Ask::Go);
     assert_eq!(ask_with_room(&admission, "b", 2, 0, 1), Ask::Head);
     admission.ended(&run("b"), "b", at(1));
-    // Created at 2: it still counts against the usage seen before it, and not against one
-    // seen after it (which counts the Pod itself).
-    admission.pool_pod_created(NS, creating, true, at(2));
-    admission.admitted(&run("a"), "a", false, at(2));
-    assert_eq!(ask_with_room(&admission, "c", 2, 0, 3), Ask::Head);
-    admission.ended(&run("c"), "c", at(3));
-    assert_eq!(ask_with_room(&admission, "d", 1, 4, 5), Ask::Go);
-    admission.admitted(&run("d"), "d", false, at(5));
+    // Created at 2: it counts against a room that does not name it, however late seen, and
+    // not against one that does.
+    admission.pool_pod_created(NS, creating, Some("default-x1"), at(2));
+    admission.admitted(&run("a"), "a", Sandbox::Created("a-pod"), at(2));
+    assert_eq!(ask_with_room(&admission, "c", 2, 4, 4), Ask::Head);
+    admission.ended(&run("c"), "c", at(4));
+    let counted = || room(1, 4, &["default-x1", "a-pod"]);
+    assert_eq!(ask_in(&admission, "d", counted(), 5), Ask::Go);
+    admission.admitted(&run("d"), "d", Sandbox::Created("d-pod"), at(5));
     // A pool's create the API server refused takes no room.
     let refused = admission.pool_pod_creating(NS, at(6));
-    admission.pool_pod_created(NS, refused, false, at(6));
-    assert_eq!(ask_with_room(&admission, "e", 1, 6, 7), Ask::Go);
+    admission.pool_pod_created(NS, refused, None, at(6));
+    assert_eq!(
+        ask_in(
+            &admission,
+            "e",
+            room(1, 6, &["default-x1", "a-pod", "d-pod"]),
+            7
+        ),
+        Ask::Go
+    );
 }
 
 #[test]
@@ -969,15 +1034,20 @@ fn the_pools_pods_and_warm_claims_are_forgotten_where_no_quota_is_seen() {
     // entries of runs are pruned; those of the pools' Pods and warm claims go on their own.
     let admission = Admission::new(Duration::from_secs(60));
     for i in 0..3 {
-        admission.admitted(&run(&format!("w{i}")), &format!("w{i}"), true, at(i));
+        admission.admitted(
+            &run(&format!("w{i}")),
+            &format!("w{i}"),
+            Sandbox::Claimed,
+            at(i),
+        );
     }
     // One replacement started: it counts instead of the earliest claim.
     let pod = admission.pool_pod_creating(NS, at(3));
-    admission.pool_pod_created(NS, pod, true, at(3));
+    admission.pool_pod_created(NS, pod, Some("default-x1"), at(3));
     let counted = |admission: &Admission| admission.queues.lock().unwrap()[NS].asked.len();
     assert_eq!(counted(&admission), 3);
     let later = at(4 + LAPSED_AFTER.as_secs());
     let pod = admission.pool_pod_creating(NS, later);
-    admission.pool_pod_created(NS, pod, true, later);
+    admission.pool_pod_created(NS, pod, Some("default-x2"), later);
     assert_eq!(counted(&admission), 1);
 }

@@ -848,7 +848,8 @@ fn quota_room(hard: u32, used: u32) -> crate::quota_room::QuotaRoom {
     }))
     .unwrap();
     writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(quota));
-    crate::quota_room::QuotaRoom::new(reader).seen_at(Timestamp::now())
+    crate::quota_room::QuotaRoom::new(reader, kube::runtime::reflector::store().0)
+        .seen_at(Timestamp::now())
 }
 
 /// Reconciles the run in the background until its Pod's create is on its way (held there),
@@ -879,6 +880,8 @@ async fn a_run_arriving_while_a_create_is_on_its_way(
         room.map(|sandboxes| crate::admission::Room {
             sandboxes,
             seen: Timestamp::now(),
+            counted: Arc::default(),
+            warm: 0,
         }),
         Timestamp::now(),
     );

@@ -214,8 +214,16 @@ async fn operate() -> anyhow::Result<()> {
     let (idle_pods, idle_writer) = kube::runtime::reflector::store();
     tokio::spawn(pool::mirror_idle_pods(pods_api(), idle_writer));
     // The room the namespace's quotas have for sandbox Pods: a burst asks for no more.
+    // Beside the quotas' usage, the operator's Pods: a Pod it created counts against the room
+    // until this watch has it (quota_room.rs).
     let (quotas, quota_writer) = kube::runtime::reflector::store();
-    let quota_room = quota_room::QuotaRoom::new(quotas);
+    let (sandbox_pods, sandbox_pods_writer) = kube::runtime::reflector::store();
+    let quota_room = quota_room::QuotaRoom::new(quotas, sandbox_pods);
+    tokio::spawn(quota_room::watch_pods(
+        pods_api(),
+        format!("{}={}", python::pod::LABEL_MANAGED_BY, python::pod::MANAGER),
+        sandbox_pods_writer,
+    ));
     let quotas_api: kube::Api<k8s_openapi::api::core::v1::ResourceQuota> = match namespace {
         Some(ns) => kube::Api::namespaced(client.clone(), ns),
         None => kube::Api::all(client.clone()),

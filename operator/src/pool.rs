@@ -506,8 +506,9 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
         for _ in 0..plan.create {
             let counted = ctx.admission.pool_pod_creating(&ns, Timestamp::now());
             let result = pods.create(&PostParams::default(), &desired).await;
+            let pod = result.as_ref().ok().map(ResourceExt::name_any);
             ctx.admission
-                .pool_pod_created(&ns, counted, result.is_ok(), Timestamp::now());
+                .pool_pod_created(&ns, counted, pod.as_deref(), Timestamp::now());
             match result {
                 Ok(_) => created += 1,
                 // Refused (quota, admission, an unknown RuntimeClass): say why in the status

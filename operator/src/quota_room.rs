@@ -6,23 +6,28 @@
 //! refusal, 1.4 to 3.1 s after they were decided on two saturated cores (the load suite,
 //! 2026-12-05: 45 of its 60 refusals that took over 2 s).
 //!
-//! A hint, never the authority: the API server's quota check at the create is. The watch lags
-//! in both directions. A Pod created lately may not be counted in the usage seen yet: the queue
-//! counts the runs it let ask since the usage was seen ([`crate::admission::Room::seen`]). A Pod
-//! that ended lately may still be counted: the next run then joins the queue, whose head asks
-//! for a Pod at once and, given one, wakes the next. A quota the watch cannot weigh (scoped,
-//! or not synced by the quota controller yet) says nothing.
+//! A hint, never the authority: the API server's quota check at the create is. The usage is
+//! the larger of the quota's own (`status.used`) and that of the operator's Pods a second watch
+//! has ([`Room::counted`]): a Pod the operator created that neither shows yet is counted by the
+//! queue, which knows its name, until the Pods' watch has it. The time a quota was seen says
+//! nothing of what it counts: under load the watch delivers a state up to a second old, and
+//! a Pod created before a quota was seen but after the state it delivers went uncounted (the
+//! load suite's opening burst, 2026-12-06: two runs of a hundred let ask for a sandbox the
+//! quota did not have, refused 2.8 s after their call). A Pod that ended lately may still be
+//! counted: the next run then joins the queue, whose head asks for a Pod at once and, given
+//! one, wakes the next. A quota the watch cannot weigh (scoped, or not synced by the quota
+//! controller yet) says nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Container, Pod, ResourceQuota};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::Api;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
 use sandboxrun_core::quantity::{cpu_millis, memory_bytes};
 use tracing::warn;
 
@@ -111,6 +116,35 @@ impl Needs {
     }
 }
 
+/// What the Pods a quota counts take of it together.
+#[derive(Debug, Default)]
+struct Usage {
+    pods: u64,
+    needs: Needs,
+}
+
+impl Usage {
+    fn add(&mut self, pod: &Pod) {
+        self.pods += 1;
+        self.needs = self.needs.zip(Needs::of(pod), u64::saturating_add);
+    }
+
+    /// How much of quota resource `name` they take, in the unit [`Needs::of_resource`] parses.
+    fn of_resource(&self, name: &str) -> Option<u64> {
+        match name {
+            "pods" | "count/pods" => Some(self.pods),
+            _ => self.needs.of_resource(name).map(|(amount, _)| amount),
+        }
+    }
+}
+
+/// Whether a ResourceQuota counts `pod`: every Pod that has not ended (Kubernetes' own rule
+/// also drops one deleted past its grace period, which this counts until it is gone).
+fn quota_counts(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    !matches!(phase, Some("Succeeded" | "Failed"))
+}
+
 /// Resource `name` of `amounts`, parsed with `parse`; 0 when absent or not understood.
 fn amount(amounts: Option<&BTreeMap<String, Quantity>>, name: &str, parse: Parse) -> u64 {
     amounts
@@ -119,10 +153,10 @@ fn amount(amounts: Option<&BTreeMap<String, Quantity>>, name: &str, parse: Parse
         .unwrap_or(0)
 }
 
-/// How many Pods of `needs` fit in what `quota` has left; `None` when it cannot tell: a quota
-/// with scopes (it may not count these Pods), or one the quota controller has not synced yet
-/// (no usage for a limit).
-pub fn fits(quota: &ResourceQuota, needs: &Needs) -> Option<u64> {
+/// How many Pods of `needs` fit in what `quota` has left, its usage at least `pods`' (its own
+/// may lag them); `None` when it cannot tell: a quota with scopes (it may not count these
+/// Pods), or one the quota controller has not synced yet (no usage for a limit).
+fn fits(quota: &ResourceQuota, needs: &Needs, pods: &Usage) -> Option<u64> {
     let spec = quota.spec.as_ref();
     if spec.is_some_and(|s| {
         s.scopes.as_ref().is_some_and(|s| !s.is_empty()) || s.scope_selector.is_some()
@@ -141,30 +175,35 @@ pub fn fits(quota: &ResourceQuota, needs: &Needs) -> Option<u64> {
         }
         let used = used?.get(name)?;
         let (limit, used) = (parse(&limit.0)?, parse(&used.0)?);
+        let used = used.max(pods.of_resource(name).unwrap_or(0));
         fit = fit.min(limit.saturating_sub(used) / need);
     }
     Some(fit)
 }
 
-/// The namespaces' ResourceQuotas as a watch has them, and when it last told of a change.
+/// The namespaces' ResourceQuotas as a watch has them, and when it last told of a change; and
+/// the operator's Pods, as another watch has them ([`watch_pods`]).
 #[derive(Clone)]
 pub struct QuotaRoom {
     quotas: Store<ResourceQuota>,
+    pods: Store<Pod>,
     seen: Arc<Mutex<Option<Timestamp>>>,
 }
 
 impl Default for QuotaRoom {
     /// No watch: no room is ever known, and every run of an empty queue asks.
     fn default() -> Self {
-        Self::new(reflector::store().0)
+        Self::new(reflector::store().0, reflector::store().0)
     }
 }
 
 impl QuotaRoom {
-    /// The room in `quotas`, a store kept by [`QuotaRoom::watch`] (or by a test).
-    pub fn new(quotas: Store<ResourceQuota>) -> Self {
+    /// The room in `quotas`, a store kept by [`QuotaRoom::watch`], beside the operator's `pods`,
+    /// a store kept by [`watch_pods`] (or both by a test).
+    pub fn new(quotas: Store<ResourceQuota>, pods: Store<Pod>) -> Self {
         Self {
             quotas,
+            pods,
             seen: Arc::default(),
         }
     }
@@ -177,20 +216,31 @@ impl QuotaRoom {
     }
 
     /// How many Pods of `needs` the quotas of `namespace` have room for as last seen: the
-    /// fewest any of them has room for. `None`: nothing known (no watch yet, no quota there,
-    /// or none the watch can weigh).
+    /// fewest any of them has room for, each counting at least the operator's Pods seen there
+    /// (named in [`Room::counted`], read from one view of the store). `None`: nothing known (no
+    /// watch yet, no quota there, or none the watch can weigh).
     pub fn room(&self, namespace: &str, needs: &Needs) -> Option<Room> {
         let seen = (*self.seen.lock().expect("not poisoned"))?;
+        let mut usage = Usage::default();
+        let mut counted = HashSet::new();
+        for pod in self.pods.state() {
+            if pod.metadata.namespace.as_deref() == Some(namespace) && quota_counts(&pod) {
+                usage.add(&pod);
+                counted.insert(pod.name_any());
+            }
+        }
         let fit = self
             .quotas
             .state()
             .iter()
             .filter(|q| q.metadata.namespace.as_deref() == Some(namespace))
-            .filter_map(|q| fits(q, needs))
+            .filter_map(|q| fits(q, needs, &usage))
             .min()?;
         Some(Room {
             sandboxes: u32::try_from(fit).unwrap_or(u32::MAX),
             seen,
+            counted: Arc::new(counted),
+            warm: 0,
         })
     }
 
@@ -212,6 +262,24 @@ impl QuotaRoom {
             })
             .await;
     }
+}
+
+/// Keeps `writer`'s store of the operator's Pods (`pods`, selected by the operator's label) up
+/// to date until the operator stops, without their managed fields (a Pod is weighed by its
+/// spec and phase only). An operator that may not watch them knows none, and the quota's own
+/// usage stands alone.
+pub async fn watch_pods(pods: Api<Pod>, selector: String, writer: Writer<Pod>) {
+    watcher(pods, watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .modify(|pod| pod.managed_fields_mut().clear())
+        .reflect(writer)
+        .for_each(|event| {
+            if let Err(e) = event {
+                warn!(error = %e, "cannot watch the sandbox namespace's Pods (list and watch pods): a burst's runs are let ask by the quota's usage alone, which may lag its Pods");
+            }
+            async {}
+        })
+        .await;
 }
 
 #[cfg(test)]
@@ -251,20 +319,39 @@ mod tests {
         )
     }
 
+    fn pod(name: &str, cpu: &str, phase: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "runs"},
+            "spec": {"containers": [{"name": "sandbox", "resources": {
+                "limits": {"cpu": cpu, "memory": "256Mi"},
+            }}]},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    /// Room as `fits` weighs it with no Pods of the operator's seen.
+    fn fits_alone(quota: &ResourceQuota, needs: &Needs) -> Option<u64> {
+        fits(quota, needs, &Usage::default())
+    }
+
     #[test]
     fn the_room_is_the_scarcest_resource_left_over_one_pods_needs() {
         let needs = sandbox("500m", "256Mi");
         // Nothing used: 16 by cpu, 20 by the Pod count, 64 by memory.
-        assert_eq!(fits(&chart_quota("0", "0", "0"), &needs), Some(16));
+        assert_eq!(fits_alone(&chart_quota("0", "0", "0"), &needs), Some(16));
         // Two pool sandboxes and eleven runs: 1.5 cores left.
-        assert_eq!(fits(&chart_quota("6500m", "3328Mi", "13"), &needs), Some(3));
+        assert_eq!(
+            fits_alone(&chart_quota("6500m", "3328Mi", "13"), &needs),
+            Some(3)
+        );
         // Full, and over (a quota lowered below what runs).
-        assert_eq!(fits(&chart_quota("8", "4Gi", "16"), &needs), Some(0));
-        assert_eq!(fits(&chart_quota("9", "4Gi", "18"), &needs), Some(0));
+        assert_eq!(fits_alone(&chart_quota("8", "4Gi", "16"), &needs), Some(0));
+        assert_eq!(fits_alone(&chart_quota("9", "4Gi", "18"), &needs), Some(0));
         // Memory the scarcer: 1Gi sandboxes, 15.5Gi used.
         let big = sandbox("500m", "1Gi");
-        assert_eq!(fits(&chart_quota("1", "15872Mi", "2"), &big), Some(0));
-        assert_eq!(fits(&chart_quota("1", "14Gi", "2"), &big), Some(2));
+        assert_eq!(fits_alone(&chart_quota("1", "15872Mi", "2"), &big), Some(0));
+        assert_eq!(fits_alone(&chart_quota("1", "14Gi", "2"), &big), Some(2));
     }
 
     #[test]
@@ -275,20 +362,20 @@ mod tests {
             json!({"pods": "20", "limits.cpu": "8"}),
             json!({"pods": "0"}),
         );
-        assert_eq!(fits(&unsynced, &needs), None);
+        assert_eq!(fits_alone(&unsynced, &needs), None);
         let mut no_status = chart_quota("0", "0", "0");
         no_status.status = None;
-        assert_eq!(fits(&no_status, &needs), None);
+        assert_eq!(fits_alone(&no_status, &needs), None);
         // Scoped: it may not count these Pods at all.
         let mut scoped = chart_quota("8", "0", "0");
         scoped.spec.as_mut().unwrap().scopes = Some(vec!["BestEffort".into()]);
-        assert_eq!(fits(&scoped, &needs), None);
+        assert_eq!(fits_alone(&scoped, &needs), None);
         // Only resources it does not weigh: no bound from it.
         let counts = quota(
             json!({"count/sandboxruns.sandboxrun.dev": "1k", "services": "2"}),
             json!({"count/sandboxruns.sandboxrun.dev": "1k", "services": "2"}),
         );
-        assert_eq!(fits(&counts, &needs), Some(u64::MAX));
+        assert_eq!(fits_alone(&counts, &needs), Some(u64::MAX));
     }
 
     #[test]
@@ -319,7 +406,7 @@ mod tests {
     fn the_room_of_a_namespace_is_its_scarcest_quota_once_seen() {
         let (store, mut writer) = reflector::store();
         let needs = sandbox("500m", "256Mi");
-        let room = QuotaRoom::new(store);
+        let room = QuotaRoom::new(store, reflector::store().0);
         writer.apply_watcher_event(&watcher::Event::Apply(chart_quota("6500m", "0", "3")));
         assert_eq!(room.room("runs", &needs), None, "never seen: not known");
         let at = Timestamp::from_second(1_000).unwrap();
@@ -328,13 +415,48 @@ mod tests {
             room.room("runs", &needs),
             Some(Room {
                 sandboxes: 3,
-                seen: at
+                seen: at,
+                counted: Arc::default(),
+                warm: 0,
             })
         );
         let mut pods = quota(json!({"pods": "5"}), json!({"pods": "4"}));
         pods.metadata.name = Some("pods".into());
         writer.apply_watcher_event(&watcher::Event::Apply(pods));
         assert_eq!(room.room("runs", &needs).map(|r| r.sandboxes), Some(1));
+        assert_eq!(room.room("elsewhere", &needs), None);
+    }
+
+    #[test]
+    fn the_operators_pods_count_where_the_quotas_usage_lags_them() {
+        let (quotas, mut quota_writer) = reflector::store();
+        let (pods, mut pod_writer) = reflector::store();
+        let needs = sandbox("500m", "256Mi");
+        let room = QuotaRoom::new(quotas, pods).seen_at(Timestamp::from_second(1_000).unwrap());
+        // The quota as a lagging watch delivered it: 6.5 cores of 8 used, room for 3.
+        quota_writer
+            .apply_watcher_event(&watcher::Event::Apply(chart_quota("6500m", "3328Mi", "13")));
+        let apply = |w: &mut Writer<Pod>, p: Pod| w.apply_watcher_event(&watcher::Event::Apply(p));
+        // Fourteen Pods of the operator's at 500m, one of them ended: 6.5 cores, no more room
+        // than the quota says, and the names of those counted.
+        for i in 0..13 {
+            apply(&mut pod_writer, pod(&format!("p{i}"), "500m", "Running"));
+        }
+        apply(&mut pod_writer, pod("done", "500m", "Succeeded"));
+        let seen = room.room("runs", &needs).unwrap();
+        assert_eq!(seen.sandboxes, 3);
+        assert_eq!(seen.counted.len(), 13);
+        assert!(seen.counted.contains("p0") && !seen.counted.contains("done"));
+        // Two more Pods the quota's usage does not count yet: they do.
+        apply(&mut pod_writer, pod("p13", "500m", "Pending"));
+        apply(&mut pod_writer, pod("p14", "500m", "Pending"));
+        let seen = room.room("runs", &needs).unwrap();
+        assert_eq!(seen.sandboxes, 1);
+        assert!(seen.counted.contains("p14"));
+        // A quota whose usage is ahead of the Pods seen (they have not shown yet): its own.
+        quota_writer.apply_watcher_event(&watcher::Event::Apply(chart_quota("8", "4Gi", "16")));
+        assert_eq!(room.room("runs", &needs).unwrap().sandboxes, 0);
+        // Pods elsewhere count nowhere else.
         assert_eq!(room.room("elsewhere", &needs), None);
     }
 }

@@ -24,7 +24,7 @@ use crate::pool::FROM_POOL_ANNOTATION;
 use self::feed::{FeedState, OwnedProgram};
 use self::phase::{Exited, Next, Progress};
 use self::queue::Turn;
-use crate::admission::Room;
+use crate::admission::{Room, Sandbox};
 use crate::controller::{Decided, Error, Reconcile, is_terminal, until};
 use crate::outcome::Outcome;
 use crate::quota_room::Needs;
@@ -196,6 +196,7 @@ impl Reconcile<'_> {
                         };
                         Room {
                             sandboxes: room.sandboxes.saturating_add(warm),
+                            warm,
                             ..room
                         }
                     });
@@ -225,9 +226,12 @@ impl Reconcile<'_> {
                         self.apply(&prev).await?;
                     }
                     if let Some(claimed) = self.claim_warm(&pools, &limits, files).await? {
-                        self.ctx
-                            .admission
-                            .admitted(&self.run_ref(), &self.uid(), true, self.now);
+                        self.ctx.admission.admitted(
+                            &self.run_ref(),
+                            &self.uid(),
+                            Sandbox::Claimed,
+                            self.now,
+                        );
                         return self.run_warm(&prev, &claimed, &limits, files).await;
                     }
                 }
@@ -345,10 +349,13 @@ impl Reconcile<'_> {
         match self.pods.create(&PostParams::default(), &desired).await {
             Ok(_) => {
                 info!(run = %self.name, namespace = %self.ns, pod = %pod_name, "created sandbox pod");
-                // The clock now: the quota's usage seen before this moment does not count the
-                // Pod (quota_room.rs).
-                ctx.admission
-                    .admitted(&self.run_ref(), &self.uid(), false, jiff::Timestamp::now());
+                // Counted against the room until the Pods' watch has it (quota_room.rs).
+                ctx.admission.admitted(
+                    &self.run_ref(),
+                    &self.uid(),
+                    Sandbox::Created(pod_name),
+                    jiff::Timestamp::now(),
+                );
                 // Counted here, once per Pod: a lagging cache can show "no phase" again.
                 ctx.metrics.entered(Phase::Pending);
                 ctx.events.pod_created(run, pod_name).await;
