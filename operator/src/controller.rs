@@ -101,6 +101,9 @@ pub struct Context {
     /// The room the namespaces' quotas have for sandbox Pods, as a watch has it
     /// (`quota_room.rs`); nothing known without one.
     pub quota_room: crate::quota_room::QuotaRoom,
+    /// The operator's Pods, as the room's watch has them (`quota_room::watch_pods`); empty
+    /// without one.
+    pub sandbox_pods: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Pod>,
     /// Held while a run opens a session: an agent's open sessions are counted and the new one
     /// created under it (`session/call.rs`).
     pub sessions_opening: tokio::sync::Mutex<()>,
@@ -167,6 +170,7 @@ impl Context {
                 crate::admission::DEFAULT_ALLOWANCE,
             )),
             quota_room: crate::quota_room::QuotaRoom::default(),
+            sandbox_pods: kube::runtime::reflector::store().0,
             sessions_opening: tokio::sync::Mutex::default(),
             failures: Mutex::default(),
             unaudited: Mutex::default(),
@@ -223,9 +227,15 @@ impl Context {
         self
     }
 
-    /// The same context, weighing the room for a run's Pod with `quota_room`.
-    pub fn with_quota_room(mut self, quota_room: crate::quota_room::QuotaRoom) -> Self {
+    /// The same context, weighing the room for a run's Pod with `quota_room`, which weighs the
+    /// operator's Pods in `sandbox_pods`.
+    pub fn with_quota_room(
+        mut self,
+        quota_room: crate::quota_room::QuotaRoom,
+        sandbox_pods: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Pod>,
+    ) -> Self {
         self.quota_room = quota_room;
+        self.sandbox_pods = sandbox_pods;
         self
     }
 
@@ -966,6 +976,16 @@ impl<'a> Reconcile<'a> {
         Ok(())
     }
 
+    /// Whether the Pods' watch has Pod `name` of the run's namespace being deleted already. Each
+    /// change of a terminating Pod reconciles its finished run, and each sent one more DELETE
+    /// for it: seven for one warm call, measured on the API server's request counts.
+    fn pod_going(&self, name: &str) -> bool {
+        self.ctx
+            .sandbox_pods
+            .get(&ObjectRef::new(name).within(&self.ns))
+            .is_some_and(|pod| pod.metadata.deletion_timestamp.is_some())
+    }
+
     /// The run's uid (empty if the API server gave none).
     pub(crate) fn uid(&self) -> String {
         self.run.metadata.uid.clone().unwrap_or_default()
@@ -1000,6 +1020,7 @@ impl<'a> Reconcile<'a> {
             .pod_name
             .as_ref()
             .filter(|_| recently_finished(status, self.now))
+            .filter(|pod| !self.pod_going(pod))
         {
             // Covers a crash between recording the result and deleting the Pod. Only soon after
             // the end: otherwise every relist of the operator would send one DELETE per stored

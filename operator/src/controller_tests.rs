@@ -896,21 +896,21 @@ async fn a_burst_asks_for_no_more_pods_than_the_quota_has_room_for() {
     // in the queue at once instead of asking too (and being refused by the quota first).
     let api = FakeApi::start(run_json(python())).await;
     let ctx = Arc::try_unwrap(context(&api, None)).ok().unwrap();
-    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 4)));
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 4), kube::runtime::reflector::store().0));
     let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, Some(1)).await;
     assert_eq!(later, crate::admission::Ask::Head, "the first in the queue");
     assert_eq!(api.status()["reason"], "PodCreated", "{}", api.status());
     // Room for two: both ask.
     let api = FakeApi::start(run_json(python())).await;
     let ctx = Arc::try_unwrap(context(&api, None)).ok().unwrap();
-    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 3)));
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 3), kube::runtime::reflector::store().0));
     let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, Some(2)).await;
     assert_eq!(later, crate::admission::Ask::Go);
     // The quota full: the run heads the queue and asks for it (the quota seen may lag a
     // sandbox just freed); a run arriving meanwhile waits behind it.
     let api = FakeApi::start(run_json(python())).await;
     let ctx = Arc::try_unwrap(context(&api, None)).ok().unwrap();
-    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 5)));
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 5), kube::runtime::reflector::store().0));
     let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, None).await;
     assert!(
         matches!(&later, crate::admission::Ask::Wait(p) if p.position == 2),
@@ -927,7 +927,7 @@ async fn the_sandboxes_ready_in_a_pool_the_run_fits_are_room_too() {
     let ctx = Arc::try_unwrap(context_watching_idle(&api, &[("default-aaaaa", "7")]))
         .ok()
         .unwrap();
-    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 5)));
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 5), kube::runtime::reflector::store().0));
     let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, None).await;
     assert_eq!(later, crate::admission::Ask::Go);
     // The same sandbox claimed by this operator a moment ago, which the watch and the pool's
@@ -943,7 +943,7 @@ async fn the_sandboxes_ready_in_a_pool_the_run_fits_are_room_too() {
     let idle = ctx.idle_pods.clone();
     let ctx = Arc::new(
         ctx.with_pools(pools, idle)
-            .with_quota_room(quota_room(5, 5)),
+            .with_quota_room(quota_room(5, 5), kube::runtime::reflector::store().0),
     );
     let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, None).await;
     assert!(
@@ -953,7 +953,7 @@ async fn the_sandboxes_ready_in_a_pool_the_run_fits_are_room_too() {
     // No sandbox in the pool at all: the run heads the queue.
     let api = FakeApi::start(default_limits_run()).await;
     let ctx = Arc::try_unwrap(context_with_pool(&api)).ok().unwrap();
-    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 5)));
+    let ctx = Arc::new(ctx.with_quota_room(quota_room(5, 5), kube::runtime::reflector::store().0));
     let later = a_run_arriving_while_a_create_is_on_its_way(&api, &ctx, None).await;
     assert!(
         matches!(&later, crate::admission::Ask::Wait(_)),
@@ -1181,6 +1181,20 @@ async fn a_finished_run_of_long_ago_sends_no_delete_for_its_pod() {
     });
     reconcile_as(cached(&api), &ctx).await;
     assert_eq!(api.take_requests(), [delete_pod()]);
+
+    // Once the Pods' watch has it terminating, each of its changes reconciles the run again,
+    // and sends no DELETE more.
+    let (pods, mut writer) = kube::runtime::reflector::store::<Pod>();
+    let ctx = Arc::try_unwrap(ctx).ok().unwrap();
+    let ctx = Arc::new(ctx.with_quota_room(Default::default(), pods));
+    let terminating: Pod = serde_json::from_value(json!({
+        "metadata": {"name": POD, "namespace": NS,
+                     "deletionTimestamp": Timestamp::now().to_string()},
+    }))
+    .unwrap();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(terminating));
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.take_requests(), Vec::<String>::new());
 }
 
 #[tokio::test]

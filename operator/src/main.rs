@@ -218,7 +218,7 @@ async fn operate() -> anyhow::Result<()> {
     // until this watch has it (quota_room.rs).
     let (quotas, quota_writer) = kube::runtime::reflector::store();
     let (sandbox_pods, sandbox_pods_writer) = kube::runtime::reflector::store();
-    let quota_room = quota_room::QuotaRoom::new(quotas, sandbox_pods);
+    let quota_room = quota_room::QuotaRoom::new(quotas, sandbox_pods.clone());
     tokio::spawn(quota_room::watch_pods(
         pods_api(),
         format!("{}={}", python::pod::LABEL_MANAGED_BY, python::pod::MANAGER),
@@ -250,7 +250,7 @@ async fn operate() -> anyhow::Result<()> {
         .with_prometheus(prometheus, config.prometheus_environment)
         .with_identity(identity.clone())
         .with_pools(pool_store, idle_pods)
-        .with_quota_room(quota_room)
+        .with_quota_room(quota_room, sandbox_pods)
         .holding_streams(config.hold_streams)
         .with_queue_allowance(std::time::Duration::from_secs(
             config.max_queue_wait_seconds,
