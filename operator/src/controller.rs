@@ -120,6 +120,10 @@ pub struct Context {
     /// until the cache shows them decided: their cached copy lags this process's own write, so
     /// they are decided on the run as the API server has it ([`Reconcile::decide`]).
     written_undecided: Mutex<std::collections::HashSet<String>>,
+    /// Sandbox Pods of finished runs this process deleted, by `namespace/name`, and when: a
+    /// finished run's reconcile deletes its Pod again only where this process did not (it
+    /// stopped in between), for [`POD_CLEANUP_WINDOW`].
+    pods_deleted: Mutex<HashMap<String, Timestamp>>,
 }
 
 /// An end whose terminal status write failed, as [`Context::unaudited`] keeps it.
@@ -174,6 +178,7 @@ impl Context {
             sessions_opening: tokio::sync::Mutex::default(),
             failures: Mutex::default(),
             unaudited: Mutex::default(),
+            pods_deleted: Mutex::default(),
             audit_written: Mutex::default(),
             written_undecided: Mutex::default(),
         }
@@ -857,7 +862,7 @@ impl<'a> Reconcile<'a> {
             .finished(self.run, outcome.phase, &outcome.reason, &outcome.message)
             .await;
         if let Some(pod) = pod {
-            self.delete_pod(pod).await?;
+            self.delete_finished_pod(pod).await?;
         }
         Ok(after_ttl(self.run, &status, self.now))
     }
@@ -976,14 +981,32 @@ impl<'a> Reconcile<'a> {
         Ok(())
     }
 
-    /// Whether the Pods' watch has Pod `name` of the run's namespace being deleted already. Each
-    /// change of a terminating Pod reconciles its finished run, and each sent one more DELETE
-    /// for it: seven for one warm call, measured on the API server's request counts.
+    /// Whether Pod `name` of the run's namespace is being deleted already: this process deleted
+    /// it lately, or the Pods' watch has it terminating. Each change of a terminating Pod
+    /// reconciles its finished run, and each sent one more DELETE for it: seven for one warm
+    /// call, measured on the API server's request counts.
     fn pod_going(&self, name: &str) -> bool {
-        self.ctx
-            .sandbox_pods
-            .get(&ObjectRef::new(name).within(&self.ns))
-            .is_some_and(|pod| pod.metadata.deletion_timestamp.is_some())
+        let deleted = self
+            .ctx
+            .pods_deleted
+            .lock()
+            .expect("not poisoned")
+            .contains_key(&format!("{}/{name}", self.ns));
+        deleted
+            || self
+                .ctx
+                .sandbox_pods
+                .get(&ObjectRef::new(name).within(&self.ns))
+                .is_some_and(|pod| pod.metadata.deletion_timestamp.is_some())
+    }
+
+    /// Deletes the Pod of a finished run, and notes it ([`Self::pod_going`]).
+    async fn delete_finished_pod(&self, name: &str) -> Result<(), Error> {
+        self.delete_pod(name).await?;
+        let mut deleted = self.ctx.pods_deleted.lock().expect("not poisoned");
+        deleted.retain(|_, at| self.now.duration_since(*at) < POD_CLEANUP_WINDOW);
+        deleted.insert(format!("{}/{name}", self.ns), self.now);
+        Ok(())
     }
 
     /// The run's uid (empty if the API server gave none).
@@ -1026,7 +1049,7 @@ impl<'a> Reconcile<'a> {
             // the end: otherwise every relist of the operator would send one DELETE per stored
             // run for Pods long gone. A Pod that outlived the window anyway stops at its own
             // activeDeadlineSeconds and is garbage-collected with its run at the TTL.
-            self.delete_pod(pod).await?;
+            self.delete_finished_pod(pod).await?;
         }
         match ttl_left(self.run, status, self.now) {
             Some(left) => Ok(Action::requeue(left)),
