@@ -518,8 +518,9 @@ impl Queue {
     }
 
     /// Run `uid` may ask for a sandbox with `room`: it counts against the room, and so does the
-    /// replacement of a warm sandbox it may claim, until it creates a Pod of its own or leaves
-    /// without a sandbox. Counted only once its claim was done, the replacement was not counted
+    /// replacement of a warm sandbox it may claim (as many of those as there are warm
+    /// sandboxes, [`Queue::room_left`]), until it creates a Pod of its own or leaves without a
+    /// sandbox. Counted only once its claim was done, the replacement was not counted
     /// while the claim was on its way, and a burst asked for one sandbox more per claim than
     /// there was room for (the load suite's opening burst, 2026-12-06: two or three runs of a
     /// hundred, each refused by the quota 2 s after its decision).
@@ -548,7 +549,14 @@ impl Queue {
             Some((pod, _)) => !room.counted.contains(pod),
             None => now.duration_since(asked.since) < LAPSED_AFTER,
         });
-        usize::try_from(room.sandboxes).unwrap_or(usize::MAX) > self.asked.len()
+        // No more claims than warm sandboxes: the other runs that may claim one go cold.
+        let may_claim = self
+            .asked
+            .keys()
+            .filter(|key| key.starts_with(MAY_CLAIM_PREFIX))
+            .count();
+        let taken = self.asked.len() - may_claim + may_claim.min(room.warm as usize);
+        usize::try_from(room.sandboxes).unwrap_or(usize::MAX) > taken
     }
 
     /// How long each sandbox ahead may be held, for a queue that cannot tell its pace: the

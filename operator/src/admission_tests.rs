@@ -931,6 +931,19 @@ fn a_run_that_may_claim_a_warm_sandbox_counts_for_its_replacement_from_its_ask()
     };
     assert_eq!(ask_in(&admission, "b", seen_since(), 3), Ask::Go);
     assert_eq!(ask_in(&admission, "c", seen_since(), 3), Ask::Head);
+
+    // Room for four more Pods and one warm sandbox: one run claims it (two places), three go
+    // cold. No more runs count for a claim than there are warm sandboxes.
+    let admission = Admission::new(Duration::from_secs(60));
+    let wide = || Room {
+        warm: 1,
+        ..room(5, 0, &[])
+    };
+    for name in ["a", "b", "c"] {
+        assert_eq!(ask_in(&admission, name, wide(), 1), Ask::Go, "{name}");
+    }
+    assert_eq!(ask_in(&admission, "d", wide(), 1), Ask::Go);
+    assert_eq!(ask_in(&admission, "e", wide(), 1), Ask::Head);
 }
 
 #[test]
