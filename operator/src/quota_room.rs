@@ -138,11 +138,21 @@ impl Usage {
     }
 }
 
-/// Whether a ResourceQuota counts `pod`: every Pod that has not ended (Kubernetes' own rule
-/// also drops one deleted past its grace period, which this counts until it is gone).
-fn quota_counts(pod: &Pod) -> bool {
+/// Whether a ResourceQuota counts `pod` at `now`, by Kubernetes' own rule (`QuotaV1Pod`): a
+/// Pod that has not ended, unless it was deleted and its grace period has passed since the
+/// time its deletion is due. A terminating gVisor sandbox may stay seconds past that: counted
+/// until it was gone, such Pods held room the quota had already given back (the full load on
+/// 7e76ba4 and fe57dee: Python in the mix 85 and 87 % of alone, 91 % before).
+fn quota_counts(pod: &Pod, now: Timestamp) -> bool {
     let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    !matches!(phase, Some("Succeeded" | "Failed"))
+    if matches!(phase, Some("Succeeded" | "Failed")) {
+        return false;
+    }
+    let meta = &pod.metadata;
+    match (&meta.deletion_timestamp, meta.deletion_grace_period_seconds) {
+        (Some(due), Some(grace)) => now <= due.0 + jiff::SignedDuration::from_secs(grace.max(0)),
+        _ => true,
+    }
 }
 
 /// Resource `name` of `amounts`, parsed with `parse`; 0 when absent or not understood.
@@ -223,8 +233,9 @@ impl QuotaRoom {
         let seen = (*self.seen.lock().expect("not poisoned"))?;
         let mut usage = Usage::default();
         let mut counted = HashSet::new();
+        let now = Timestamp::now();
         for pod in self.pods.state() {
-            if pod.metadata.namespace.as_deref() == Some(namespace) && quota_counts(&pod) {
+            if pod.metadata.namespace.as_deref() == Some(namespace) && quota_counts(&pod, now) {
                 usage.add(&pod);
                 counted.insert(pod.name_any());
             }
@@ -458,5 +469,27 @@ mod tests {
         assert_eq!(room.room("runs", &needs).unwrap().sandboxes, 0);
         // Pods elsewhere count nowhere else.
         assert_eq!(room.room("elsewhere", &needs), None);
+    }
+
+    #[test]
+    fn a_pod_counts_as_the_quota_counts_it() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let deleted = |due: i64, grace: i64| {
+            let mut p = pod("p", "500m", "Running");
+            p.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    Timestamp::from_second(due).unwrap(),
+                ));
+            p.metadata.deletion_grace_period_seconds = Some(grace);
+            p
+        };
+        assert!(quota_counts(&pod("p", "500m", "Pending"), now));
+        assert!(quota_counts(&pod("p", "500m", "Running"), now));
+        assert!(!quota_counts(&pod("p", "500m", "Succeeded"), now));
+        assert!(!quota_counts(&pod("p", "500m", "Failed"), now));
+        // Deleted with a grace of 1 s, due at 999: counted until 1000, not after.
+        assert!(quota_counts(&deleted(999, 1), now));
+        assert!(!quota_counts(&deleted(998, 1), now));
+        assert!(quota_counts(&deleted(1_001, 1), now));
     }
 }
