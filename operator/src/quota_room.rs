@@ -150,7 +150,10 @@ fn quota_counts(pod: &Pod, now: Timestamp) -> bool {
     }
     let meta = &pod.metadata;
     match (&meta.deletion_timestamp, meta.deletion_grace_period_seconds) {
-        (Some(due), Some(grace)) => now <= due.0 + jiff::SignedDuration::from_secs(grace.max(0)),
+        (Some(due), Some(grace)) => due
+            .0
+            .checked_add(jiff::SignedDuration::from_secs(grace.max(0)))
+            .is_ok_and(|end| now <= end),
         _ => true,
     }
 }
