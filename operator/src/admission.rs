@@ -123,7 +123,7 @@ pub struct Room {
     pub warm: u32,
 }
 
-/// How run got its sandbox ([`Admission::admitted`]).
+/// How a run got its sandbox ([`Admission::admitted`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Sandbox<'a> {
     /// A pool's, already running.
