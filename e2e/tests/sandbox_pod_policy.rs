@@ -100,7 +100,11 @@ fn compliant(name: &str) -> Value {
                 },
                 "volumeMounts": [{ "name": "tmp", "mountPath": "/tmp" }],
             }],
-            "volumes": [{ "name": "tmp", "emptyDir": { "medium": "Memory", "sizeLimit": "16Mi" } }],
+            "volumes": [
+                { "name": "tmp", "emptyDir": { "medium": "Memory", "sizeLimit": "16Mi" } },
+                // The runner's files (operator/src/runner_files.rs), as every sandbox mounts them.
+                { "name": "runner", "configMap": { "name": "sandboxrun-runner-0123456789abcdef" } },
+            ],
         }
     })
 }
@@ -221,6 +225,17 @@ fn violations(unlisted_class: &str) -> Vec<Violation> {
                     .as_array_mut()
                     .unwrap()
                     .push(json!({"name": "creds", "secret": {"secretName": "anything"}}))
+            },
+        ),
+        violation(
+            "a ConfigMap volume other than the runner's",
+            "volume settings not emptyDir: sandbox Pods mount only emptyDir volumes and the operator ConfigMap sandboxrun-runner-*",
+            false,
+            |p| {
+                p["spec"]["volumes"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(json!({"name": "settings", "configMap": {"name": "sandboxrun-settings"}}))
             },
         ),
         violation(

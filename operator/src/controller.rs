@@ -107,6 +107,9 @@ pub struct Context {
     /// Held while a run opens a session: an agent's open sessions are counted and the new one
     /// created under it (`session/call.rs`).
     pub sessions_opening: tokio::sync::Mutex<()>,
+    /// The runner's ConfigMap of each namespace, made before its first sandbox Pod
+    /// (`runner_files.rs`).
+    pub runner_files: Arc<crate::runner_files::RunnerFiles>,
     /// Consecutive failures per run, for exponential backoff.
     failures: Mutex<HashMap<ObjectRef<SandboxRun>, u32>>,
     /// Terminal statuses whose write failed, by run uid, with their audit line still to write:
@@ -148,6 +151,7 @@ impl Context {
         approval_timeout: SignedDuration,
     ) -> Self {
         Self {
+            runner_files: crate::runner_files::RunnerFiles::new(client.clone()),
             client,
             sandbox,
             metrics,

@@ -146,11 +146,13 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
     // First reconciliation: decide (on the cached run: no read), then the Pod (no read of the
     // Pod's name): no pool has a sandbox, so the Allow and the cold path are recorded in one
     // write, conditional on the cached run, before the Pod is asked for, then the Pod recorded.
+    // The namespace's first sandbox: the runner's ConfigMap is made before its Pod.
     let action = reconcile_as(cached(&api), &ctx).await;
     assert_eq!(
         api.take_requests(),
         [
             patch_status(),
+            format!("POST /api/v1/namespaces/{NS}/configmaps"),
             format!("POST /api/v1/namespaces/{NS}/pods"),
             patch_status(),
         ]

@@ -61,6 +61,8 @@ pub struct ApiState {
     pub session_write_after_reads: u32,
     /// Other SandboxRuns of the namespace, read by name (the run holding a session, say).
     pub other_runs: Vec<Value>,
+    /// ConfigMaps (the runner's, made before the first sandbox Pod), by name.
+    pub config_maps: std::collections::BTreeMap<String, Value>,
     /// Every request, as `METHOD path`, in order.
     pub requests: Vec<String>,
     /// The reasons of the Events published, in order.
@@ -301,6 +303,29 @@ async fn handle(
     let runs = format!("/apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxruns/");
     let pods = format!("/api/v1/namespaces/{NS}/pods");
     let sessions = format!("/apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxsessions");
+    let config_maps = format!("/api/v1/namespaces/{NS}/configmaps");
+    if let Some(rest) = path.strip_prefix(&config_maps) {
+        let name = rest.trim_start_matches('/');
+        return match (method, name.is_empty()) {
+            (Method::POST, true) => {
+                let name = body["metadata"]["name"].as_str().unwrap_or_default();
+                if s.config_maps.contains_key(name) {
+                    return status(409, "AlreadyExists");
+                }
+                s.config_maps.insert(name.to_owned(), body.clone());
+                json_response(201, &body)
+            }
+            (Method::GET, false) => match s.config_maps.get(name) {
+                Some(cm) => json_response(200, cm),
+                None => status(404, "NotFound"),
+            },
+            (Method::DELETE, false) => match s.config_maps.remove(name) {
+                Some(cm) => json_response(200, &cm),
+                None => status(404, "NotFound"),
+            },
+            _ => status(405, "MethodNotAllowed"),
+        };
+    }
     if let Some(rest) = path.strip_prefix(&sessions) {
         return session_request(&mut s, &method, rest, body);
     }

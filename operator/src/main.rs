@@ -22,6 +22,7 @@ mod query;
 mod query_depth_tests;
 mod quota_room;
 mod run_quota;
+mod runner_files;
 mod session;
 mod ttl;
 
@@ -265,7 +266,14 @@ async fn operate() -> anyhow::Result<()> {
         demand: ctx.pool_demand.clone(),
         held: ctx.held.clone(),
         admission: ctx.admission.clone(),
+        runner_files: ctx.runner_files.clone(),
     });
+    let config_maps_api = || -> kube::Api<k8s_openapi::api::core::v1::ConfigMap> {
+        match namespace {
+            Some(ns) => kube::Api::namespaced(client.clone(), ns),
+            None => kube::Api::all(client.clone()),
+        }
+    };
 
     let run_quota = match (&config.run_count_quota, config.max_stored_runs, namespace) {
         (Some(quota), max_runs, Some(ns)) if max_runs > 0 => Some(run_quota::RunQuota {
@@ -292,6 +300,11 @@ async fn operate() -> anyhow::Result<()> {
             let client = client.clone();
             let (pools, pods) = (pools_api(), pods_api());
             let pool_ctx = pool_ctx.clone();
+            let runner_keeper = tokio::spawn(runner_files::keep(
+                ctx.runner_files.clone(),
+                config_maps_api(),
+                ctx.sandbox_pods.clone(),
+            ));
             async move {
                 // Only the leader edits the quota, so two replicas never race on the probe.
                 let keeper = quota.map(|q| tokio::spawn(run_quota::keep(client, q)));
@@ -302,6 +315,7 @@ async fn operate() -> anyhow::Result<()> {
                     pool::run(pool_ctx.clone(), pools, pods, stop),
                 );
                 keeper.inspect(tokio::task::JoinHandle::abort);
+                runner_keeper.abort();
                 // A replica that no longer leads claims nothing: the sandboxes' streams go, and
                 // the sandboxes with them (pool_streams.rs), before the next leader looks.
                 pool_ctx.held.let_go(&pool_ctx.client).await;
@@ -310,6 +324,11 @@ async fn operate() -> anyhow::Result<()> {
         .await?;
     } else {
         let keeper = run_quota.map(|q| tokio::spawn(run_quota::keep(client.clone(), q)));
+        let runner_keeper = tokio::spawn(runner_files::keep(
+            ctx.runner_files.clone(),
+            config_maps_api(),
+            ctx.sandbox_pods.clone(),
+        ));
         tokio::join!(
             controller::run(
                 ctx.clone(),
@@ -326,6 +345,7 @@ async fn operate() -> anyhow::Result<()> {
             ),
         );
         keeper.inspect(tokio::task::JoinHandle::abort);
+        runner_keeper.abort();
         pool_ctx.held.let_go(&pool_ctx.client).await;
     }
 

@@ -66,6 +66,9 @@ pub struct PoolContext {
     pub held: crate::pool_streams::HeldStreams,
     /// The runs' queues: a pool's Pod takes room in the namespace's quota as a run's does.
     pub admission: Arc<crate::admission::Admission>,
+    /// The runner's ConfigMap of each namespace, made before its first sandbox Pod
+    /// (`runner_files.rs`).
+    pub runner_files: Arc<crate::runner_files::RunnerFiles>,
 }
 
 /// A claim whose answer never came: the request timed out, its connection broke, or the
@@ -503,6 +506,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
         let Some(desired) = build(&pool, &ctx.sandbox) else {
             return Err(Error::Unidentified);
         };
+        ctx.runner_files.ensure(&ns).await?;
         for _ in 0..plan.create {
             let counted = ctx.admission.pool_pod_creating(&ns, Timestamp::now());
             let result = pods.create(&PostParams::default(), &desired).await;

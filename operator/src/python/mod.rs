@@ -346,6 +346,7 @@ impl Reconcile<'_> {
         first: bool,
     ) -> Result<Action, Error> {
         let (run, ctx, now) = (self.run, self.ctx, self.now);
+        ctx.runner_files.ensure(&self.ns).await?;
         match self.pods.create(&PostParams::default(), &desired).await {
             Ok(_) => {
                 info!(run = %self.name, namespace = %self.ns, pod = %pod_name, "created sandbox pod");

@@ -399,11 +399,14 @@ pub fn sandbox_pod(
             }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "tmp".to_owned(),
-            mount_path: "/tmp".to_owned(),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: "tmp".to_owned(),
+                mount_path: "/tmp".to_owned(),
+                ..Default::default()
+            },
+            crate::runner_files::mount(),
+        ]),
         ..Default::default()
     };
 
@@ -440,16 +443,20 @@ pub fn sandbox_pod(
                 ..Default::default()
             }),
             containers: vec![container],
-            volumes: Some(vec![Volume {
-                name: "tmp".to_owned(),
-                // Memory-backed: the root is read-only and nothing may reach the node's disk.
-                // tmpfs pages count against the container's memory limit.
-                empty_dir: Some(EmptyDirVolumeSource {
-                    medium: Some("Memory".to_owned()),
-                    size_limit: Some(Quantity(config.tmp_size.clone())),
-                }),
-                ..Default::default()
-            }]),
+            volumes: Some(vec![
+                Volume {
+                    name: "tmp".to_owned(),
+                    // Memory-backed: the root is read-only and nothing may reach the node's
+                    // disk. tmpfs pages count against the container's memory limit.
+                    empty_dir: Some(EmptyDirVolumeSource {
+                        medium: Some("Memory".to_owned()),
+                        size_limit: Some(Quantity(config.tmp_size.clone())),
+                    }),
+                    ..Default::default()
+                },
+                // The runner the command line loads (its hash is in the command line).
+                crate::runner_files::volume(),
+            ]),
             ..Default::default()
         }),
         status: None,
@@ -549,7 +556,9 @@ mod tests {
         assert_eq!(psc.fs_group, Some(65532));
         assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
         let volumes = s.volumes.unwrap();
-        assert_eq!(volumes.len(), 1);
+        assert_eq!(volumes.len(), 2);
+        // The runner's files, besides /tmp: nothing else from outside the image.
+        assert_eq!(volumes[1], crate::runner_files::volume());
         let tmp = volumes[0].empty_dir.as_ref().unwrap();
         assert_eq!(volumes[0].name, "tmp");
         assert_eq!(tmp.medium.as_deref(), Some("Memory"));
@@ -589,9 +598,10 @@ mod tests {
         assert_eq!(limits["ephemeral-storage"], Quantity("64Mi".into()));
 
         let mounts = c.volume_mounts.as_ref().unwrap();
-        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts.len(), 2);
         assert_eq!(mounts[0].mount_path, "/tmp");
         assert_eq!(mounts[0].name, "tmp");
+        assert_eq!(mounts[1], crate::runner_files::mount());
 
         // No shell: python3 runs the runner directly; the code is nowhere in the Pod (it comes
         // on stdin, once).

@@ -171,6 +171,7 @@ async fn reconcile(session: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Ac
                     return Ok(Action::await_change());
                 }
             };
+            ctx.runner_files.ensure(&ns).await?;
             match pods.create(&PostParams::default(), &desired).await {
                 Ok(_) => info!(session = %name, pod = %pod_name, "created session sandbox pod"),
                 Err(kube::Error::Api(e)) if e.code == 409 && e.reason == "AlreadyExists" => {}
