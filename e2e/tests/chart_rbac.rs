@@ -243,6 +243,10 @@ async fn operator_can_do_what_it_needs() -> Result<()> {
             RUNS_NAMESPACE,
         ),
         ("create", "events.k8s.io", "events", "", RUNS_NAMESPACE),
+        // The runner's ConfigMap (operator/src/runner_files.rs): made, watched, made again.
+        ("create", "", "configmaps", "", RUNS_NAMESPACE),
+        ("watch", "", "configmaps", "", RUNS_NAMESPACE),
+        ("delete", "", "configmaps", "", RUNS_NAMESPACE),
         (
             "create",
             "coordination.k8s.io",
@@ -279,6 +283,10 @@ async fn operator_is_confined_to_the_sandbox_namespace_and_reads_no_secrets() ->
             &format!("operator lists Secrets in {ns}"),
         )?;
     }
+    ensure!(
+        !can_i(&op, "create", "", "configmaps", "", SYSTEM_NAMESPACE).await?,
+        "operator may make ConfigMaps outside the sandbox namespace"
+    );
     let elsewhere: Api<Pod> = Api::namespaced(op.clone(), SYSTEM_NAMESPACE);
     forbidden(
         elsewhere.create(&dry_run(), &sandbox_like_pod()).await,

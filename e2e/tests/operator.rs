@@ -141,6 +141,49 @@ async fn hello_sample_succeeds_shows_columns_and_is_cleaned_up() -> Result<()> {
     Ok(())
 }
 
+/// Every sandbox Pod mounts the runner's ConfigMap (operator/src/runner_files.rs): the operator
+/// makes it again when it is deleted, and the sandboxes made after that run.
+#[tokio::test]
+async fn the_runners_config_map_is_made_again_when_deleted() -> Result<()> {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let client = client().await?;
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), RUNS_NAMESPACE);
+    let name = sandboxrun_core::runner::pod_runner_config_map();
+    let is_the_runners = |cm: &ConfigMap| {
+        let data = cm.data.clone().unwrap_or_default();
+        cm.immutable == Some(true)
+            && data.len() == 2
+            && sandboxrun_core::runner::pod_runner_files()
+                .iter()
+                .all(|(file, source)| data.get(*file).map(String::as_str) == Some(*source))
+    };
+    let before = config_maps
+        .get_opt(name)
+        .await?
+        .context("the runner's ConfigMap is not in the sandbox namespace")?;
+    ensure!(is_the_runners(&before), "{:?}", before.metadata);
+    config_maps.delete(name, &DeleteParams::default()).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match config_maps.get_opt(name).await? {
+            Some(again) if again.uid() != before.uid() => {
+                ensure!(is_the_runners(&again), "{:?}", again.metadata);
+                break;
+            }
+            _ if Instant::now() > deadline => {
+                bail!("the runner's ConfigMap was not made again within 30 s of its deletion")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+    // Runs go on: their sandboxes, warm or cold, mount it.
+    let run = run_to_end(&client, "e2e-runner-files", "print(6 * 7)", json!({})).await?;
+    let st = status(&run);
+    ensure!(st.phase == Some(Phase::Succeeded), "{st:?}");
+    ensure!(st.stdout.as_deref() == Some("42\n"), "{st:?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn stderr_and_exit_code_are_reported_separately() -> Result<()> {
     let client = client().await?;
