@@ -76,12 +76,54 @@ const ATTACH_RETRY_SLOW: Duration = Duration::from_millis(500);
 const FAST_FOR: Duration = Duration::from_secs(5);
 /// How long after its creation a sandbox is tried: its image and runtime start within this.
 const START_WITHIN: Duration = Duration::from_secs(120);
+/// How many of the latest cold sandboxes' start times [`StartTimes`] keeps.
+const START_TIMES_KEPT: usize = 16;
+/// The share of the quickest of them an early feeder waits before its first attach.
+const FIRST_ATTACH_SHARE: f64 = 0.7;
+
+/// How long the latest cold sandboxes took from their early feeder's start to the attach that
+/// reached their container. Every attach before that fails, and each costs the API server and
+/// the kubelet a new connection (the upgrade cannot share one): polling from the Pod's creation
+/// every [`ATTACH_RETRY`], a cold Pod took about 13 attaches in a quiet benchmark and 22 in the
+/// load suite's opening burst, whose cold starts take longer just when the API server has least
+/// to spare. So the
+/// first attach waits for [`FIRST_ATTACH_SHARE`] of the quickest recent start: learned on the
+/// machine and its load as they are, not a constant, and only a sandbox quicker than that
+/// share of the quickest is handed its program later than before.
+#[derive(Clone, Debug, Default)]
+pub struct StartTimes(Arc<Mutex<std::collections::VecDeque<Duration>>>);
+
+impl StartTimes {
+    /// How long a new early feeder waits before its first attach (none before a first start).
+    pub fn first_attach_after(&self) -> Duration {
+        let times = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        times.iter().min().map_or(Duration::ZERO, |quickest| {
+            quickest.mul_f64(FIRST_ATTACH_SHARE)
+        })
+    }
+
+    /// Records a sandbox whose container an attach reached `after` its feeder's start.
+    pub fn record(&self, after: Duration) {
+        let mut times = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if times.len() == START_TIMES_KEPT {
+            times.pop_front();
+        }
+        times.push_back(after);
+    }
+}
 
 /// Where handing a run's program over stands, by run uid (shared by the reconciles and the
 /// early feeders they start), and the runs whose early feeder read their answer, to reconcile.
 #[derive(Clone, Debug)]
 pub struct Feeds {
     states: Arc<Mutex<HashMap<String, FeedState>>>,
+    start_times: StartTimes,
     answered: tokio::sync::mpsc::UnboundedSender<ObjectRef<SandboxRun>>,
     wakeups: Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<ObjectRef<SandboxRun>>>>,
 }
@@ -91,6 +133,7 @@ impl Default for Feeds {
         let (answered, wakeups) = tokio::sync::mpsc::unbounded_channel();
         Self {
             states: Arc::default(),
+            start_times: StartTimes::default(),
             answered,
             wakeups: Arc::new(tokio::sync::Mutex::new(wakeups)),
         }
@@ -213,12 +256,15 @@ impl Feeds {
         tokio::spawn(async move {
             let started = tokio::time::Instant::now();
             let mut unconfirmed = 0;
+            let mut reached = false;
+            tokio::time::sleep(feeds.start_times.first_attach_after()).await;
             loop {
                 // The run ended (or a reconcile took over): nothing left to hand over.
                 if feeds.state(&uid) != Some(FeedState::Feeding) {
                     return;
                 }
                 let sent_at = jiff::Timestamp::now();
+                let attempt_at = started.elapsed();
                 // Marked fed as soon as the runner confirms: the reconciles that see the
                 // container running go on, while this task reads what the code prints.
                 let sent = session(
@@ -234,6 +280,11 @@ impl Feeds {
                     },
                 )
                 .await;
+                if !reached && !matches!(sent, Err(FeedError::Attach(_) | FeedError::NotStarted(_)))
+                {
+                    reached = true;
+                    feeds.start_times.record(attempt_at);
+                }
                 // An output is returned only once it holds a whole envelope.
                 if let Ok(Some(log)) = &sent
                     && let Ok(envelope) = parse_envelope(log)
@@ -670,6 +721,21 @@ mod tests {
         // A stream that broke while the program was written: the reconcile decides.
         let broken = Err(FeedError::Stream(std::io::Error::other("reset")));
         assert_eq!(after_attempt(&broken, 0, early), Then::GiveUp);
+    }
+
+    #[test]
+    fn the_first_attach_waits_for_part_of_the_quickest_recent_start() {
+        let times = StartTimes::default();
+        assert_eq!(times.first_attach_after(), Duration::ZERO, "none known yet");
+        times.record(Duration::from_millis(1500));
+        times.record(Duration::from_millis(1000));
+        times.record(Duration::from_millis(2500));
+        assert_eq!(times.first_attach_after(), Duration::from_millis(700));
+        // Only the latest are kept: a quick start long ago stops counting.
+        for _ in 0..START_TIMES_KEPT {
+            times.record(Duration::from_millis(2000));
+        }
+        assert_eq!(times.first_attach_after(), Duration::from_millis(1400));
     }
 
     fn answer() -> Answer {
