@@ -732,11 +732,11 @@ impl Admission {
         let queue = queues.entry(namespace_of(run)).or_default();
         queue.drop_gone(self.waits_at_most(), now);
         let room = queue.unschedulable.is_empty();
-        if room
-            && queue.entries.is_empty()
-            && queued_since.is_none()
-            && quota.as_ref().is_none_or(|q| queue.room_left(q, now))
-        {
+        let room_left = quota.as_ref().map(|q| queue.room_left(q, now));
+        // What the room was weighed on, for a burst that asked for more than the quota had.
+        tracing::debug!(run = %run.name, room = ?quota.as_ref().map(|q| (q.sandboxes, q.warm, q.counted.len())),
+            asked = ?queue.asked.keys().collect::<Vec<_>>(), ?room_left, waiting = queue.entries.len(), "weighing the room");
+        if room && queue.entries.is_empty() && queued_since.is_none() && room_left != Some(false) {
             if let Some(quota) = &quota {
                 queue.let_ask(uid, quota, now);
             }
