@@ -480,6 +480,33 @@ async fn a_refused_pod_fails_the_run_for_good() {
 }
 
 #[tokio::test]
+async fn a_refused_runner_config_map_fails_the_run_for_good_and_makes_no_pod() {
+    let api = FakeApi::start(run_json(python())).await;
+    api.with(|s| s.refuse_config_maps = Some(403));
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Failed"), &json!("PodCreationFailed"))
+    );
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("the API server refused the sandboxes' runner ConfigMap"),
+        "{status}"
+    );
+    assert!(api.with(|s| s.pod.is_none()));
+    assert!(
+        !api.with(|s| s.requests.clone())
+            .iter()
+            .any(|r| r == &format!("POST /api/v1/namespaces/{NS}/pods")),
+        "no Pod is asked for without its runner"
+    );
+}
+
+#[tokio::test]
 async fn a_query_run_reads_the_api_server_before_executing() {
     let (audit, _guard) = Captured::audit();
     let sql = json!({"sql": {"database": "demo", "query": "SELECT id FROM ledger"}});

@@ -63,6 +63,8 @@ pub struct ApiState {
     pub other_runs: Vec<Value>,
     /// ConfigMaps (the runner's, made before the first sandbox Pod), by name.
     pub config_maps: std::collections::BTreeMap<String, Value>,
+    /// When set, creating a ConfigMap fails with this HTTP status.
+    pub refuse_config_maps: Option<u16>,
     /// Every request, as `METHOD path`, in order.
     pub requests: Vec<String>,
     /// The reasons of the Events published, in order.
@@ -308,6 +310,9 @@ async fn handle(
         let name = rest.trim_start_matches('/');
         return match (method, name.is_empty()) {
             (Method::POST, true) => {
+                if let Some(code) = s.refuse_config_maps {
+                    return status(code, "Forbidden");
+                }
                 let name = body["metadata"]["name"].as_str().unwrap_or_default();
                 if s.config_maps.contains_key(name) {
                     return status(409, "AlreadyExists");

@@ -506,8 +506,21 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
         let Some(desired) = build(&pool, &ctx.sandbox) else {
             return Err(Error::Unidentified);
         };
-        ctx.runner_files.ensure(&ns).await?;
-        for _ in 0..plan.create {
+        // Refused (RBAC without ConfigMaps, an admission policy): no sandbox is started, and
+        // the status says why, as for a refused Pod; tried again at the next resync.
+        let to_create = match ctx.runner_files.ensure(&ns).await {
+            Ok(()) => plan.create,
+            Err(kube::Error::Api(e)) => {
+                warn!(pool = %name, error = %e.message, "cannot make the sandboxes' runner ConfigMap");
+                refill_error = Some(format!(
+                    "the API server refused the sandboxes' runner ConfigMap: {}",
+                    e.message
+                ));
+                0
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for _ in 0..to_create {
             let counted = ctx.admission.pool_pod_creating(&ns, Timestamp::now());
             let result = pods.create(&PostParams::default(), &desired).await;
             let pod = result.as_ref().ok().map(ResourceExt::name_any);

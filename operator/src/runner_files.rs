@@ -119,6 +119,9 @@ fn mounts(pod: &Pod, name: &str) -> bool {
 pub struct RunnerFiles {
     client: Client,
     in_place: Mutex<HashSet<String>>,
+    /// Held while one is made: the first sandboxes of a burst wait for it, rather than each
+    /// sending its own 140 KB create.
+    making: tokio::sync::Mutex<()>,
 }
 
 impl RunnerFiles {
@@ -126,6 +129,7 @@ impl RunnerFiles {
         Arc::new(Self {
             client,
             in_place: Mutex::new(HashSet::new()),
+            making: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -133,6 +137,10 @@ impl RunnerFiles {
     /// there: once per namespace and operator (the watch of [`keep`] says when it went), then
     /// without a request.
     pub async fn ensure(&self, ns: &str) -> Result<(), kube::Error> {
+        if self.is_in_place(ns) {
+            return Ok(());
+        }
+        let _making = self.making.lock().await;
         if self.is_in_place(ns) {
             return Ok(());
         }
@@ -324,13 +332,16 @@ mod tests {
         use crate::fixtures::{FakeApi, NS};
         let api = FakeApi::start(json!({})).await;
         let files = RunnerFiles::new(api.client.clone());
-        files.ensure(NS).await.unwrap();
+        // A burst's first sandboxes at once, then one more.
+        for made in futures::future::join_all((0..8).map(|_| files.ensure(NS))).await {
+            made.unwrap();
+        }
         files.ensure(NS).await.unwrap();
         let path = format!("/api/v1/namespaces/{NS}/configmaps");
         assert_eq!(
             api.with(|s| s.requests.clone()),
             [format!("POST {path}")],
-            "the second sandbox asks nothing"
+            "made once; the other sandboxes ask nothing"
         );
         let made = api.with(|s| s.config_maps[pod_runner_config_map()].clone());
         assert!(is_ours(&serde_json::from_value(made).unwrap()));

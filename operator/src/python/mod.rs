@@ -346,7 +346,25 @@ impl Reconcile<'_> {
         first: bool,
     ) -> Result<Action, Error> {
         let (run, ctx, now) = (self.run, self.ctx, self.now);
-        ctx.runner_files.ensure(&self.ns).await?;
+        match ctx.runner_files.ensure(&self.ns).await {
+            Ok(()) => {}
+            // Refused for good (RBAC without ConfigMaps, an admission policy): no sandbox of
+            // this operator could start here; said on the run, as a refused Pod is.
+            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                let outcome = Outcome::of(
+                    Phase::Failed,
+                    Reason::PodCreationFailed,
+                    format!(
+                        "the API server refused the sandboxes' runner ConfigMap: {}",
+                        e.message
+                    ),
+                    None,
+                    now,
+                );
+                return self.end(prev, Some(Tool::Python), &outcome, None).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
         match self.pods.create(&PostParams::default(), &desired).await {
             Ok(_) => {
                 info!(run = %self.name, namespace = %self.ns, pod = %pod_name, "created sandbox pod");

@@ -171,7 +171,18 @@ async fn reconcile(session: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Ac
                     return Ok(Action::await_change());
                 }
             };
-            ctx.runner_files.ensure(&ns).await?;
+            match ctx.runner_files.ensure(&ns).await {
+                Ok(()) => {}
+                Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                    let why = format!(
+                        "the API server refused the sandboxes' runner ConfigMap: {}",
+                        e.message
+                    );
+                    end(&api, &pods, &session, SessionEndReason::Rejected, &why, now).await?;
+                    return Ok(Action::await_change());
+                }
+                Err(e) => return Err(e.into()),
+            }
             match pods.create(&PostParams::default(), &desired).await {
                 Ok(_) => info!(session = %name, pod = %pod_name, "created session sandbox pod"),
                 Err(kube::Error::Api(e)) if e.code == 409 && e.reason == "AlreadyExists" => {}
