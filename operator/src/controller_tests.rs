@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tracing_subscriber::fmt::MakeWriter;
 
 use super::*;
-use crate::fixtures::{FakeApi, NS};
+use crate::fixtures::{ApiState, FakeApi, NS};
 
 const RUN: &str = "r";
 const POD: &str = "r-sandbox";
@@ -458,10 +458,12 @@ async fn a_denial_carries_the_persons_reason_into_status_event_and_audit_line() 
     );
 }
 
-#[tokio::test]
-async fn a_refused_pod_fails_the_run_for_good() {
+/// Runs a python run's first reconcile against an API server that `refuses` something on the
+/// Pod's path: the run must end `Failed`, `PodCreationFailed`, its message starting with `why`,
+/// and no Pod exist.
+async fn refused_for_good(refuses: impl FnOnce(&mut ApiState), why: &str) -> FakeApi {
     let api = FakeApi::start(run_json(python())).await;
-    api.with(|s| s.refuse_pods = Some(422));
+    api.with(refuses);
     let ctx = context(&api, None);
     reconcile_as(cached(&api), &ctx).await;
     let status = api.status();
@@ -470,34 +472,29 @@ async fn a_refused_pod_fails_the_run_for_good() {
         (&json!("Failed"), &json!("PodCreationFailed"))
     );
     assert!(
-        status["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("the API server refused the sandbox Pod"),
+        status["message"].as_str().unwrap().starts_with(why),
         "{status}"
     );
     assert!(api.with(|s| s.pod.is_none()));
+    api
+}
+
+#[tokio::test]
+async fn a_refused_pod_fails_the_run_for_good() {
+    refused_for_good(
+        |s| s.refuse_pods = Some(422),
+        "the API server refused the sandbox Pod",
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn a_refused_runner_config_map_fails_the_run_for_good_and_makes_no_pod() {
-    let api = FakeApi::start(run_json(python())).await;
-    api.with(|s| s.refuse_config_maps = Some(403));
-    let ctx = context(&api, None);
-    reconcile_as(cached(&api), &ctx).await;
-    let status = api.status();
-    assert_eq!(
-        (&status["phase"], &status["reason"]),
-        (&json!("Failed"), &json!("PodCreationFailed"))
-    );
-    assert!(
-        status["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("the API server refused the sandboxes' runner ConfigMap"),
-        "{status}"
-    );
-    assert!(api.with(|s| s.pod.is_none()));
+    let api = refused_for_good(
+        |s| s.refuse_config_maps = Some(403),
+        "the API server refused the sandboxes' runner ConfigMap",
+    )
+    .await;
     assert!(
         !api.with(|s| s.requests.clone())
             .iter()

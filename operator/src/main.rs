@@ -9,6 +9,7 @@ mod events;
 #[cfg(test)]
 mod fixtures;
 mod gate;
+mod labels;
 mod leader;
 mod metrics;
 mod outcome;

@@ -29,7 +29,7 @@ use kube::{Api, Client, ResourceExt};
 use sandboxrun_core::runner::{POD_RUNNER_DIR, pod_runner_config_map, pod_runner_files};
 use tracing::{info, warn};
 
-use crate::python::pod::{LABEL_MANAGED_BY, MANAGER};
+use crate::labels::{LABEL_MANAGED_BY, MANAGER};
 
 /// The label that tells the runner's ConfigMaps from any other ConfigMap of the namespace.
 const LABEL_COMPONENT: &str = "app.kubernetes.io/component";

@@ -34,10 +34,7 @@ pub const SANDBOX_UID: i64 = 65532;
 /// Ephemeral storage of a sandbox: only logs are written outside the memory-backed /tmp.
 pub const EPHEMERAL_STORAGE: &str = "64Mi";
 
-/// Label: who manages the object.
-pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-/// Value of [`LABEL_MANAGED_BY`] on sandbox Pods.
-pub const MANAGER: &str = "sandboxrun-operator";
+pub use crate::labels::{LABEL_MANAGED_BY, MANAGER};
 /// Label: the SandboxRun a Pod belongs to.
 pub const LABEL_RUN: &str = "sandboxrun.dev/run";
 /// Label: the agent that asked for the run.
