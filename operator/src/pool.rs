@@ -512,10 +512,7 @@ pub async fn reconcile(pool: Arc<SandboxPool>, ctx: Arc<PoolContext>) -> Result<
             Ok(()) => plan.create,
             Err(kube::Error::Api(e)) => {
                 warn!(pool = %name, error = %e.message, "cannot make the sandboxes' runner ConfigMap");
-                refill_error = Some(format!(
-                    "the API server refused the sandboxes' runner ConfigMap: {}",
-                    e.message
-                ));
+                refill_error = Some(crate::runner_files::refused(&e.message));
                 0
             }
             Err(e) => return Err(e.into()),

@@ -97,6 +97,12 @@ pub fn mount() -> VolumeMount {
     }
 }
 
+/// What a run, a session or a pool says when the API server refused the runner's ConfigMap
+/// (`message`, its answer): no sandbox of this operator can start in that namespace.
+pub fn refused(message: &str) -> String {
+    format!("the API server refused the sandboxes' runner ConfigMap: {message}")
+}
+
 /// Whether `found` is the runner's ConfigMap as this operator makes it.
 fn is_ours(found: &ConfigMap) -> bool {
     let desired = config_map();

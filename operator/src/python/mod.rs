@@ -354,10 +354,7 @@ impl Reconcile<'_> {
                 let outcome = Outcome::of(
                     Phase::Failed,
                     Reason::PodCreationFailed,
-                    format!(
-                        "the API server refused the sandboxes' runner ConfigMap: {}",
-                        e.message
-                    ),
+                    crate::runner_files::refused(&e.message),
                     None,
                     now,
                 );

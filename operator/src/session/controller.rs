@@ -174,10 +174,7 @@ async fn reconcile(session: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Ac
             match ctx.runner_files.ensure(&ns).await {
                 Ok(()) => {}
                 Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
-                    let why = format!(
-                        "the API server refused the sandboxes' runner ConfigMap: {}",
-                        e.message
-                    );
+                    let why = crate::runner_files::refused(&e.message);
                     end(&api, &pods, &session, SessionEndReason::Rejected, &why, now).await?;
                     return Ok(Action::await_change());
                 }
