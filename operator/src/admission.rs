@@ -810,6 +810,12 @@ impl Admission {
                 Some(e) => e > self.allowance,
                 None => queue.longest_wait(position, turn) > self.allowance,
             };
+        if arriving {
+            // What a run was judged on: a burst's judgments are read back from these.
+            tracing::debug!(%uid, position, ?expected, ?turn, hold = ?queue.hold,
+                holding = queue.holding.len(), unplaced = queue.unplaced.len(), hopeless,
+                "judged on arrival");
+        }
         let last_resort = since.checked_add(self.waits_at_most()).unwrap_or(since);
         let out_of_time = now >= last_resort;
         // The head asks; so does the run after a head whose reconcile is late (lapsed).
