@@ -338,6 +338,13 @@ impl Context {
     }
 }
 
+/// Whether the API server refused a create for good: 400 (bad request), 403 (RBAC, admission,
+/// Pod Security; a full quota is told apart before this is asked) or 422 (invalid). Sent again it
+/// would meet the same answer, so the run or session ends on it instead of retrying.
+pub fn refused_for_good(e: &kube::core::Status) -> bool {
+    matches!(e.code, 400 | 403 | 422)
+}
+
 /// Why a reconciliation failed; all of these are retried.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

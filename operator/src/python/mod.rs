@@ -25,7 +25,7 @@ use self::feed::{FeedState, OwnedProgram};
 use self::phase::{Exited, Next, Progress};
 use self::queue::Turn;
 use crate::admission::{Room, Sandbox};
-use crate::controller::{Decided, Error, Reconcile, is_terminal, until};
+use crate::controller::{Decided, Error, Reconcile, is_terminal, refused_for_good, until};
 use crate::outcome::Outcome;
 use crate::quota_room::Needs;
 
@@ -350,7 +350,7 @@ impl Reconcile<'_> {
             Ok(()) => {}
             // Refused for good (RBAC without ConfigMaps, an admission policy): no sandbox of
             // this operator could start here; said on the run, as a refused Pod is.
-            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+            Err(kube::Error::Api(e)) if refused_for_good(&e) => {
                 let outcome = Outcome::of(
                     Phase::Failed,
                     Reason::PodCreationFailed,
@@ -393,7 +393,7 @@ impl Reconcile<'_> {
             }
             // Refused for good (admission, quota, Pod Security, unknown RuntimeClass): retrying
             // would fail the same way.
-            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+            Err(kube::Error::Api(e)) if refused_for_good(&e) => {
                 let outcome = Outcome::of(
                     Phase::Failed,
                     Reason::PodCreationFailed,

@@ -34,7 +34,7 @@ use tracing::info;
 use super::controller::{self as sessions, write_status};
 use super::exchange::{self, Attached, Heard};
 use super::lifecycle;
-use crate::controller::{Error, Reconcile, is_terminal};
+use crate::controller::{Error, Reconcile, is_terminal, refused_for_good};
 use crate::outcome::Outcome;
 use crate::python::log::log_limit_bytes;
 use crate::python::phase::{self, Exited, OPERATOR_DEADLINE_SLACK_SECONDS};
@@ -290,7 +290,7 @@ impl Reconcile<'_> {
                 Ok(Ok(created))
             }
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(Ok(api.get(name).await?)),
-            Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => Ok(Err(Outcome::of(
+            Err(kube::Error::Api(e)) if refused_for_good(&e) => Ok(Err(Outcome::of(
                 Phase::Rejected,
                 Reason::SessionUnavailable,
                 format!("the API server refused the session: {}", e.message),

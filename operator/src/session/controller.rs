@@ -19,7 +19,7 @@ use tracing::{info, warn};
 
 use super::lifecycle::{self, Step};
 use super::pod as session_pod;
-use crate::controller::{Context, Error, until};
+use crate::controller::{Context, Error, refused_for_good, until};
 use crate::python::pod::{LABEL_MANAGED_BY, MANAGER};
 
 /// The condition an ended session carries (its transition time is when it ended).
@@ -173,7 +173,7 @@ async fn reconcile(session: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Ac
             };
             match ctx.runner_files.ensure(&ns).await {
                 Ok(()) => {}
-                Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                Err(kube::Error::Api(e)) if refused_for_good(&e) => {
                     let why = crate::runner_files::refused(&e.message);
                     end(&api, &pods, &session, SessionEndReason::Rejected, &why, now).await?;
                     return Ok(Action::await_change());
@@ -183,7 +183,7 @@ async fn reconcile(session: Arc<SandboxSession>, ctx: Arc<Context>) -> Result<Ac
             match pods.create(&PostParams::default(), &desired).await {
                 Ok(_) => info!(session = %name, pod = %pod_name, "created session sandbox pod"),
                 Err(kube::Error::Api(e)) if e.code == 409 && e.reason == "AlreadyExists" => {}
-                Err(kube::Error::Api(e)) if matches!(e.code, 400 | 403 | 422) => {
+                Err(kube::Error::Api(e)) if refused_for_good(&e) => {
                     let why = format!("the API server refused its sandbox Pod: {}", e.message);
                     end(&api, &pods, &session, SessionEndReason::Rejected, &why, now).await?;
                     return Ok(Action::await_change());
