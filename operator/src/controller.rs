@@ -339,8 +339,9 @@ impl Context {
 }
 
 /// Whether the API server refused a create for good: 400 (bad request), 403 (RBAC, admission,
-/// Pod Security; a full quota is told apart before this is asked) or 422 (invalid). Sent again it
-/// would meet the same answer, so the run or session ends on it instead of retrying.
+/// Pod Security, a full quota) or 422 (invalid). Sent again it would meet the same answer, so the
+/// run or session ends on it instead of retrying; a caller for whom a full quota means waiting
+/// (a python run's own Pod, python/mod.rs) tells that 403 apart before asking.
 pub fn refused_for_good(e: &kube::core::Status) -> bool {
     matches!(e.code, 400 | 403 | 422)
 }
