@@ -261,7 +261,7 @@ pub(super) fn scratch_dir(test: &str) -> PathBuf {
 
 /// `Shared` as `main.rs` builds it for `--backend local --policy-file FILE --enable-sql
 /// --enable-metrics`, except that there is no local sandbox (see the module docs).
-async fn shared_state(dir: &Path) -> Arc<Shared> {
+pub(super) async fn shared_state(dir: &Path) -> Arc<Shared> {
     let policy_file = dir.join("policy.yaml");
     std::fs::write(&policy_file, FUZZ_POLICY).expect("write policy");
     let policy = embedded::load(Some(&policy_file)).expect("the fuzz policy is valid");
@@ -297,7 +297,7 @@ async fn shared_state(dir: &Path) -> Arc<Shared> {
     })
 }
 
-fn http_config(rate_per_minute: u32, burst: u32) -> HttpConfig {
+pub(super) fn http_config(rate_per_minute: u32, burst: u32) -> HttpConfig {
     HttpConfig {
         listen: "127.0.0.1:0".parse().expect("address"),
         keys: keys(),

@@ -6,6 +6,8 @@
 //! validation (403), the credential (401: an API key, or with `--oauth-issuer` an OAuth access
 //! token, see [`oauth`]) and the agent's rate limit (429). With OAuth, the protected resource
 //! metadata is served without a credential at `/.well-known/oauth-protected-resource[/path]`.
+//! Any answer that left its request's body unread closes its HTTP/1.1 connection, and says so
+//! ([`unread_body`]).
 
 pub mod auth;
 pub mod jwks;
@@ -15,6 +17,7 @@ pub mod owners;
 pub mod ratelimit;
 pub mod replay;
 pub mod sse;
+pub mod unread_body;
 
 #[cfg(test)]
 mod fuzz_tests;
@@ -146,6 +149,7 @@ pub fn router(config: &HttpConfig, shared: Arc<Shared>, shutdown: CancellationTo
             state.clone(),
             explain_too_large,
         ))
+        .layer(middleware::from_fn(unread_body::close_if_unread))
         .with_state(state)
 }
 
