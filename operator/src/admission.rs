@@ -1029,6 +1029,14 @@ impl Admission {
         queue.wake_head(&self.wake, now);
     }
 
+    /// How many runs of `namespace` hold a sandbox no node has taken yet, as far as the queue
+    /// knows (for tests of what tells it).
+    #[cfg(test)]
+    pub(crate) fn unplaced(&self, namespace: &str) -> usize {
+        let queues = self.queues.lock().expect("not poisoned");
+        queues.get(namespace).map_or(0, |q| q.unplaced.len())
+    }
+
     /// The longest an accepted run waits: its last resort comes this long after it joined.
     fn waits_at_most(&self) -> SignedDuration {
         SignedDuration::try_from(self.allowance * LAST_RESORT_FACTOR).unwrap_or(SignedDuration::MAX)

@@ -28,10 +28,12 @@ use sandboxrun_core::{
 use serde_json::json;
 use tracing::{info, warn};
 
+use crate::admission::Placement;
 use crate::events::Events;
 use crate::gate::{self, Gate};
 use crate::metrics::Metrics;
 use crate::outcome::{self, Outcome};
+use crate::python::phase;
 use crate::python::pod::{self, BuildError, SandboxConfig};
 use crate::{audit, ttl};
 
@@ -1344,9 +1346,27 @@ pub async fn run(
         .modify(trim)
         .reflect(writer)
         .touched_objects();
+    // Each change of a sandbox Pod wakes its run. Once a node took a run's own Pod, the queue
+    // counts that sandbox as running, and its hold, from the moment the watch saw it: not from
+    // the run's next reconcile that reads the Pod, which under load often never comes (the run
+    // ends on the answer read off its attach stream first), so that every sandbox held stayed
+    // counted as waiting for a node and holds were learned from a late sighting, shorter than
+    // they were (e2e/BENCHMARKS.md, "Attaches a tenth of the wait apart"). Full Pods, where
+    // their metadata alone would do to wake runs: the placement is in the spec.
+    let admission = ctx.admission.clone();
+    let pod_changes = watcher(pods, pod_watch)
+        .default_backoff()
+        .touched_objects()
+        .inspect(move |pod| {
+            if let Ok(pod) = pod
+                && let Some((run, uid)) = phase::placed_run(pod)
+            {
+                admission.scheduling(&run, uid, Placement::Placed, Timestamp::now());
+            }
+        });
     Controller::for_stream(trigger, reader)
         .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
-        .owns(pods, pod_watch)
+        .owns_stream(pod_changes)
         .reconcile_on(ctx.admission.wakeups())
         .reconcile_on(ctx.feeds.wakeups())
         .graceful_shutdown_on(shutdown)

@@ -6,7 +6,9 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use sandboxrun_api::{CONDITION_COMPLETED, CONDITION_STARTED, SandboxRunStatus};
+use kube::Resource;
+use kube::runtime::reflector::ObjectRef;
+use sandboxrun_api::{CONDITION_COMPLETED, CONDITION_STARTED, SandboxRun, SandboxRunStatus};
 use sandboxrun_core::tools::python::classify;
 use sandboxrun_core::{
     EnvelopeError, FileCaps, Limits, Observed, Phase, Reason, Tool, parse_envelope,
@@ -91,6 +93,25 @@ pub fn placement(pod: &Pod) -> Placement {
     } else {
         Placement::Waiting
     }
+}
+
+/// The run whose own sandbox Pod `pod` is (its name and uid), if a node has taken the Pod: what
+/// the controller's watch of Pods tells the queue (`controller.rs`). `None` for a Pod
+/// waiting for a node or refused one (that no node has room is for the run's reconcile to tell,
+/// which knows the run still holds the Pod: a watch also shows Pods of runs that ended), and for
+/// a Pod whose controller is not a run (a pool's).
+pub fn placed_run(pod: &Pod) -> Option<(ObjectRef<SandboxRun>, &str)> {
+    if placement(pod) != Placement::Placed {
+        return None;
+    }
+    let namespace = pod.metadata.namespace.as_deref()?;
+    let owner = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == SandboxRun::kind(&()))?;
+    Some((ObjectRef::new(&owner.name).within(namespace), &owner.uid))
 }
 
 /// Whether the scheduler found no node for `pod` (its `PodScheduled` condition is False with

@@ -681,3 +681,69 @@ fn a_sandbox_whose_barrier_never_held_ends_the_run_with_nothing_run() {
     assert_eq!(o.exit_code, None);
     assert!(o.message.contains("still reachable"), "{}", o.message);
 }
+
+/// A Pod in `runs` whose owner is `kind` `uid` (its controller or not), on `node` if any.
+fn pod_of(kind: &str, uid: &str, controller: bool, node: Option<&str>) -> Pod {
+    let mut pod = Pod::default();
+    pod.metadata.namespace = Some("runs".to_owned());
+    pod.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "sandboxrun.dev/v1alpha1".to_owned(),
+            kind: kind.to_owned(),
+            name: format!("run-{uid}"),
+            uid: uid.to_owned(),
+            controller: Some(controller),
+            ..Default::default()
+        },
+    ]);
+    pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        node_name: node.map(str::to_owned),
+        ..Default::default()
+    });
+    pod
+}
+
+#[test]
+fn a_placed_run_is_told_only_for_a_run_pod_a_node_took() {
+    let placed = pod_of("SandboxRun", "u1", true, Some("node-1"));
+    let (run, uid) = placed_run(&placed).expect("placed");
+    assert_eq!(
+        (run.name.as_str(), run.namespace.as_deref(), uid),
+        ("run-u1", Some("runs"), "u1")
+    );
+    for (why, pod) in [
+        ("no node yet", pod_of("SandboxRun", "u1", true, None)),
+        (
+            "a pool's",
+            pod_of("SandboxPool", "u1", true, Some("node-1")),
+        ),
+        (
+            "not its controller",
+            pod_of("SandboxRun", "u1", false, Some("node-1")),
+        ),
+    ] {
+        assert!(placed_run(&pod).is_none(), "{why}");
+    }
+}
+
+#[test]
+fn the_queue_counts_a_sandbox_placed_once_the_watch_tells_it() {
+    use crate::admission::{Admission, Sandbox};
+    let admission = Admission::new(std::time::Duration::from_secs(60));
+    let now = t(T0);
+    for uid in ["u1", "u2"] {
+        let run = ObjectRef::new(&format!("run-{uid}")).within("runs");
+        admission.admitted(&run, uid, Sandbox::Created("p"), now);
+    }
+    assert_eq!(admission.unplaced("runs"), 2);
+    let seen = |pod: &Pod| {
+        if let Some((run, uid)) = placed_run(pod) {
+            admission.scheduling(&run, uid, Placement::Placed, now);
+        }
+    };
+    seen(&pod_of("SandboxRun", "u1", true, Some("node-1")));
+    assert_eq!(admission.unplaced("runs"), 1);
+    // Seen again (the kubelet's status patches): nothing more.
+    seen(&pod_of("SandboxRun", "u1", true, Some("node-1")));
+    assert_eq!(admission.unplaced("runs"), 1);
+}
