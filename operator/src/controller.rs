@@ -106,6 +106,9 @@ pub struct Context {
     /// The operator's Pods, as the room's watch has them (`quota_room::watch_pods`); empty
     /// without one.
     pub sandbox_pods: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Pod>,
+    /// The sandbox Pods as this controller's own watch has them, while it runs (`run`): where
+    /// a reconcile reads its run's Pod first (`watched_pods.rs`).
+    pub watched_pods: crate::watched_pods::WatchedPods,
     /// Held while a run opens a session: an agent's open sessions are counted and the new one
     /// created under it (`session/call.rs`).
     pub sessions_opening: tokio::sync::Mutex<()>,
@@ -181,6 +184,7 @@ impl Context {
             )),
             quota_room: crate::quota_room::QuotaRoom::default(),
             sandbox_pods: kube::runtime::reflector::store().0,
+            watched_pods: Default::default(),
             sessions_opening: tokio::sync::Mutex::default(),
             failures: Mutex::default(),
             unaudited: Mutex::default(),
@@ -1346,16 +1350,16 @@ pub async fn run(
         .modify(trim)
         .reflect(writer)
         .touched_objects();
-    // Each change of a sandbox Pod wakes its run. Once a node took a run's own Pod, the queue
-    // counts that sandbox as running, and its hold, from the moment the watch saw it: not from
-    // the run's next reconcile that reads the Pod, which under load often never comes (the run
-    // ends on the answer read off its attach stream first), so that every sandbox held stayed
-    // counted as waiting for a node and holds were learned from a late sighting, shorter than
-    // they were (e2e/BENCHMARKS.md, "Attaches a tenth of the wait apart"). Full Pods, where
-    // their metadata alone would do to wake runs: the placement is in the spec.
+    // Each change of a sandbox Pod goes into the store the reconciles read their run's Pod
+    // from (`watched_pods.rs`), then wakes the run, and tells the queue when a node took a
+    // run's own Pod (`phase::placed_run` says why the watch, not a reconcile).
+    let (pod_store, pod_writer) = reflector::store();
+    let _serving = ctx.watched_pods.serve(pod_store);
     let admission = ctx.admission.clone();
     let pod_changes = watcher(pods, pod_watch)
         .default_backoff()
+        .modify(|pod| pod.managed_fields_mut().clear())
+        .reflect(pod_writer)
         .touched_objects()
         .inspect(move |pod| {
             if let Ok(pod) = pod

@@ -2028,3 +2028,100 @@ async fn a_run_whose_cold_pod_was_asked_for_never_claims_a_warm_sandbox_beside_i
 
 #[path = "session/call_tests.rs"]
 mod session_call;
+
+/// The run's Pod as the API server has it now, as the controller's watch would hand it over.
+fn watched(api: &FakeApi) -> Pod {
+    serde_json::from_value(api.with(|s| s.pod.clone()).unwrap()).unwrap()
+}
+
+/// A context whose controller's watch has `pods` (`watched_pods.rs`), served until the guard
+/// drops.
+fn watching(
+    api: &FakeApi,
+    pods: impl IntoIterator<Item = Pod>,
+) -> (Arc<Context>, crate::watched_pods::Serving) {
+    let ctx = context(api, None);
+    let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
+    for pod in pods {
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pod));
+    }
+    let serving = ctx.watched_pods.serve(store);
+    (ctx, serving)
+}
+
+#[tokio::test]
+async fn a_reconcile_takes_its_runs_pod_from_the_controllers_watch_without_a_read() {
+    let api = FakeApi::start(run_json(python())).await;
+    let (ctx, _serving) = watching(&api, []);
+    reconcile_as(cached(&api), &ctx).await;
+    api.take_requests();
+    let (started, finished) = (
+        Timestamp::now() - SignedDuration::from_secs(2),
+        Timestamp::now(),
+    );
+    api.with(|s| {
+        s.pod.as_mut().unwrap()["status"] = succeeded(started, finished);
+        s.log = OK_LOG.to_owned();
+    });
+    // The watch saw the container end (and woke the run): the reconcile reads the log at once.
+    let (ctx, _serving) = watching(&api, [watched(&api)]);
+    reconcile_as(cached(&api), &ctx).await;
+    let requests = api.take_requests();
+    assert!(
+        requests[0].ends_with(&format!("/pods/{POD}/log")),
+        "{requests:?}"
+    );
+    assert!(!requests.contains(&get_pod()), "{requests:?}");
+    let status = api.status();
+    assert_eq!(status["phase"], "Succeeded", "{status}");
+    assert_eq!(status["stdout"], "hello from sandboxrun\n");
+}
+
+#[tokio::test]
+async fn a_pod_the_watch_has_under_another_owner_is_read_again_before_it_is_acted_on() {
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    api.take_requests();
+    let (started, finished) = (
+        Timestamp::now() - SignedDuration::from_secs(2),
+        Timestamp::now(),
+    );
+    // The watch still has a Pod of an earlier run of the same name (ended, its owner another
+    // uid); the API server has this run's own, ended too.
+    let mut earlier = watched(&api);
+    earlier.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-of-the-earlier-run".into();
+    api.with(|s| {
+        s.pod.as_mut().unwrap()["status"] = succeeded(started, finished);
+        s.log = OK_LOG.to_owned();
+    });
+    let (ctx, _serving) = watching(&api, [earlier]);
+    reconcile_as(cached(&api), &ctx).await;
+    let requests = api.take_requests();
+    // Read again: it is this run's own, neither deleted as a stranger's nor taken as gone.
+    assert_eq!(requests[0], get_pod(), "{requests:?}");
+    assert!(
+        requests[1].ends_with(&format!("/pods/{POD}/log")),
+        "{requests:?}"
+    );
+    let status = api.status();
+    assert_eq!(status["phase"], "Succeeded", "{status}");
+    assert_eq!(status["stdout"], "hello from sandboxrun\n");
+}
+
+#[tokio::test]
+async fn a_pod_the_watch_lacks_is_asked_for_before_the_run_is_taken_as_without_one() {
+    let api = FakeApi::start(run_json(python())).await;
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    api.take_requests();
+    // The watch has not seen the Pod yet (it was just created): the API server has it, running.
+    api.with(|s| s.pod.as_mut().unwrap()["status"] = json!({"phase": "Pending"}));
+    let (ctx, _serving) = watching(&api, []);
+    reconcile_as(cached(&api), &ctx).await;
+    let requests = api.take_requests();
+    assert_eq!(requests[0], get_pod(), "{requests:?}");
+    let status = api.status();
+    assert_eq!(status["phase"], "Pending", "{status}");
+    assert_eq!(status["podName"], POD, "{status}");
+}

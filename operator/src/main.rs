@@ -26,6 +26,7 @@ mod run_quota;
 mod runner_files;
 mod session;
 mod ttl;
+mod watched_pods;
 
 use std::sync::Arc;
 

@@ -68,14 +68,13 @@ impl Reconcile<'_> {
             .unwrap_or_else(|| pod::pod_name(&self.name));
         // The reconcile that took the decision has just written the status: it is current.
         let first = decided.is_some() && prev.pod_name.is_none();
-        // Always read the Pod from the API server, never a cache: "no Pod" must mean no Pod (a
-        // Pod of a deleted run of the same name may still be there, even in the first reconcile).
-        // Not yet in the reconcile that decided the run: no Pod of its own can exist before its
-        // decision, and a warm sandbox does not need the read (it is made before going cold).
+        // Not read in the reconcile that decided the run: no Pod of its own can exist before
+        // its decision, and a warm sandbox does not need the read (it is made before going
+        // cold).
         let pod = if first {
             None
         } else {
-            self.pods.get_opt(&pod_name).await?
+            self.read_pod(&pod_name).await?
         };
         // A Pod no node has room for: the cluster is full, whatever the quota says, and runs
         // after this one wait in the queue until it is placed; until a node takes it, it frees
@@ -299,6 +298,21 @@ impl Reconcile<'_> {
                     .await
             }
         }
+    }
+
+    /// The Pod named `name`, as the controller's watch has it if it has the run's own Pod there
+    /// (its change was stored before it woke this reconcile: `watched_pods.rs`), else as the
+    /// API server has it. Only presence is taken from the watch: "no Pod" must mean no Pod
+    /// (the run is ended PodDeleted, or a Pod is created, on it), and a Pod of another owner
+    /// under the run's name (a deleted run's, or a pool's the watch saw before this run
+    /// claimed it) is read again before it is acted on.
+    async fn read_pod(&self, name: &str) -> Result<Option<Pod>, Error> {
+        if let Some(watched) = self.ctx.watched_pods.get(&self.ns, name)
+            && pod::belongs_to(&watched, self.run)
+        {
+            return Ok(Some(Pod::clone(&watched)));
+        }
+        Ok(self.pods.get_opt(name).await?)
     }
 
     /// The caps on the files the run returns: recorded on its Pod (from the decision that built

@@ -6,7 +6,6 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 use sandboxrun_api::{CONDITION_COMPLETED, CONDITION_STARTED, SandboxRun, SandboxRunStatus};
 use sandboxrun_core::tools::python::classify;
@@ -14,7 +13,7 @@ use sandboxrun_core::{
     EnvelopeError, FileCaps, Limits, Observed, Phase, Reason, Tool, parse_envelope,
 };
 
-use super::pod::{ACTIVE_DEADLINE_GRACE_SECONDS, sandbox_container};
+use super::pod::{ACTIVE_DEADLINE_GRACE_SECONDS, controlling_run, sandbox_container};
 use crate::admission::Placement;
 use crate::outcome::{Outcome, base, set_condition};
 
@@ -100,17 +99,18 @@ pub fn placement(pod: &Pod) -> Placement {
 /// waiting for a node or refused one (that no node has room is for the run's reconcile to tell,
 /// which knows the run still holds the Pod: a watch also shows Pods of runs that ended), and for
 /// a Pod whose controller is not a run (a pool's).
+///
+/// Told from the watch, not from the run's next reconcile that reads its Pod: under load that
+/// reconcile often never comes (the run ends on the answer read off its attach stream first),
+/// so every sandbox held stayed counted as waiting for a node and holds were learned from late
+/// sightings, shorter than they were (e2e/BENCHMARKS.md, "The queue told of placements by the
+/// Pod watch").
 pub fn placed_run(pod: &Pod) -> Option<(ObjectRef<SandboxRun>, &str)> {
     if placement(pod) != Placement::Placed {
         return None;
     }
     let namespace = pod.metadata.namespace.as_deref()?;
-    let owner = pod
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .find(|o| o.controller == Some(true) && o.kind == SandboxRun::kind(&()))?;
+    let owner = controlling_run(pod)?;
     Some((ObjectRef::new(&owner.name).within(namespace), &owner.uid))
 }
 

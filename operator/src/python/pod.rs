@@ -168,11 +168,17 @@ pub fn belongs_to(pod: &k8s_openapi::api::core::v1::Pod, run: &SandboxRun) -> bo
     let Some(uid) = run.metadata.uid.as_deref() else {
         return false;
     };
+    controlling_run(pod).is_some_and(|owner| owner.uid == uid)
+}
+
+/// The owner reference of the SandboxRun that controls `pod`, if a run does (a pool's Pod has
+/// none: its controller is the pool). An object has at most one controller.
+pub fn controlling_run(pod: &k8s_openapi::api::core::v1::Pod) -> Option<&OwnerReference> {
     pod.metadata
         .owner_references
         .iter()
         .flatten()
-        .any(|o| o.controller == Some(true) && o.uid == uid && o.kind == SandboxRun::kind(&()))
+        .find(|o| o.controller == Some(true) && o.kind == SandboxRun::kind(&()))
 }
 
 /// Why a Pod cannot be built for a run.
