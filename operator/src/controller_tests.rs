@@ -137,6 +137,19 @@ fn succeeded(started: Timestamp, finished: Timestamp) -> Value {
 
 const OK_LOG: &str = "noise\n{\"sandboxrun\":1,\"exitCode\":0,\"stdout\":\"hello from sandboxrun\\n\",\"stderr\":\"\",\"stdoutTruncated\":false,\"stderrTruncated\":false,\"signal\":null,\"oomKill\":null,\"timedOut\":false,\"durationMillis\":42}\n";
 
+/// The run's Pod ends as the API server has it: its container exited 0, the run's output in
+/// its log.
+fn its_pod_ends(api: &FakeApi) {
+    let (started, finished) = (
+        Timestamp::now() - SignedDuration::from_secs(2),
+        Timestamp::now(),
+    );
+    api.with(|s| {
+        s.pod.as_mut().unwrap()["status"] = succeeded(started, finished);
+        s.log = OK_LOG.to_owned();
+    });
+}
+
 #[tokio::test]
 async fn a_python_run_is_decided_executed_and_finished_once() {
     let (audit, _guard) = Captured::audit();
@@ -172,14 +185,7 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
 
     // The container ends: the result is recorded, then the Pod deleted.
     let stale = cached(&api);
-    let (started, finished) = (
-        Timestamp::now() - SignedDuration::from_secs(2),
-        Timestamp::now(),
-    );
-    api.with(|s| {
-        s.pod.as_mut().unwrap()["status"] = succeeded(started, finished);
-        s.log = OK_LOG.to_owned();
-    });
+    its_pod_ends(&api);
     reconcile_as(stale.clone(), &ctx).await;
     let requests = api.take_requests();
     assert_eq!(requests[0], get_pod());
@@ -1281,14 +1287,7 @@ async fn a_run_whose_code_succeeded() -> (FakeApi, Arc<Context>) {
     let api = FakeApi::start(run_json(python())).await;
     let ctx = context(&api, None);
     reconcile_as(cached(&api), &ctx).await;
-    let (started, finished) = (
-        Timestamp::now() - SignedDuration::from_secs(2),
-        Timestamp::now(),
-    );
-    api.with(|s| {
-        s.pod.as_mut().unwrap()["status"] = succeeded(started, finished);
-        s.log = OK_LOG.to_owned();
-    });
+    its_pod_ends(&api);
     (api, ctx)
 }
 
@@ -2049,20 +2048,25 @@ fn watching(
     (ctx, serving)
 }
 
+/// A python run whose first reconcile made its Pod, the requests so far taken.
+async fn with_its_pod_made() -> FakeApi {
+    let api = FakeApi::start(run_json(python())).await;
+    reconcile_as(cached(&api), &context(&api, None)).await;
+    api.take_requests();
+    api
+}
+
+/// The run ended Succeeded with its own Pod's output.
+fn assert_succeeded_with_its_output(api: &FakeApi) {
+    let status = api.status();
+    assert_eq!(status["phase"], "Succeeded", "{status}");
+    assert_eq!(status["stdout"], "hello from sandboxrun\n");
+}
+
 #[tokio::test]
 async fn a_reconcile_takes_its_runs_pod_from_the_controllers_watch_without_a_read() {
-    let api = FakeApi::start(run_json(python())).await;
-    let (ctx, _serving) = watching(&api, []);
-    reconcile_as(cached(&api), &ctx).await;
-    api.take_requests();
-    let (started, finished) = (
-        Timestamp::now() - SignedDuration::from_secs(2),
-        Timestamp::now(),
-    );
-    api.with(|s| {
-        s.pod.as_mut().unwrap()["status"] = succeeded(started, finished);
-        s.log = OK_LOG.to_owned();
-    });
+    let api = with_its_pod_made().await;
+    its_pod_ends(&api);
     // The watch saw the container end (and woke the run): the reconcile reads the log at once.
     let (ctx, _serving) = watching(&api, [watched(&api)]);
     reconcile_as(cached(&api), &ctx).await;
@@ -2072,29 +2076,17 @@ async fn a_reconcile_takes_its_runs_pod_from_the_controllers_watch_without_a_rea
         "{requests:?}"
     );
     assert!(!requests.contains(&get_pod()), "{requests:?}");
-    let status = api.status();
-    assert_eq!(status["phase"], "Succeeded", "{status}");
-    assert_eq!(status["stdout"], "hello from sandboxrun\n");
+    assert_succeeded_with_its_output(&api);
 }
 
 #[tokio::test]
 async fn a_pod_the_watch_has_under_another_owner_is_read_again_before_it_is_acted_on() {
-    let api = FakeApi::start(run_json(python())).await;
-    let ctx = context(&api, None);
-    reconcile_as(cached(&api), &ctx).await;
-    api.take_requests();
-    let (started, finished) = (
-        Timestamp::now() - SignedDuration::from_secs(2),
-        Timestamp::now(),
-    );
-    // The watch still has a Pod of an earlier run of the same name (ended, its owner another
-    // uid); the API server has this run's own, ended too.
+    let api = with_its_pod_made().await;
+    // The watch still has a Pod of an earlier run of the same name (its owner another uid);
+    // the API server has this run's own, ended.
     let mut earlier = watched(&api);
     earlier.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-of-the-earlier-run".into();
-    api.with(|s| {
-        s.pod.as_mut().unwrap()["status"] = succeeded(started, finished);
-        s.log = OK_LOG.to_owned();
-    });
+    its_pod_ends(&api);
     let (ctx, _serving) = watching(&api, [earlier]);
     reconcile_as(cached(&api), &ctx).await;
     let requests = api.take_requests();
@@ -2104,18 +2096,13 @@ async fn a_pod_the_watch_has_under_another_owner_is_read_again_before_it_is_acte
         requests[1].ends_with(&format!("/pods/{POD}/log")),
         "{requests:?}"
     );
-    let status = api.status();
-    assert_eq!(status["phase"], "Succeeded", "{status}");
-    assert_eq!(status["stdout"], "hello from sandboxrun\n");
+    assert_succeeded_with_its_output(&api);
 }
 
 #[tokio::test]
 async fn a_pod_the_watch_lacks_is_asked_for_before_the_run_is_taken_as_without_one() {
-    let api = FakeApi::start(run_json(python())).await;
-    let ctx = context(&api, None);
-    reconcile_as(cached(&api), &ctx).await;
-    api.take_requests();
-    // The watch has not seen the Pod yet (it was just created): the API server has it, running.
+    let api = with_its_pod_made().await;
+    // The watch has not seen the Pod yet (it was just created): the API server has it.
     api.with(|s| s.pod.as_mut().unwrap()["status"] = json!({"phase": "Pending"}));
     let (ctx, _serving) = watching(&api, []);
     reconcile_as(cached(&api), &ctx).await;
