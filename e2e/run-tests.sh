@@ -110,6 +110,7 @@ cleanup() {
     step "cluster state after the failure"
     kubectl get deployments,replicasets,pods -A -o wide 2>&1 | head -60 || true
     kubectl -n sandboxrun-system get events --sort-by=.lastTimestamp 2>&1 | tail -30 || true
+    restarted_components || true
   fi
   if [[ ${E2E_KEEP_CLUSTER:-} == 1 ]]; then
     echo "cluster left running (E2E_KEEP_CLUSTER=1); stop it with e2e/cluster/down.sh"
@@ -126,6 +127,19 @@ cleanup() {
   stop_prometheus
   stop_node_prometheus
   exit "$rc"
+}
+# restarted_components: prints every container of the release that restarted (killed by a test,
+# or a crash, an OOM kill, a failed liveness probe: a deleted Pod's replacement starts at 0), how
+# it ended and the end of its previous log.
+restarted_components() {
+  local restarted
+  restarted=$(kubectl -n sandboxrun-system get pods -o go-template='{{range .items}}{{$pod := .metadata.name}}{{range .status.containerStatuses}}{{if gt .restartCount 0}}{{$pod}} {{.name}} {{.restartCount}} {{with .lastState.terminated}}{{.reason}} exit={{.exitCode}} at {{.finishedAt}}{{end}}{{"\n"}}{{end}}{{end}}{{end}}') || return 0
+  [[ -z $restarted ]] && return 0
+  local pod container rest
+  while read -r pod container rest; do
+    echo "restarted: $pod/$container: $rest"
+    kubectl -n sandboxrun-system logs "$pod" -c "$container" --previous --tail=15 2>&1 | cut -c1-600 || true
+  done <<< "$restarted"
 }
 trap cleanup EXIT
 background cluster-up "$REPO_ROOT/e2e/cluster/up.sh"

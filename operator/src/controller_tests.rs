@@ -1279,6 +1279,14 @@ async fn a_cold_run_ends_on_the_answer_read_off_its_stream_before_the_kubelet_sa
             .contains(&"Started".to_owned()),
         "it ran, though the kubelet had not said so"
     );
+    // Its start counts once, with its wait, though it was never recorded Running.
+    let metrics = ctx.metrics.render();
+    for counted in [
+        "sandboxrun_queue_to_start_seconds_count 1",
+        "sandboxrun_runs_total{phase=\"Running\"} 1",
+    ] {
+        assert!(metrics.contains(counted), "{counted} in\n{metrics}");
+    }
 }
 
 /// A python run whose cold Pod was created and whose code then exited 0 two seconds later, with

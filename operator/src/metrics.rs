@@ -487,6 +487,22 @@ impl Metrics {
         self
     }
 
+    /// Counts a run whose code started at `started` (cold or warm, recorded Running or ended
+    /// before it was: every start counts once, so the queue-to-start histogram is not only that
+    /// of the runs slow enough to be seen running), and its wait since `created`.
+    pub fn started(
+        &self,
+        created: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+        started: jiff::Timestamp,
+    ) {
+        self.entered(Phase::Running);
+        if let Some(created) = created {
+            // Whole seconds: Kubernetes timestamps have no finer resolution.
+            let wait = started.duration_since(created.0).as_secs_f64();
+            self.queue_to_start.observe(wait.max(0.0));
+        }
+    }
+
     /// Counts a run entering a phase.
     pub fn entered(&self, phase: Phase) {
         self.runs

@@ -493,6 +493,15 @@ impl Reconcile<'_> {
         Ok(sent)
     }
 
+    /// Counts the run's code started in `pod_name` at `at` (metrics, and its Started event):
+    /// once a run, on whichever path first sees it start.
+    pub(crate) async fn started(&self, pod_name: &str, at: jiff::Timestamp) {
+        self.ctx
+            .metrics
+            .started(self.run.metadata.creation_timestamp.as_ref(), at);
+        self.ctx.events.started(self.run, pod_name).await;
+    }
+
     /// Records a non-terminal state (only when it changed) and waits for the Pod to move.
     async fn progress_to(
         &self,
@@ -505,17 +514,8 @@ impl Reconcile<'_> {
             self.apply(&status).await?;
         }
         if prev.phase != Some(progress.phase) && progress.phase == Phase::Running {
-            let ctx = self.ctx;
-            ctx.metrics.entered(Phase::Running);
-            ctx.events.started(self.run, pod_name).await;
-            if let (Some(start), Some(created)) = (
-                progress.started_at,
-                self.run.metadata.creation_timestamp.as_ref(),
-            ) {
-                // Whole seconds: Kubernetes timestamps have no finer resolution.
-                let wait = start.duration_since(created.0).as_secs_f64();
-                ctx.metrics.queue_to_start.observe(wait.max(0.0));
-            }
+            self.started(pod_name, progress.started_at.unwrap_or(self.now))
+                .await;
         }
         Ok(Action::requeue(until(progress.deadline, self.now)))
     }
@@ -534,8 +534,7 @@ impl Reconcile<'_> {
     ) -> Result<Action, Error> {
         if prev.phase != Some(Phase::Running) {
             // It ran, though the kubelet had not said so yet.
-            self.ctx.metrics.entered(Phase::Running);
-            self.ctx.events.started(self.run, pod_name).await;
+            self.started(pod_name, answer.sent_at).await;
         }
         let exited = Exited {
             exit_code: answer.exit_code,

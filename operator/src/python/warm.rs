@@ -573,8 +573,7 @@ impl Reconcile<'_> {
                 });
             }
         };
-        ctx.metrics.entered(Phase::Running);
-        ctx.events.started(self.run, &claimed.pod).await;
+        self.started(&claimed.pod, sent_at).await;
         let envelope = log.as_deref().map(parse_envelope);
         let Some((log, Ok(result))) = log.as_deref().zip(envelope) else {
             // No result over the stream: the kubelet's view decides, as on the cold path.

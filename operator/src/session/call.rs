@@ -511,7 +511,9 @@ impl Reconcile<'_> {
         status.message = Some(format!("the code runs in session {}", session.name_any()));
         status.start_time = Some(Time(since));
         let written = self.apply_recorded(&status).await?;
-        self.ctx.metrics.entered(Phase::Running);
+        self.ctx
+            .metrics
+            .started(self.run.metadata.creation_timestamp.as_ref(), since);
         Ok((status, written))
     }
 
