@@ -495,7 +495,7 @@ impl Reconcile<'_> {
 
     /// Counts the run's code started in `pod_name` at `at` (metrics, and its Started event):
     /// once a run, on whichever path first sees it start.
-    pub(crate) async fn started(&self, pod_name: &str, at: jiff::Timestamp) {
+    async fn started(&self, pod_name: &str, at: jiff::Timestamp) {
         self.ctx
             .metrics
             .started(self.run.metadata.creation_timestamp.as_ref(), at);
