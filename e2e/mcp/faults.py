@@ -255,9 +255,12 @@ class PodWatch:
         self._thread.join(timeout=10)
 
     def _record(self, pod: dict) -> None:
-        for ref in pod["metadata"].get("ownerReferences", []):
+        # By uid (a Pod made again under the same name is another sandbox), named for the
+        # reader: the schedule's log names the Pods its faults deleted.
+        meta = pod["metadata"]
+        for ref in meta.get("ownerReferences", []):
             if ref.get("kind") == "SandboxRun":
-                self.owners[ref["name"]].add(pod["metadata"]["uid"])
+                self.owners[ref["name"]].add(f"{meta['name']} (uid {meta['uid']})")
 
     def _loop(self) -> None:
         decoder = json.JSONDecoder()
