@@ -582,7 +582,9 @@ impl<'a> Reconcile<'a> {
             // caller's cancel, an operator before a restart): the reconcile's next status write
             // is conditional on the cached copy, so it fails instead of writing over theirs,
             // and the run is looked at again. Nothing is claimed, created, sent or executed
-            // before that write.
+            // before that write, except a warm sandbox whose record is that write: claimed
+            // only once a read found the run unchanged (`unchanged_since_decided`), and given
+            // up if the write fails so all the same (`python/warm.rs`, `run_warm`).
             self.know_version(self.run.resource_version());
             self.fenced.store(true, std::sync::atomic::Ordering::SeqCst);
             prev
@@ -1094,6 +1096,22 @@ impl<'a> Reconcile<'a> {
             return Ok(Some(self.run.clone()));
         }
         Ok(self.runs.get_opt(&self.name).await?)
+    }
+
+    /// Before a warm sandbox is claimed on a decision taken on the cached copy and not written
+    /// yet: whether the run as the API server has it now is still that copy. A read, not the
+    /// decision's own write: the claim's record carries the decision, and stays conditional on
+    /// the copy. `Error::Changed` when someone wrote the run since (its caller's cancel), or it
+    /// is gone: nothing is claimed, and the run is looked at again.
+    pub async fn unchanged_since_decided(&self) -> Result<(), Error> {
+        if !self.fenced() {
+            return Ok(());
+        }
+        let now = self.runs.get_opt(&self.name).await?;
+        match now.and_then(|run| run.metadata.resource_version) {
+            Some(version) if self.known_version().as_ref() == Some(&version) => Ok(()),
+            _ => Err(Error::Changed),
+        }
     }
 
     /// The run's status as the API server has it now (never the watch cache): `None` when the

@@ -39,7 +39,7 @@ fn context(api: &FakeApi, policy: Option<&str>) -> Arc<Context> {
             sandboxrun_core::Policy::from_yaml(yaml, "test").unwrap(),
         ))
     });
-    Arc::new(
+    let ctx = Arc::new(
         Context::new(
             api.client.clone(),
             SandboxConfig {
@@ -56,7 +56,14 @@ fn context(api: &FakeApi, policy: Option<&str>) -> Arc<Context> {
         )
         .allowing_all_without_policy(true)
         .without_early_feed(),
-    )
+    );
+    // The controller's Pod watch, its first list in and empty, as once the operator has
+    // started (`watched_pods.rs`).
+    let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Init);
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+    std::mem::forget(ctx.watched_pods.serve(store));
+    ctx
 }
 
 /// The run as the API server has it now (an up-to-date watch cache).
@@ -971,7 +978,7 @@ async fn the_sandboxes_ready_in_a_pool_the_run_fits_are_room_too() {
     pool.status = Some(serde_json::from_value(json!({"readyReplicas": 1})).unwrap());
     writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool));
     let watching = context_watching_idle(&api, &[("default-aaaaa", "7")]);
-    watching.claimed_pods.add("default-aaaaa");
+    watching.claimed_pods.add("default-aaaaa", "another-run");
     let ctx = Arc::try_unwrap(watching).ok().unwrap();
     let idle = ctx.idle_pods.clone();
     let ctx = Arc::new(
@@ -1630,9 +1637,20 @@ async fn a_fitting_run_claims_a_ready_sandbox_and_records_it_before_sending_code
         requests.iter().rposition(|x| *x == patch_status()),
     );
     assert!(claimed.is_some() && recorded > claimed, "{requests:?}");
-    // The decision recorded before the claim, in a write of its own.
-    let decided = requests.iter().position(|x| *x == patch_status());
-    assert!(decided.is_some() && decided < claimed, "{requests:?}");
+    // The decision recorded with the claim, in one write after it and before the program
+    // goes over the attach stream; the run read first, found as its cached copy was when it
+    // was decided.
+    let writes = requests.iter().filter(|x| **x == patch_status()).count();
+    assert_eq!(writes, 1, "{requests:?}");
+    let read = at(&format!(
+        "GET /apis/sandboxrun.dev/v1alpha1/namespaces/{NS}/sandboxruns/{RUN}"
+    ));
+    assert!(read.is_some() && read < claimed, "{requests:?}");
+    let attached = at(&format!(
+        "GET /api/v1/namespaces/{NS}/pods/default-aaaaa/attach"
+    ));
+    assert!(attached > recorded, "{requests:?}");
+    assert_eq!(api.status()["decision"]["verdict"], "Allow");
     // Never a cold Pod next to the warm one, nor a read of its name on the warm path.
     assert!(
         !requests.iter().any(|r| r.starts_with("POST /api/v1")),
@@ -1748,7 +1766,7 @@ async fn a_pod_this_operator_claimed_is_no_candidate_while_the_watch_still_shows
     let api = FakeApi::start(default_limits_run()).await;
     api.with(|s| s.pool_pods = vec![pool_pod("default-bbbbb", "9")]);
     let ctx = context_watching_idle(&api, &[("default-aaaaa", "7")]);
-    ctx.claimed_pods.add("default-aaaaa");
+    ctx.claimed_pods.add("default-aaaaa", "another-run");
     let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
     let requests = api.take_requests();
     assert!(
@@ -1808,6 +1826,151 @@ async fn a_claim_made_before_a_restart_and_never_recorded_is_taken_up_not_repeat
         (&status["path"], &status["pool"]),
         (&json!("Warm"), &json!("default"))
     );
+}
+
+/// The claims a reconcile made (Pod patches) and the cold Pods it asked for.
+fn sandboxes_asked(requests: &[String]) -> Vec<&String> {
+    requests
+        .iter()
+        .filter(|r| {
+            r.starts_with(&format!("PATCH /api/v1/namespaces/{NS}/pods/"))
+                || r.starts_with(&format!("POST /api/v1/namespaces/{NS}/pods"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_claim_whose_record_with_the_decision_failed_is_taken_up_when_the_run_is_decided_again() {
+    // The decision goes out with the claim's record, after the claim: when that write fails,
+    // the run is still undecided and is decided again; it must take up its sandbox, never
+    // claim a second one.
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| {
+        s.pool_pods = vec![
+            pool_pod("default-aaaaa", "7"),
+            pool_pod("default-bbbbb", "8"),
+        ];
+        s.refuse_status_writes = 1;
+    });
+    let ctx = context_with_pool(&api);
+    let first = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    assert!(first.is_err(), "{first:?}");
+    assert!(api.status().is_null(), "nothing recorded: {}", api.status());
+    let claimed = api.with(|s| s.pod.clone()).expect("a claimed sandbox");
+    let claimed = claimed["metadata"]["name"].as_str().unwrap().to_owned();
+    api.take_requests();
+
+    // The same operator, the run as its cache has it (undecided).
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    let requests = api.take_requests();
+    assert!(sandboxes_asked(&requests).is_empty(), "{requests:?}");
+    let status = api.status();
+    assert_eq!(status["podName"], json!(claimed), "{status}");
+    assert_eq!(status["decision"]["verdict"], "Allow", "{status}");
+    assert_eq!(api.with(|s| s.pool_pods.len()), 1, "the other stays idle");
+}
+
+#[tokio::test]
+async fn a_claim_made_before_a_restart_with_no_record_at_all_is_taken_up_from_the_watch() {
+    // The operator stopped between a claim and its record, which would have carried the run's
+    // decision too: the next operator decides the run again and finds the claimed sandbox in
+    // its Pod watch (listed after the claim), without asking the API server for a list.
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| {
+        s.pool_pods = vec![
+            pool_pod("default-aaaaa", "7"),
+            pool_pod("default-bbbbb", "8"),
+        ];
+        s.refuse_status_writes = 1;
+    });
+    let _ = reconcile(Arc::new(cached(&api)), context_with_pool(&api)).await;
+    let claimed = api.with(|s| s.pod.clone()).expect("a claimed sandbox");
+    let name = claimed["metadata"]["name"].as_str().unwrap().to_owned();
+    assert!(api.status().is_null(), "{}", api.status());
+    api.take_requests();
+
+    let ctx = context_with_pool(&api);
+    let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Init);
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::InitApply(
+        serde_json::from_value(claimed).unwrap(),
+    ));
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
+    let _serving = ctx.watched_pods.serve(store);
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    let requests = api.take_requests();
+    assert!(sandboxes_asked(&requests).is_empty(), "{requests:?}");
+    assert!(
+        !requests
+            .iter()
+            .any(|r| r == &format!("GET /api/v1/namespaces/{NS}/pods")),
+        "no list: {requests:?}"
+    );
+    let status = api.status();
+    assert_eq!(status["podName"], json!(name), "{status}");
+    assert_eq!(status["decision"]["verdict"], "Allow", "{status}");
+}
+
+#[tokio::test]
+async fn a_run_written_between_its_check_and_its_claims_record_gives_its_sandbox_up() {
+    // Someone writes the run (its caller's cancel) after the read that found it as decided and
+    // before the claim's record, which is conditional on that copy: the record fails, and the
+    // sandbox claimed on that decision goes, unused.
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| {
+        s.pool_pods = vec![pool_pod("default-aaaaa", "7")];
+        s.write_after_reads = 1;
+    });
+    let ctx = context_with_pool(&api);
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    let requests = api.take_requests();
+    let claim = format!("PATCH /api/v1/namespaces/{NS}/pods/default-aaaaa");
+    let gone = format!("DELETE /api/v1/namespaces/{NS}/pods/default-aaaaa");
+    let at = |r: &str| requests.iter().position(|x| x == r);
+    assert!(
+        at(&claim).is_some() && at(&gone) > at(&claim),
+        "{requests:?}"
+    );
+    assert!(
+        !requests.iter().any(|r| r.ends_with("/attach")),
+        "nothing sent: {requests:?}"
+    );
+    assert!(api.status().is_null(), "{}", api.status());
+}
+
+#[tokio::test]
+async fn a_sandbox_claimed_on_another_decision_is_given_up_and_the_run_goes_on() {
+    // Policy changed between a claim and a run's decision taken again: the sandbox was claimed
+    // with other limits, so it goes (it got nothing), and the run claims one for this decision.
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| {
+        s.pool_pods = vec![
+            pool_pod("default-aaaaa", "7"),
+            pool_pod("default-bbbbb", "8"),
+        ];
+        s.refuse_status_writes = 1;
+    });
+    let ctx = context_with_pool(&api);
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    let first = api.with(|s| {
+        let pod = s.pod.as_mut().expect("a claimed sandbox");
+        let limits = pod["metadata"]["annotations"][crate::python::pod::LIMITS_ANNOTATION]
+            .as_str()
+            .unwrap()
+            .replace("\"timeoutSeconds\":30", "\"timeoutSeconds\":7");
+        pod["metadata"]["annotations"][crate::python::pod::LIMITS_ANNOTATION] = json!(limits);
+        pod["metadata"]["name"].as_str().unwrap().to_owned()
+    });
+    api.take_requests();
+    let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
+    let requests = api.take_requests();
+    assert!(
+        requests.contains(&format!("DELETE /api/v1/namespaces/{NS}/pods/{first}")),
+        "{requests:?}"
+    );
+    let status = api.status();
+    assert_ne!(status["podName"], json!(first), "{status}");
+    assert_eq!(status["path"], "Warm", "{status}");
 }
 
 #[tokio::test]
@@ -2049,9 +2212,11 @@ fn watching(
 ) -> (Arc<Context>, crate::watched_pods::Serving) {
     let ctx = context(api, None);
     let (store, mut writer) = kube::runtime::reflector::store::<Pod>();
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::Init);
     for pod in pods {
-        writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pod));
+        writer.apply_watcher_event(&kube::runtime::watcher::Event::InitApply(pod));
     }
+    writer.apply_watcher_event(&kube::runtime::watcher::Event::InitDone);
     let serving = ctx.watched_pods.serve(store);
     (ctx, serving)
 }

@@ -8,6 +8,12 @@ use sandboxrun_core::{Phase, Reason, Verdict};
 /// How many Events are sent at once; the rest wait their turn, taken in the order published.
 const SENT_AT_ONCE: usize = 4;
 
+/// How long an Event waits before it is sent: a warm call is over in about a tenth of a
+/// second, and its three or four Events sent at once competed on the API server with the status
+/// writes and the hand-over the call waits for (measured: e2e/BENCHMARKS.md). They trail it
+/// instead, in the order published (an Event is dated when it is sent).
+const TRAIL: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Publishes Events about runs; failures are logged, never fatal: an Event is a courtesy.
 #[derive(Clone)]
 pub struct Events {
@@ -68,6 +74,7 @@ impl Events {
         let (in_flight, turns) = (self.in_flight.clone(), self.turns.clone());
         in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         tokio::spawn(async move {
+            tokio::time::sleep(TRAIL).await;
             // The semaphore is never closed.
             let _turn = turns.acquire().await;
             if let Err(e) = recorder.publish(&event, &object).await {

@@ -39,6 +39,9 @@ pub struct ApiState {
     /// Status writes that commit but answer 504 (the response lost on the way back), counted
     /// down per write.
     pub lose_status_responses: u32,
+    /// Status writes refused with 500 and not applied (an API server failing), counted down
+    /// per write.
+    pub refuse_status_writes: u32,
     /// Reads of the run after which someone else writes it (its resourceVersion moves on),
     /// counted down per read: a concurrent writer, such as a second leader.
     pub write_after_reads: u32,
@@ -350,6 +353,10 @@ async fn handle(
                     }
                 }
                 answer
+            }
+            (Method::PATCH, true) if s.refuse_status_writes > 0 => {
+                s.refuse_status_writes -= 1;
+                status(500, "InternalError")
             }
             (Method::PATCH, true) => match s.run.as_mut() {
                 // A resourceVersion in the patch is a precondition, as on a real API server.

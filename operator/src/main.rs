@@ -269,6 +269,8 @@ async fn operate() -> anyhow::Result<()> {
         held: ctx.held.clone(),
         admission: ctx.admission.clone(),
         runner_files: ctx.runner_files.clone(),
+        claimed: ctx.claimed_pods.clone(),
+        claiming: ctx.claims_in_doubt.clone(),
     });
     let config_maps_api = || -> kube::Api<k8s_openapi::api::core::v1::ConfigMap> {
         match namespace {

@@ -69,6 +69,11 @@ pub struct PoolContext {
     /// The runner's ConfigMap of each namespace, made before its first sandbox Pod
     /// (`runner_files.rs`).
     pub runner_files: Arc<crate::runner_files::RunnerFiles>,
+    /// The Pods the run controller claimed lately, and those it is claiming: their leaving the
+    /// pool's watch is no change for the pool to look at until their hand-over is done ([`run`]).
+    pub claimed: ClaimedPods,
+    /// See `claimed`.
+    pub claiming: ClaimsInDoubt,
 }
 
 /// A claim whose answer never came: the request timed out, its connection broke, or the
@@ -87,15 +92,22 @@ pub struct ClaimInDoubt {
 
 /// This operator's claims in doubt, by run uid. In memory: a claim sent by an operator that has
 /// since died is found by `Reconcile::earlier_claim` (`python/warm.rs`) once it commits; the window in which a dead
-/// operator's request is still applied is the API server's own handling time.
-#[derive(Debug, Default)]
-pub struct ClaimsInDoubt(std::sync::Mutex<std::collections::HashMap<String, ClaimInDoubt>>);
+/// operator's request is still applied is the API server's own handling time. Shared with the
+/// pool controller (see [`run`]).
+#[derive(Clone, Debug, Default)]
+pub struct ClaimsInDoubt(Arc<std::sync::Mutex<std::collections::HashMap<String, ClaimInDoubt>>>);
 
 impl ClaimsInDoubt {
     fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, ClaimInDoubt>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether a run of this operator is claiming `pod` now (its claim's answer not in yet, or
+    /// in doubt).
+    pub fn claiming(&self, pod: &str) -> bool {
+        self.lock().values().any(|doubt| doubt.pod == pod)
     }
 
     /// The run's claim in doubt, if it has one.
@@ -126,40 +138,52 @@ impl ClaimsInDoubt {
     }
 }
 
-/// Pods this operator claimed lately, by name, with when. The idle Pods a claim picks from
-/// come from a watch, which under load shows a Pod as idle for a while after another run of
-/// this operator claimed it: a claim of it then only loses (its resourceVersion moved on), a
-/// round trip each. In a burst of ten one run lost five in a row (1.2 s) before this; a Pod
-/// named here is no longer a candidate. A sandbox is single-use, so a claimed Pod never becomes
-/// idle again; its name is kept for [`ClaimedPods::KEPT`], long past any watch's lag.
-#[derive(Debug, Default)]
-pub struct ClaimedPods(std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>);
+/// Pods this operator claimed lately, by name, with when and for which run. The idle Pods a
+/// claim picks from come from a watch, which under load shows a Pod as idle for a while after
+/// another run of this operator claimed it: a claim of it then only loses (its resourceVersion
+/// moved on), a round trip each. In a burst of ten one run lost five in a row (1.2 s) before
+/// this; a Pod named here is no longer a candidate. A sandbox is single-use, so a claimed Pod
+/// never becomes idle again; its name is kept for [`ClaimedPods::KEPT`], long past any watch's
+/// lag. Shared with the pool controller, whose watch of idle Pods sees each claim as the Pod's
+/// deletion. The run is kept for a claim made before its run's decision was recorded (the two
+/// go out in one write): a run decided again after that write failed takes up its sandbox
+/// (`python/warm.rs`, `Reconcile::unrecorded_claim`).
+#[derive(Clone, Debug, Default)]
+pub struct ClaimedPods(Arc<Mutex<HashMap<String, (std::time::Instant, String)>>>);
 
 impl ClaimedPods {
     /// How long a claimed Pod's name is kept.
     const KEPT: Duration = Duration::from_secs(60);
 
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, std::time::Instant>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (std::time::Instant, String)>> {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// `pod` was claimed just now (names older than [`ClaimedPods::KEPT`] are forgotten).
-    pub fn add(&self, pod: &str) {
+    /// `pod` was claimed just now for the run `run_uid` (names older than
+    /// [`ClaimedPods::KEPT`] are forgotten).
+    pub fn add(&self, pod: &str, run_uid: &str) {
         let now = std::time::Instant::now();
         let mut claimed = self.lock();
-        claimed.retain(|_, at| now.duration_since(*at) < Self::KEPT);
-        claimed.insert(pod.to_owned(), now);
+        claimed.retain(|_, (at, _)| now.duration_since(*at) < Self::KEPT);
+        claimed.insert(pod.to_owned(), (now, run_uid.to_owned()));
     }
 
     /// Whether this operator claimed `pod` lately.
     pub fn contains(&self, pod: &str) -> bool {
         self.lock()
             .get(pod)
-            .is_some_and(|at| at.elapsed() < Self::KEPT)
+            .is_some_and(|(at, _)| at.elapsed() < Self::KEPT)
+    }
+
+    /// The Pods this operator claimed lately for the run `run_uid`.
+    pub fn of_run(&self, run_uid: &str) -> Vec<String> {
+        self.lock()
+            .iter()
+            .filter(|(_, (at, run))| run == run_uid && at.elapsed() < Self::KEPT)
+            .map(|(pod, _)| pod.clone())
+            .collect()
     }
 }
 
@@ -717,18 +741,19 @@ pub async fn run(
     pods: Api<Pod>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    // Only its idle Pods: a claimed one leaves the selector (a deletion to this watch, which
-    // no longer maps to the pool), and the runs' own Pods never concerned it.
+    // Only its idle Pods: the runs' own Pods never concerned it. A claimed one leaves the
+    // selector, which this watch gets as a deletion carrying the Pod as it was before the claim
+    // (the API server sends the last state that matched), still owned by the pool: mapped to
+    // the pool, it put the pool's list and status write beside every warm call's hand-over
+    // (measured: the terminal status write 34 ms instead of about 8, e2e/BENCHMARKS.md). The
+    // run wakes the pool after the hand-over instead.
     let pod_watch = watcher::Config::default().labels(&idle_selector());
+    // A claim's answer and its watch event arrive in either order: a Pod is marked as being
+    // claimed before the claim is sent, and as claimed before that mark goes.
+    let (claimed, claiming) = (ctx.claimed.clone(), ctx.claiming.clone());
     Controller::new(pools, watcher::Config::default().any_semantic())
-        .watches(pods, pod_watch, |pod: Pod| {
-            let ns = pod.namespace()?;
-            let pool = pod
-                .owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true) && o.kind == SandboxPool::kind(&()))
-                .map(|o| o.name.clone())?;
-            Some(ObjectRef::<SandboxPool>::new(&pool).within(&ns))
+        .watches(pods, pod_watch, move |pod: Pod| {
+            pool_woken_by(&pod, &claimed, &claiming)
         })
         // A run that found a pool empty (the pool grows now, not at its next resync), or that
         // claimed a sandbox of it (once the hand-over is done).
@@ -741,6 +766,26 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// The pool a change of its idle Pod `pod` wakes: its owner, unless the Pod is one this operator
+/// claimed or is claiming (then the run wakes it once the hand-over is done).
+fn pool_woken_by(
+    pod: &Pod,
+    claimed: &ClaimedPods,
+    claiming: &ClaimsInDoubt,
+) -> Option<ObjectRef<SandboxPool>> {
+    let ns = pod.namespace()?;
+    let name = pod.name_any();
+    if claimed.contains(&name) || claiming.claiming(&name) {
+        return None;
+    }
+    let pool = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == SandboxPool::kind(&()))
+        .map(|o| o.name.clone())?;
+    Some(ObjectRef::<SandboxPool>::new(&pool).within(&ns))
 }
 
 /// When a claimed sandbox was claimed, from its annotation.

@@ -324,3 +324,29 @@ fn a_sandbox_another_run_is_claiming_is_not_claimed_beside_it() {
     doubts.remove("run-1");
     assert!(doubts.try_insert("run-3", claim("default-a")));
 }
+
+#[test]
+fn a_claim_leaving_the_idle_watch_wakes_no_pool_until_its_hand_over() {
+    // As the watch of idle Pods gets a claim: a deletion carrying the Pod as it was before,
+    // still owned by its pool.
+    let mut idle = build(&pool(1), &operator()).expect("a pool with a name and a uid");
+    idle.metadata.name = Some("default-a".into());
+    let (claimed, claiming) = (ClaimedPods::default(), ClaimsInDoubt::default());
+    let woken = pool_woken_by(&idle, &claimed, &claiming);
+    assert_eq!(woken, Some(ObjectRef::new("default").within("runs")));
+    // Being claimed (its answer not in yet), then claimed: no wake either way.
+    let doubt = ClaimInDoubt {
+        pod: "default-a".to_owned(),
+        pool: "default".to_owned(),
+        resource_version: Some("7".to_owned()),
+    };
+    assert!(claiming.try_insert("run-1", doubt));
+    assert_eq!(pool_woken_by(&idle, &claimed, &claiming), None);
+    claimed.add("default-a", "run-1");
+    claiming.remove("run-1");
+    assert_eq!(pool_woken_by(&idle, &claimed, &claiming), None);
+    // Another Pod of the pool still wakes it.
+    let mut other = idle.clone();
+    other.metadata.name = Some("default-b".into());
+    assert_eq!(pool_woken_by(&other, &claimed, &claiming), woken);
+}

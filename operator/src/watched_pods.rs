@@ -29,6 +29,15 @@ impl WatchedPods {
         Serving(self.clone())
     }
 
+    /// The Pods the watch has that `keep` returns true for, if its first list is in: `None`
+    /// before that, and while no controller's watch is served (then only the API server can
+    /// say what is absent).
+    pub fn listed(&self, keep: impl Fn(&Pod) -> bool) -> Option<Vec<Arc<Pod>>> {
+        let store = self.0.read().unwrap_or_else(|e| e.into_inner()).clone()?;
+        futures::FutureExt::now_or_never(store.wait_until_ready())?.ok()?;
+        Some(store.state_filter(keep))
+    }
+
     /// The Pod `name` in `namespace`, if the watch has it.
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
         let store = self.0.read().unwrap_or_else(|e| e.into_inner());
@@ -69,5 +78,26 @@ mod tests {
         assert!(watched.get("other", "a").is_none());
         drop(serving);
         assert!(watched.get("runs", "a").is_none());
+    }
+
+    #[test]
+    fn a_list_is_served_only_once_the_first_list_is_in() {
+        let watched = WatchedPods::default();
+        assert!(watched.listed(|_| true).is_none());
+        let (store, mut writer) = kube::runtime::reflector::store();
+        let _serving = watched.serve(store);
+        writer.apply_watcher_event(&Event::Init);
+        writer.apply_watcher_event(&Event::InitApply(pod("a")));
+        // Absence is not known before the list is in.
+        assert!(watched.listed(|_| true).is_none());
+        writer.apply_watcher_event(&Event::InitDone);
+        let all = watched.listed(|_| true).expect("listed");
+        assert_eq!(all.len(), 1);
+        assert!(
+            watched
+                .listed(|p| p.metadata.name.as_deref() == Some("b"))
+                .expect("listed")
+                .is_empty()
+        );
     }
 }

@@ -38,7 +38,8 @@ impl Reconcile<'_> {
         decided: Option<Decided>,
     ) -> Result<Action, Error> {
         // An Allow taken now and not yet written: `prev` carries it, and the first status write
-        // below records it, before a sandbox is claimed or created (`Decided::unrecorded`).
+        // below records it, before a sandbox is created or sent anything; a warm one is claimed
+        // first and recorded with it (`Decided::unrecorded`).
         let unrecorded = decided.as_ref().is_some_and(|d| d.unrecorded);
         let decided = decided.map(|d| d.decision);
         // A call in a session runs in the session's sandbox, never in one of its own (where its
@@ -164,6 +165,27 @@ impl Reconcile<'_> {
                     None => self.ctx.recorded(self.run, &prev, Tool::Python),
                 };
                 let (limits, files) = (decision.limits, decision.files);
+                // Decided in this reconcile, not recorded: a sandbox claimed on an earlier
+                // decision whose record failed (or whose operator stopped) is taken up if it
+                // was claimed with this decision's limits and caps, or given up (it got nothing).
+                if unrecorded && let Some(claimed) = self.unrecorded_claim().await? {
+                    let object = &claimed.object;
+                    if pod::limits_of(object).as_ref() == Some(&limits)
+                        && pod::file_caps_of(object) == Some(files)
+                    {
+                        info!(run = %self.name, pod = %claimed.claimed.pod, "taking up a warm sandbox claimed before the run's decision was recorded");
+                        self.ctx.claims_in_doubt.remove(&self.uid());
+                        self.ctx.admission.admitted(
+                            &self.run_ref(),
+                            &self.uid(),
+                            Sandbox::Claimed,
+                            self.now,
+                        );
+                        return self.run_warm(&prev, &claimed.claimed, &limits, files).await;
+                    }
+                    info!(run = %self.name, pod = %claimed.claimed.pod, "giving up a warm sandbox claimed on another decision");
+                    self.delete_pod(&claimed.claimed.pod).await?;
+                }
                 let profile = pod::profile_of(self.run);
                 if self.ctx.sandbox.image_for(profile).is_none() {
                     let outcome = Outcome::of(
@@ -219,10 +241,13 @@ impl Reconcile<'_> {
                 };
                 let may_claim =
                     !pools.is_empty() || self.ctx.claims_in_doubt.get(&self.uid()).is_some();
+                // A decision taken now is recorded with the claim (`run_warm`), or with the
+                // cold path below: one write fewer on the call's path. Nothing is sent to a
+                // sandbox before that record, and nothing is claimed on a decision taken on a
+                // copy of the run someone changed since.
                 if may_claim {
                     if unrecorded {
-                        // The decision, recorded before a sandbox is claimed.
-                        self.apply(&prev).await?;
+                        self.unchanged_since_decided().await?;
                     }
                     if let Some(claimed) = self.claim_warm(&pools, &limits, files).await? {
                         self.ctx.admission.admitted(

@@ -362,6 +362,11 @@ impl Reconcile<'_> {
                 .pods
                 .patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await;
+            // Marked claimed before its doubt goes: the pool's watch never sees it unmarked
+            // (`pool::run`).
+            if answer.is_ok() {
+                ctx.claimed_pods.add(&pod_name, &uid);
+            }
             if matches!(&answer, Ok(_) | Err(kube::Error::Api(_)))
                 && !matches!(&answer, Err(kube::Error::Api(e)) if e.code >= 500)
             {
@@ -369,7 +374,6 @@ impl Reconcile<'_> {
             }
             match answer {
                 Ok(_) => {
-                    ctx.claimed_pods.add(&pod_name);
                     let key = pool::key(&self.ns, name);
                     ctx.pool_claims.add(&key);
                     // When the claim was accepted, not when this reconcile began: the
@@ -423,7 +427,7 @@ impl Reconcile<'_> {
             };
             if pod::belongs_to(&current, self.run) {
                 info!(run = %self.name, pod = %doubt.pod, "a claim whose answer was lost had committed: taking up its sandbox");
-                self.ctx.claimed_pods.add(&doubt.pod);
+                self.ctx.claimed_pods.add(&doubt.pod, &uid);
                 self.ctx.claims_in_doubt.remove(&uid);
                 self.ctx.pool_claims.add(&pool::key(&self.ns, &doubt.pool));
                 return Ok(Some(claimed));
@@ -446,7 +450,7 @@ impl Reconcile<'_> {
             {
                 Ok(_) => {
                     info!(run = %self.name, pod = %doubt.pod, "claimed again a warm sandbox whose first claim's answer was lost");
-                    self.ctx.claimed_pods.add(&doubt.pod);
+                    self.ctx.claimed_pods.add(&doubt.pod, &uid);
                     self.ctx.claims_in_doubt.remove(&uid);
                     self.ctx.pool_claims.add(&pool::key(&self.ns, &doubt.pool));
                     return Ok(Some(claimed));
@@ -464,7 +468,7 @@ impl Reconcile<'_> {
     /// A warm sandbox this run claimed that its status does not name: the claim's patch
     /// committed, and the operator stopped before recording it. Looked up (fresh from the API
     /// server, by the run's label and owner) only when the run was not decided in this
-    /// reconciliation, since a claim needs a decision first.
+    /// reconciliation; the reconcile that decides looks with [`Self::unrecorded_claim`].
     pub(super) async fn earlier_claim(&self) -> Result<Option<EarlierClaim>, Error> {
         let selector = format!("{}={}", pod::LABEL_RUN, pod::label_value(&self.name));
         let listed = self
@@ -472,26 +476,63 @@ impl Reconcile<'_> {
             .list(&ListParams::default().labels(&selector))
             .await?;
         for p in listed.items {
-            let Some(pool) = p.annotations().get(FROM_POOL_ANNOTATION).cloned() else {
-                continue;
-            };
-            if p.metadata.deletion_timestamp.is_some() || !pod::belongs_to(&p, self.run) {
-                continue;
+            if let Some(found) = self.taken_up(p).await? {
+                return Ok(Some(found));
             }
-            if !is_running(&p) {
-                // It got nothing and cannot take the program now: give it up.
-                self.delete_pod(&p.name_any()).await?;
-                continue;
-            }
-            return Ok(Some(EarlierClaim {
-                claimed: Claimed {
-                    pod: p.name_any(),
-                    pool,
-                },
-                object: p,
-            }));
         }
         Ok(None)
+    }
+
+    /// A warm sandbox claimed for this run before its decision was recorded: a claim goes out
+    /// before the decision, which is recorded with the claim in one write, and that write
+    /// failed or the operator stopped before it. Looked up in the reconcile that decides the
+    /// run (again): the claims this operator made for it (read fresh, whatever the watch shows
+    /// yet), then the controller's Pod watch once its first list is in (an operator before a
+    /// restart claimed it: that list came after its claim), else the API server.
+    pub(super) async fn unrecorded_claim(&self) -> Result<Option<EarlierClaim>, Error> {
+        for name in self.ctx.claimed_pods.of_run(&self.uid()) {
+            if let Some(p) = self.pods.get_opt(&name).await?
+                && let Some(found) = self.taken_up(p).await?
+            {
+                return Ok(Some(found));
+            }
+        }
+        let label = pod::label_value(&self.name);
+        let watched = self.ctx.watched_pods.listed(|p| {
+            p.metadata.namespace.as_deref() == Some(self.ns.as_str())
+                && p.labels().get(pod::LABEL_RUN) == Some(&label)
+        });
+        let Some(watched) = watched else {
+            return self.earlier_claim().await;
+        };
+        for p in watched {
+            if let Some(found) = self.taken_up(Pod::clone(&p)).await? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    /// `p`, a Pod labelled with this run, if it is a warm sandbox the run claimed that can
+    /// still take the program; one that cannot (it got nothing) is given up.
+    async fn taken_up(&self, p: Pod) -> Result<Option<EarlierClaim>, Error> {
+        let Some(pool) = p.annotations().get(FROM_POOL_ANNOTATION).cloned() else {
+            return Ok(None);
+        };
+        if p.metadata.deletion_timestamp.is_some() || !pod::belongs_to(&p, self.run) {
+            return Ok(None);
+        }
+        if !is_running(&p) {
+            self.delete_pod(&p.name_any()).await?;
+            return Ok(None);
+        }
+        Ok(Some(EarlierClaim {
+            claimed: Claimed {
+                pod: p.name_any(),
+                pool,
+            },
+            object: p,
+        }))
     }
 
     /// Runs the program in the claimed sandbox: record the claim, send the code, read the
@@ -527,13 +568,24 @@ impl Reconcile<'_> {
             phase::progress_status(prev, &progress, &claimed.pod, self.generation, self.now);
         recorded.path = Some(SandboxPath::Warm);
         recorded.pool = Some(claimed.pool.clone());
-        // Recorded before the code is sent: a recorded Pod that goes missing ends the run
-        // PodDeleted, so the code can never run in a second sandbox.
+        // Recorded before the code is sent, with the run's decision if it was taken in this
+        // reconcile: a recorded Pod that goes missing ends the run PodDeleted, so the code can
+        // never run in a second sandbox.
         // If the record fails, nothing was sent to the sandbox and it stays the run's: the retry
-        // takes it up (`earlier_claim`, by the run's label and owner) instead of a second one.
-        // (Deleting it here and going on to another, as before, gave one run two sandboxes:
-        // found by the fault suite's full form.)
-        let written = self.apply_recorded(&recorded).await?;
+        // takes it up (`earlier_claim` or `unrecorded_claim`) instead of a second one. (Deleting
+        // it here and going on to another, as before, gave one run two sandboxes: found by the
+        // fault suite's full form.) Except when the run changed since it was decided on its
+        // cached copy (a cancel, another writer): the decision the claim was made on may not
+        // stand, and the sandbox goes.
+        let written = match self.apply_recorded(&recorded).await {
+            Ok(written) => written,
+            Err(Error::Changed) => {
+                info!(run = %self.name, pod = %claimed.pod, "the run changed before its claim was recorded; giving up the unused sandbox");
+                self.delete_pod(&claimed.pod).await?;
+                return Err(Error::Changed);
+            }
+            Err(e) => return Err(e),
+        };
         ctx.metrics.entered(Phase::Pending);
         ctx.events
             .claimed(self.run, &claimed.pod, &claimed.pool)
