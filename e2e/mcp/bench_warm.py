@@ -69,12 +69,49 @@ def scale(pool: str, replicas: int, timeout: float = 300) -> None:
     wait_full(pool, replicas, timeout)
 
 
+class PoolClaims:
+    """The claims the pool's status must have counted before it is read as full: its
+    claimedTotal when the benchmark began, plus each call of the benchmark that took one of its
+    sandboxes. The operator counts a claim in the pool's status once the claim's hand-over is
+    done (about a third of a second later: the pool's list and status write stay off the call's
+    path), so right after a call or a round the status may still show the sandboxes just claimed
+    as ready; a round started on that would find the pool empty."""
+
+    def __init__(self, pool: str) -> None:
+        self.pool = pool
+        self.expected = pool_status(pool).get("status", {}).get("claimedTotal", 0)
+        self.pending: list[str] = []
+
+    def called(self, name: str) -> None:
+        self.pending.append(name)
+
+    def settle(self) -> None:
+        if not self.pending:
+            return
+        names = set(self.pending)
+        runs = json.loads(kubectl("get", "sandboxruns", "-o", "json"))["items"]
+        self.expected += sum(
+            1 for r in runs
+            if r["metadata"]["name"] in names
+            and r.get("status", {}).get("path") == "Warm"
+            and r["status"].get("pool") == self.pool)
+        self.pending.clear()
+
+
+CLAIMS: PoolClaims | None = None
+
+
 def wait_full(pool: str, replicas: int, timeout: float = 300) -> None:
-    """Waits until the pool holds exactly `replicas` ready idle sandboxes."""
+    """Waits until the pool holds exactly `replicas` ready idle sandboxes, counting every claim
+    the benchmark's calls made (PoolClaims)."""
+    claims = CLAIMS if CLAIMS is not None and CLAIMS.pool == pool else None
+    if claims is not None:
+        claims.settle()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         st = pool_status(pool).get("status", {})
-        if st.get("readyReplicas", 0) == replicas and st.get("replicas", 0) == replicas:
+        counted = claims is None or st.get("claimedTotal", 0) >= claims.expected
+        if counted and st.get("readyReplicas", 0) == replicas and st.get("replicas", 0) == replicas:
             return
         time.sleep(0.25)
     raise SystemExit(f"pool {pool} did not reach {replicas} ready sandboxes in {timeout}s")
@@ -94,6 +131,8 @@ async def call(session: ClientSession, sid: str | None = None) -> tuple[float, s
     ms = (time.perf_counter() - t0) * 1000
     out = r.structured_content or {}
     assert out.get("stdout") == "1\n" and out.get("phase") == "Succeeded", r
+    if CLAIMS is not None and sid is None:
+        CLAIMS.called(out["runName"])
     return ms, out["runName"]
 
 
@@ -103,7 +142,9 @@ def paths_of(names: list[str]) -> dict[str, str]:
 
 
 async def main(a: argparse.Namespace) -> int:
+    global CLAIMS
     original = pool_status(a.pool)["spec"]["replicas"]
+    CLAIMS = PoolClaims(a.pool)
     results: dict[tuple[str, str], list[float]] = {}
     calls: list[tuple[str, float, str, str]] = []  # (phase, ms, run name, the path meant)
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=300) as http:
