@@ -1621,6 +1621,20 @@ fn default_limits_run() -> Value {
     run
 }
 
+/// A run with the default limits, and a pool with two idle sandboxes on an API server with
+/// `fault` set.
+async fn two_idle_sandboxes(fault: impl FnOnce(&mut crate::fixtures::ApiState)) -> FakeApi {
+    let api = FakeApi::start(default_limits_run()).await;
+    api.with(|s| {
+        s.pool_pods = vec![
+            pool_pod("default-aaaaa", "7"),
+            pool_pod("default-bbbbb", "8"),
+        ];
+        fault(s);
+    });
+    api
+}
+
 #[tokio::test]
 async fn a_fitting_run_claims_a_ready_sandbox_and_records_it_before_sending_code() {
     let api = FakeApi::start(default_limits_run()).await;
@@ -1782,13 +1796,7 @@ async fn a_claim_made_before_a_restart_and_never_recorded_is_taken_up_not_repeat
     // Found by the fault suite (e2e/mcp/faults.py): the operator was SIGKILLed after its claim
     // patch committed and before it recorded the claim; the next operator claimed a second
     // sandbox for the same run. Before: a second claim; now: the first one is taken up.
-    let api = FakeApi::start(default_limits_run()).await;
-    api.with(|s| {
-        s.pool_pods = vec![
-            pool_pod("default-aaaaa", "7"),
-            pool_pod("default-bbbbb", "8"),
-        ]
-    });
+    let api = two_idle_sandboxes(|_| {}).await;
     let ctx = context_with_pool(&api);
     // The first operator: decides, claims, and "dies" before the claim's record (its status
     // write is lost with it, so the status keeps the decision only).
@@ -1844,14 +1852,7 @@ async fn a_claim_whose_record_with_the_decision_failed_is_taken_up_when_the_run_
     // The decision goes out with the claim's record, after the claim: when that write fails,
     // the run is still undecided and is decided again; it must take up its sandbox, never
     // claim a second one.
-    let api = FakeApi::start(default_limits_run()).await;
-    api.with(|s| {
-        s.pool_pods = vec![
-            pool_pod("default-aaaaa", "7"),
-            pool_pod("default-bbbbb", "8"),
-        ];
-        s.refuse_status_writes = 1;
-    });
+    let api = two_idle_sandboxes(|s| s.refuse_status_writes = 1).await;
     let ctx = context_with_pool(&api);
     let first = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
     assert!(first.is_err(), "{first:?}");
@@ -1875,14 +1876,7 @@ async fn a_claim_made_before_a_restart_with_no_record_at_all_is_taken_up_from_th
     // The operator stopped between a claim and its record, which would have carried the run's
     // decision too: the next operator decides the run again and finds the claimed sandbox in
     // its Pod watch (listed after the claim), without asking the API server for a list.
-    let api = FakeApi::start(default_limits_run()).await;
-    api.with(|s| {
-        s.pool_pods = vec![
-            pool_pod("default-aaaaa", "7"),
-            pool_pod("default-bbbbb", "8"),
-        ];
-        s.refuse_status_writes = 1;
-    });
+    let api = two_idle_sandboxes(|s| s.refuse_status_writes = 1).await;
     let _ = reconcile(Arc::new(cached(&api)), context_with_pool(&api)).await;
     let claimed = api.with(|s| s.pod.clone()).expect("a claimed sandbox");
     let name = claimed["metadata"]["name"].as_str().unwrap().to_owned();
@@ -1942,14 +1936,7 @@ async fn a_run_written_between_its_check_and_its_claims_record_gives_its_sandbox
 async fn a_sandbox_claimed_on_another_decision_is_given_up_and_the_run_goes_on() {
     // Policy changed between a claim and a run's decision taken again: the sandbox was claimed
     // with other limits, so it goes (it got nothing), and the run claims one for this decision.
-    let api = FakeApi::start(default_limits_run()).await;
-    api.with(|s| {
-        s.pool_pods = vec![
-            pool_pod("default-aaaaa", "7"),
-            pool_pod("default-bbbbb", "8"),
-        ];
-        s.refuse_status_writes = 1;
-    });
+    let api = two_idle_sandboxes(|s| s.refuse_status_writes = 1).await;
     let ctx = context_with_pool(&api);
     let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
     let first = api.with(|s| {
@@ -1980,14 +1967,7 @@ async fn a_claim_whose_answer_was_lost_is_settled_on_its_pod_before_the_run_take
     // sandbox, so one run had two. Before: the next reconcile claimed anew (here it goes cold,
     // the pool's status reading empty by then) and the late claim then committed as well; now the
     // run claims the same Pod again first, which fences the late request out.
-    let api = FakeApi::start(default_limits_run()).await;
-    api.with(|s| {
-        s.pool_pods = vec![
-            pool_pod("default-aaaaa", "7"),
-            pool_pod("default-bbbbb", "8"),
-        ];
-        s.hold_claims = 1;
-    });
+    let api = two_idle_sandboxes(|s| s.hold_claims = 1).await;
     let (reader, mut writer) = kube::runtime::reflector::store();
     writer.apply_watcher_event(&kube::runtime::watcher::Event::Apply(pool_object(2)));
     let ctx = Arc::try_unwrap(context(&api, None))
@@ -2031,14 +2011,7 @@ async fn a_claim_whose_answer_was_lost_is_settled_on_its_pod_before_the_run_take
 
 #[tokio::test]
 async fn a_lost_claim_that_committed_meanwhile_is_taken_up() {
-    let api = FakeApi::start(default_limits_run()).await;
-    api.with(|s| {
-        s.pool_pods = vec![
-            pool_pod("default-aaaaa", "7"),
-            pool_pod("default-bbbbb", "8"),
-        ];
-        s.hold_claims = 1;
-    });
+    let api = two_idle_sandboxes(|s| s.hold_claims = 1).await;
     let ctx = context_with_pool(&api);
     let _ = reconcile(Arc::new(cached(&api)), ctx.clone()).await;
     // The API server applies the held claim before the next reconcile.
@@ -2060,14 +2033,7 @@ async fn a_lost_claim_that_committed_meanwhile_is_taken_up() {
 
 #[tokio::test]
 async fn a_run_that_loses_every_claim_goes_cold() {
-    let api = FakeApi::start(default_limits_run()).await;
-    api.with(|s| {
-        s.pool_pods = vec![
-            pool_pod("default-aaaaa", "7"),
-            pool_pod("default-bbbbb", "8"),
-        ];
-        s.lose_claims = 2;
-    });
+    let api = two_idle_sandboxes(|s| s.lose_claims = 2).await;
     let ctx = context_with_pool(&api);
     reconcile_as(cached(&api), &ctx).await;
     let requests = api.take_requests();
