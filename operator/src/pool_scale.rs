@@ -12,13 +12,14 @@
 //! would: `kubectl get sandboxpools` shows it, and a pool without `maxReplicas` is left to its
 //! replicas (set by hand, or by an HPA or KEDA on the same subresource; the two are not combined).
 //!
-//! Demand also times a pool's refill: the replacement of a sandbox just claimed starts once the
-//! claim's hand-over is likely done ([`Demand::refill_hold`]). A gVisor sandbox's start is about a
-//! second of one core; started at the claim, it competed with the call it replaces the sandbox
-//! of (the program's hand-over through the API server, the kubelet and containerd), and in a
-//! burst ten of them competed with ten calls.
+//! Demand also times a pool's refill: the replacements of sandboxes just claimed start once the
+//! claims' hand-overs are done, or two seconds after the first claim ([`Demand::refill_hold`]).
+//! A gVisor sandbox's start is about a second of one core; started at the claim, it competed
+//! with the call it replaces the sandbox of (the program's hand-over through the API server, the
+//! kubelet and containerd), and in a burst ten of them competed with ten calls (started a second
+//! after the first claim, as until 2026-12-07, they still met a burst's last calls).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,17 +39,17 @@ const START_BOUNDS: (SignedDuration, SignedDuration) =
     (SignedDuration::from_secs(1), SignedDuration::from_secs(30));
 /// Most demand events kept per pool (a burst beyond this many is already at any sane maximum).
 const MAX_EVENTS: usize = 1024;
-/// How long after a pool's latest claim its refill waits: about the time a claim's hand-over takes
-/// (the program sent and confirmed: 50-150 ms on a quiet 2-core node, more in a burst).
-const HANDOVER: SignedDuration = SignedDuration::from_millis(300);
 /// The longest a refill waits for hand-overs, from the first claim it would replace: a pool
-/// claimed from without pause still refills.
-const MAX_REFILL_HOLD: SignedDuration = SignedDuration::from_secs(1);
+/// claimed from without pause still refills, and a hand-over that never reports its end (its
+/// reconcile failed on the way) holds no refill past it. A burst of ten calls ends 1-2 s after
+/// its first claim on a 2-core node.
+const MAX_REFILL_HOLD: SignedDuration = SignedDuration::from_secs(2);
 
 /// When runs wanted a sandbox of one pool, and which runs, the oldest first.
 type Wanted = VecDeque<(Timestamp, String)>;
-/// Per pool, the first and the latest claim since its last refill.
-type Unrefilled = HashMap<ObjectRef<SandboxPool>, (Timestamp, Timestamp)>;
+/// Per pool, the first claim since its last refill, and the runs whose hand-over of a sandbox
+/// claimed since is not done yet.
+type Unrefilled = HashMap<ObjectRef<SandboxPool>, (Timestamp, HashSet<String>)>;
 
 /// When runs wanted a sandbox of each pool, shared by the run controller (which records) and the
 /// pool controller (which sizes).
@@ -73,36 +74,49 @@ impl Default for Demand {
 }
 
 impl Demand {
-    /// Run `run` claimed a sandbox of the pool (`now`: when its claim was accepted).
+    /// Run `run` claimed a sandbox of the pool (`now`: when its claim was accepted); its
+    /// hand-over begins, and holds the pool's refill until it is done ([`Demand::handed_over`]).
     pub fn claimed(&self, namespace: &str, pool: &str, run: &str, now: Timestamp) {
         self.record(namespace, pool, run, now);
         let mut unrefilled = self.unrefilled.lock().expect("not poisoned");
         unrefilled
             .entry(ObjectRef::new(pool).within(namespace))
-            .and_modify(|(_, latest)| *latest = (*latest).max(now))
-            .or_insert((now, now));
-    }
-
-    /// Wakes the pool a run just claimed a sandbox of once the claim's hand-over is done
-    /// ([`HANDOVER`] from now): its refill, held until then ([`Demand::refill_hold`]), starts, and
-    /// its status counts the claim. The claimed Pod's own changes no longer reach the pool's
-    /// controller (it watches idle Pods only): a wake at the claim would put the pool's list and
-    /// status write beside the hand-over.
-    pub fn wake_after_handover(&self, namespace: &str, pool: &str) {
+            .or_insert_with(|| (now, HashSet::new()))
+            .1
+            .insert(run.to_owned());
+        // Whatever becomes of the hand-over, the pool is looked at by the end of its hold.
         let (wake, pool) = (self.wake.clone(), ObjectRef::new(pool).within(namespace));
         tokio::spawn(async move {
-            tokio::time::sleep(HANDOVER.unsigned_abs()).await;
+            tokio::time::sleep(MAX_REFILL_HOLD.unsigned_abs()).await;
             // The pool controller may be gone (shutting down): nothing to wake then.
             let _ = wake.send(pool);
         });
     }
 
-    /// How much longer the pool's refill should wait for the hand-over of its latest claims, if
-    /// at all.
+    /// Run `run`'s hand-over of the sandbox it claimed from the pool is done (its result read
+    /// and recorded, or given up): once no other claim of the pool is being handed over, the
+    /// pool is woken, its refill starts and its status counts the claims. The claimed Pod's own
+    /// changes no longer reach the pool's controller (it watches idle Pods only): a wake at the
+    /// claim would put the pool's list and status write beside the hand-over, and its refill's
+    /// gVisor starts (a second of a core each) beside the calls of a burst still running.
+    pub fn handed_over(&self, namespace: &str, pool: &str, run: &str) {
+        let key = ObjectRef::new(pool).within(namespace);
+        let mut unrefilled = self.unrefilled.lock().expect("not poisoned");
+        let Some((_, handing_over)) = unrefilled.get_mut(&key) else {
+            return;
+        };
+        if handing_over.remove(run) && handing_over.is_empty() {
+            // The pool controller may be gone (shutting down): nothing to wake then.
+            let _ = self.wake.send(key);
+        }
+    }
+
+    /// How much longer the pool's refill should wait for the hand-overs of its claims, if at
+    /// all.
     pub fn refill_hold(&self, pool: &ObjectRef<SandboxPool>, now: Timestamp) -> Option<Duration> {
         let unrefilled = self.unrefilled.lock().expect("not poisoned");
-        let (first, latest) = unrefilled.get(pool)?;
-        refill_hold(*first, *latest, now)
+        let (first, handing_over) = unrefilled.get(pool)?;
+        refill_hold(*first, handing_over.len(), now)
     }
 
     /// The pool started its replacements: later claims start a new hold.
@@ -165,11 +179,14 @@ impl Demand {
     }
 }
 
-/// How much longer a refill waits, given the first and the latest claim it would replace: until
-/// [`HANDOVER`] after the latest, and no later than [`MAX_REFILL_HOLD`] after the first.
-fn refill_hold(first: Timestamp, latest: Timestamp, now: Timestamp) -> Option<Duration> {
-    let until = (latest + HANDOVER).min(first + MAX_REFILL_HOLD);
-    let left = until.duration_since(now);
+/// How much longer a refill waits, given the first claim it would replace and how many of its
+/// claims are being handed over: until none is, and no later than [`MAX_REFILL_HOLD`] after the
+/// first.
+fn refill_hold(first: Timestamp, handing_over: usize, now: Timestamp) -> Option<Duration> {
+    if handing_over == 0 {
+        return None;
+    }
+    let left = (first + MAX_REFILL_HOLD).duration_since(now);
     left.is_positive().then(|| left.unsigned_abs())
 }
 
@@ -304,32 +321,41 @@ mod tests {
         assert_eq!(peak_within(&burst, s), 10);
     }
 
-    #[test]
-    fn a_refill_waits_for_the_latest_claims_hand_over_but_not_past_the_bound() {
+    #[tokio::test]
+    async fn a_refill_waits_for_its_claims_hand_overs_but_not_past_the_bound() {
         let demand = Demand::default();
         let key = ObjectRef::new("p").within("runs");
         let ms = Duration::from_millis;
         // No claim, no hold: a pool short for any other reason refills at once.
         assert_eq!(demand.refill_hold(&key, at(0)), None);
         demand.claimed("runs", "p", "r1", at(0));
-        assert_eq!(demand.refill_hold(&key, at(100)), Some(ms(200)));
-        // Each claim moves the hold...
         demand.claimed("runs", "p", "r2", at(250));
-        assert_eq!(demand.refill_hold(&key, at(300)), Some(ms(250)));
-        assert_eq!(demand.refill_hold(&key, at(550)), None);
-        // ... but not past a second from the first claim it would replace.
-        for i in 0..10 {
-            demand.claimed("runs", "p", &format!("s{i}"), at(600 + i * 100));
-        }
-        assert_eq!(demand.refill_hold(&key, at(1500)), None);
-        // Another pool's claims hold only that pool; a refill ends the hold.
-        demand.claimed("runs", "q", "r3", at(2000));
-        assert_eq!(demand.refill_hold(&key, at(2000)), None);
+        // Held while a hand-over is under way, from the first claim...
+        assert_eq!(demand.refill_hold(&key, at(300)), Some(ms(1700)));
+        demand.handed_over("runs", "p", "r1");
+        assert_eq!(demand.refill_hold(&key, at(400)), Some(ms(1600)));
+        // ... until the last is done, which wakes the pool.
+        let mut wakeups = Box::pin(demand.wakeups());
+        demand.handed_over("runs", "p", "r2");
+        assert_eq!(demand.refill_hold(&key, at(500)), None);
+        assert_eq!(
+            futures::StreamExt::next(&mut wakeups).await,
+            Some(key.clone())
+        );
+        // Not past two seconds from the first claim it would replace: a hand-over that never
+        // reports its end holds it no longer.
+        demand.claimed("runs", "p", "r3", at(600));
+        assert_eq!(demand.refill_hold(&key, at(2100)), None);
+        // Another pool's claims hold only that pool; a refill ends the hold, and a hand-over
+        // done after it wakes nobody.
         demand.refilled(&key);
-        demand.claimed("runs", "p", "r4", at(2000));
-        assert_eq!(demand.refill_hold(&key, at(2000)), Some(ms(300)));
+        demand.claimed("runs", "q", "r4", at(3000));
+        assert_eq!(demand.refill_hold(&key, at(3000)), None);
+        demand.claimed("runs", "p", "r5", at(3000));
+        assert_eq!(demand.refill_hold(&key, at(3000)), Some(ms(2000)));
         demand.refilled(&key);
-        assert_eq!(demand.refill_hold(&key, at(2000)), None);
+        demand.handed_over("runs", "p", "r5");
+        assert_eq!(demand.refill_hold(&key, at(3000)), None);
     }
 
     #[test]
@@ -356,8 +382,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_miss_wakes_the_pool_and_a_claim_does_not() {
+    #[tokio::test]
+    async fn a_miss_wakes_the_pool_and_a_claim_does_not() {
         let demand = Demand::default();
         let wakeups = demand.wakeups();
         futures::pin_mut!(wakeups);

@@ -155,6 +155,22 @@ pub fn claim_patch(
     Some(patch)
 }
 
+/// The hand-over of a claimed sandbox, under way until dropped: then the pool is told
+/// (`pool_scale::Demand::handed_over`), and refills once no other hand-over holds it.
+struct HandingOver<'a> {
+    demand: &'a crate::pool_scale::Demand,
+    namespace: &'a str,
+    pool: &'a str,
+    run: String,
+}
+
+impl Drop for HandingOver<'_> {
+    fn drop(&mut self) {
+        self.demand
+            .handed_over(self.namespace, self.pool, &self.run);
+    }
+}
+
 impl Reconcile<'_> {
     /// The pools whose sandboxes the run may claim now (of its `profile`, for its `limits`), as
     /// the operator's watch has them: those not empty as of their last reconcile (a claim wakes
@@ -380,7 +396,6 @@ impl Reconcile<'_> {
                     // pool's refill waits for its hand-over from then.
                     ctx.pool_demand
                         .claimed(&self.ns, name, &uid, Timestamp::now());
-                    ctx.pool_demand.wake_after_handover(&self.ns, name);
                     ctx.metrics
                         .warm_claim
                         .observe(started.elapsed().as_secs_f64());
@@ -547,6 +562,13 @@ impl Reconcile<'_> {
         files: FileCaps,
     ) -> Result<Action, Error> {
         let ctx = self.ctx;
+        // However this ends, the pool's refill waits for it no longer.
+        let _handing_over = HandingOver {
+            demand: &ctx.pool_demand,
+            namespace: &self.ns,
+            pool: &claimed.pool,
+            run: self.uid(),
+        };
         let deadline = self
             .now
             .checked_add(SignedDuration::from_secs(
