@@ -73,7 +73,7 @@ class PoolClaims:
     """The claims the pool's status must have counted before it is read as full: its
     claimedTotal when the benchmark began, plus each call of the benchmark that took one of its
     sandboxes. The operator counts a claim in the pool's status once the claim's hand-over is
-    done (about a third of a second later: the pool's list and status write stay off the call's
+    done (its list and status write stay off the call's
     path), so right after a call or a round the status may still show the sandboxes just claimed
     as ready; a round started on that would find the pool empty."""
 

@@ -733,7 +733,7 @@ fn idle_selector() -> String {
 
 /// Runs the pool controller until `shutdown`: pools, and their idle Pods (by their owner). A
 /// claimed Pod is no longer the pool's: the run that claimed it wakes the pool once the program's
-/// hand-over is done (`pool_scale::Demand::wake_after_handover`), so that the pool's list and
+/// hand-over is done (`pool_scale::Demand::handed_over`), so that the pool's list and
 /// status write (and its refill, `Demand::refill_hold`) do not compete with the hand-over.
 pub async fn run(
     ctx: Arc<PoolContext>,
