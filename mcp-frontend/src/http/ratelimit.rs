@@ -5,22 +5,40 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use governor::Quota;
 use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultKeyedRateLimiter, Quota};
+use governor::middleware::NoOpMiddleware;
+use governor::state::keyed::DefaultKeyedStateStore;
 
-/// Rate limit of HTTP requests, per agent.
-pub struct RateLimiter {
-    limiter: DefaultKeyedRateLimiter<String>,
-    clock: DefaultClock,
+/// Rate limit of HTTP requests, per agent. Its clock is the system's; the tests give it one they
+/// move by hand, so that what they check never depends on how fast the machine runs them.
+pub struct RateLimiter<C: Clock = DefaultClock> {
+    limiter: governor::RateLimiter<
+        String,
+        DefaultKeyedStateStore<String>,
+        C,
+        NoOpMiddleware<C::Instant>,
+    >,
+    clock: C,
 }
 
 impl RateLimiter {
     /// `per_minute` requests a minute on average, up to `burst` at once.
     pub fn new(per_minute: NonZeroU32, burst: NonZeroU32) -> Self {
+        Self::with_clock(per_minute, burst, DefaultClock::default())
+    }
+}
+
+impl<C: Clock + Clone> RateLimiter<C> {
+    fn with_clock(per_minute: NonZeroU32, burst: NonZeroU32, clock: C) -> Self {
         let quota = Quota::per_minute(per_minute).allow_burst(burst);
         Self {
-            limiter: DefaultKeyedRateLimiter::keyed(quota),
-            clock: DefaultClock::default(),
+            limiter: governor::RateLimiter::new(
+                quota,
+                DefaultKeyedStateStore::default(),
+                clock.clone(),
+            ),
+            clock,
         }
     }
 
@@ -41,14 +59,25 @@ pub fn retry_after_secs(wait: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use governor::clock::FakeRelativeClock;
 
     fn nz(n: u32) -> NonZeroU32 {
         NonZeroU32::new(n).unwrap()
     }
 
+    /// A limiter on a clock that moves only when the test says.
+    fn on_a_held_clock(
+        per_minute: u32,
+        burst: u32,
+    ) -> (RateLimiter<FakeRelativeClock>, FakeRelativeClock) {
+        let clock = FakeRelativeClock::default();
+        let rl = RateLimiter::with_clock(nz(per_minute), nz(burst), clock.clone());
+        (rl, clock)
+    }
+
     #[test]
     fn burst_then_refusal_per_agent() {
-        let rl = RateLimiter::new(nz(60), nz(3));
+        let (rl, _clock) = on_a_held_clock(60, 3);
         for _ in 0..3 {
             assert!(rl.check("a").is_ok());
         }
@@ -61,11 +90,14 @@ mod tests {
     #[test]
     fn tokens_come_back_over_time() {
         // 600/min = one token every 100 ms.
-        let rl = RateLimiter::new(nz(600), nz(1));
+        let (rl, clock) = on_a_held_clock(600, 1);
+        assert!(rl.check("a").is_ok());
+        assert_eq!(rl.check("a"), Err(Duration::from_millis(100)));
+        clock.advance(Duration::from_millis(60));
+        assert_eq!(rl.check("a"), Err(Duration::from_millis(40)));
+        clock.advance(Duration::from_millis(40));
         assert!(rl.check("a").is_ok());
         assert!(rl.check("a").is_err());
-        std::thread::sleep(Duration::from_millis(120));
-        assert!(rl.check("a").is_ok());
     }
 
     #[test]
