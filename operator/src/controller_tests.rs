@@ -1521,9 +1521,16 @@ async fn a_created_pod_is_attached_to_early_but_only_once_recorded() {
     Arc::get_mut(&mut ctx).unwrap().early_feed = true;
     reconcile_as(cached(&api), &ctx).await;
     // The early feeder keeps trying while the container has not started (the fake never has
-    // an attach stream): its first attempt comes after the Pod was recorded.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let requests = api.take_requests();
+    // an attach stream): its first attempt comes after the Pod was recorded. Waited for until
+    // it tried twice, however long the machine takes (up to a minute).
+    let mut requests = Vec::new();
+    for _ in 0..600 {
+        requests.extend(api.take_requests());
+        if requests.iter().filter(|r| r.contains("/attach")).count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let created = requests
         .iter()
         .position(|r| r.starts_with("POST /api/v1"))
