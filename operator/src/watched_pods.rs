@@ -11,7 +11,10 @@
 //! over from a term whose watch has stopped.
 //!
 //! What it has is taken as present, never what it lacks: a reconcile that finds no Pod here
-//! asks the API server (`python/mod.rs`).
+//! asks the API server (`python/mod.rs`). One exception, [`WatchedPods::listed`]: a run decided
+//! again looks here for a sandbox claimed for it before its decision was recorded, once the
+//! watch's first list is in. Such a claim was made by this process (which remembers it apart,
+//! `pool::ClaimedPods`) or by one before it, whose claims this term's first list came after.
 
 use std::sync::{Arc, RwLock};
 
