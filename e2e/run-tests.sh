@@ -176,6 +176,19 @@ services_up
 # in a target directory of its own: its lock on the shared one would hold up the cluster suites'
 # cargo commands for as long as it runs.
 niced() { renice -n 10 -p "$BASHPID" >/dev/null; "$@"; }   # in a background subshell
+# Clippy's directory takes the build's host artefacts (build scripts, their output, proc macros
+# and what they link): those compile the same for a check as for a build, and from an empty cache
+# were 120 of clippy's 372 units (2 min 50 s on its own against 1 min 48 s with them, 2026-12-07).
+# `.fingerprint` and `build` are copied (cargo rewrites their files in place); `deps` is linked:
+# its files are named by their unit's hash, a check's apart from a build's, so clippy writes none
+# of the build's (checked: no linked file changed in a clippy run). Nothing there is replaced.
+share_host_artefacts() {
+  local from="$TARGET/debug" to="$TARGET/clippy/debug"
+  [[ -d $from/deps ]] || return 0
+  mkdir -p "$to"
+  cp -a --no-clobber "$from/.fingerprint" "$from/build" "$to/"
+  cp -al --no-clobber "$from/deps" "$to/"
+}
 no_cluster_suites() {
   # Off the critical path too: 11 s of a warm run before the compile, and on a fresh machine
   # the build of kubeconform besides.
@@ -187,6 +200,7 @@ no_cluster_suites() {
   step "Helm chart: helm lint, helm template validated against the Kubernetes schemas (e2e/chart/validate.sh)"
   "$REPO_ROOT/e2e/chart/validate.sh"
   step "lints: cargo clippy"
+  share_host_artefacts
   CARGO_TARGET_DIR="$TARGET/clippy" bounded 20 cargo clippy --workspace --all-targets --locked -- -D warnings
   step "unit and integration tests (no cluster)"
   bounded 30 cargo test --workspace --locked --exclude sandboxrun-e2e
