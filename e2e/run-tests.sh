@@ -181,13 +181,14 @@ niced() { renice -n 10 -p "$BASHPID" >/dev/null; "$@"; }   # in a background sub
 # were 120 of clippy's 372 units (2 min 50 s on its own against 1 min 48 s with them, 2026-12-07).
 # `.fingerprint` and `build` are copied (cargo rewrites their files in place); `deps` is linked:
 # its files are named by their unit's hash, a check's apart from a build's, so clippy writes none
-# of the build's (checked: no linked file changed in a clippy run). Nothing there is replaced.
+# of the build's (checked: no linked file changed in a clippy run). Only into an empty directory:
+# once clippy has its own, a dependency added later is compiled for it as for the build.
 share_host_artefacts() {
   local from="$TARGET/debug" to="$TARGET/clippy/debug"
-  [[ -d $from/deps ]] || return 0
+  [[ -d $from/deps && ! -e $to ]] || return 0
   mkdir -p "$to"
-  cp -a --no-clobber "$from/.fingerprint" "$from/build" "$to/"
-  cp -al --no-clobber "$from/deps" "$to/"
+  cp -a "$from/.fingerprint" "$from/build" "$to/"
+  cp -al "$from/deps" "$to/"
 }
 no_cluster_suites() {
   # Off the critical path too: 11 s of a warm run before the compile, and on a fresh machine
