@@ -48,6 +48,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import threading
@@ -528,7 +529,31 @@ async def main(a: argparse.Namespace) -> int:
     problems += [f"fault not in effect: {what}" for what in INEFFECTIVE]
     if not WINDOWS:
         problems.append("no fault was injected")
+    explain(problems, audit, pods)
     return stress.verdict(problems)
+
+
+def explain(problems: list[str], audit: stress.AuditTail, pods: "PodWatch", most: int = 5) -> None:
+    """For the runs a problem names (the first `most`): their status as it ended, the sandboxes
+    the Pod watch saw them own, and every operator log line that names them, so that a red run
+    can be read without the cluster (it is torn down after the suite)."""
+    runs = list(dict.fromkeys(re.findall(r"run-[0-9a-f]{20}", "\n".join(problems))))[:most]
+    for run in runs:
+        print(f"\n### {run}\n")
+        try:
+            status = json.loads(stress.kubectl("-n", stress.RUNS_NS, "get", "sandboxrun", run,
+                                               "-o", "json")).get("status") or {}
+            keep = ("phase", "reason", "message", "path", "pool", "podName", "startedAt",
+                    "finishedAt")
+            print("status:", json.dumps({k: status.get(k) for k in keep if k in status}))
+            for c in status.get("conditions") or []:
+                print(f"  condition {c.get('type')}={c.get('status')} {c.get('reason')}: "
+                      f"{c.get('message', '')[:200]}")
+        except RuntimeError as e:
+            print(f"status: not read ({e})")
+        print("sandboxes seen:", sorted(pods.owners.get(run, set())))
+        for line in audit.trail(run)[-80:]:
+            print(" ", line)
 
 
 if __name__ == "__main__":

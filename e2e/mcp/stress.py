@@ -312,11 +312,14 @@ def runs_by_token() -> tuple[dict[str, list[dict]], list[dict]]:
 class AuditTail:
     """Reads the operator's audit lines straight from the node's container log files, every
     fraction of a second, so lines of operator containers that were killed, restarted or
-    deleted meanwhile are kept (`kubectl logs` shows only the current and the previous one)."""
+    deleted meanwhile are kept (`kubectl logs` shows only the current and the previous one).
+    Every other line that names a run is kept too, by run (`trail`): what a problem's run went
+    through, from every operator that touched it, for the report to show."""
 
     def __init__(self) -> None:
         self.offsets: dict[str, int] = {}
         self.lines: list[dict] = []
+        self.by_run: dict[str, list[str]] = collections.defaultdict(list)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -353,8 +356,20 @@ class AuditTail:
                     entry = json.loads(parts[3])
                 except ValueError:
                     continue
+                fields = entry.get("fields") or {}
                 if entry.get("target") == "audit":
-                    self.lines.append(entry["fields"])
+                    self.lines.append(fields)
+                elif isinstance(fields.get("run"), str):
+                    # The Pod's directory names the operator Pod: which replica said it.
+                    replica = path.split("/")[-3].split("_")[1] if path.count("/") >= 3 else "?"
+                    rest = {k: v for k, v in fields.items() if k not in ("message", "run")}
+                    self.by_run[fields["run"]].append(
+                        f"{entry.get('timestamp', '?')} {replica} {entry.get('level', '?')} "
+                        f"{fields.get('message', '')} {json.dumps(rest)[:400]}")
+
+    def trail(self, run: str) -> list[str]:
+        """The operator's log lines that name `run`, in the order they were read."""
+        return self.by_run.get(run, [])
 
 
 def check(calls: list[Call], audit: list[dict] | None, since: float,
