@@ -539,14 +539,20 @@ impl Queue {
     /// ask that it does not count: those still asking, and those whose Pod it does not name
     /// ([`Room::counted`]; the time it was seen says nothing of what it counts, a watch under
     /// load delivering states a second old). A run that asked and was heard of no more (its
-    /// reconcile failed) stops counting after [`LAPSED_AFTER`]. None after a refusal of the
-    /// quota's later than it was seen.
+    /// reconcile failed) stops counting after [`LAPSED_AFTER`], and so does a Pod created that
+    /// long ago that no room counts: the watch would have seen it by then, so it is gone (a
+    /// pool scaled down before any run asked while its new Pods were counted, say; those
+    /// counted against every room after, and every run of an empty namespace queued behind
+    /// three Pods that were not there). None after a refusal of the quota's later than it was
+    /// seen.
     fn room_left(&mut self, room: &Room, now: Timestamp) -> bool {
         if self.refused_at.is_some_and(|at| at >= room.seen) {
             return false;
         }
         self.asked.retain(|_, asked| match &asked.pod {
-            Some((pod, _)) => !room.counted.contains(pod),
+            Some((pod, created)) => {
+                !room.counted.contains(pod) && now.duration_since(*created) < LAPSED_AFTER
+            }
             None => now.duration_since(asked.since) < LAPSED_AFTER,
         });
         // No more claims than warm sandboxes: the other runs that may claim one go cold.

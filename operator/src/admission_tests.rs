@@ -1042,6 +1042,23 @@ fn a_pools_pod_counts_against_the_room_while_created_and_until_it_is_counted() {
 }
 
 #[test]
+fn a_pools_pod_gone_before_any_room_counted_it_stops_counting() {
+    // A pool creates three Pods and is scaled to zero before any run asks: no room ever names
+    // them, and they are gone.
+    let admission = Admission::new(Duration::from_secs(60));
+    for i in 0..3 {
+        let pod = admission.pool_pod_creating(NS, at(0));
+        admission.pool_pod_created(NS, pod, Some(&format!("default-x{i}")), at(0));
+    }
+    // Soon after, they may just not be in the watch yet: they count.
+    assert_eq!(ask_with_room(&admission, "a", 1, 5, 5), Ask::Head);
+    admission.ended(&run("a"), "a", at(5));
+    // Once a watch would have seen them, the room is the room.
+    let later = 1 + LAPSED_AFTER.as_secs();
+    assert_eq!(ask_with_room(&admission, "b", 1, later, later), Ask::Go);
+}
+
+#[test]
 fn the_pools_pods_and_warm_claims_are_forgotten_where_no_quota_is_seen() {
     // No ResourceQuota in the namespace: nothing ever asks with a room, which is where the
     // entries of runs are pruned; those of the pools' Pods and warm claims go on their own.
