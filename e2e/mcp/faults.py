@@ -10,8 +10,10 @@ under them fail, then every call must have ended exactly once (stress.check):
   proxy (api_proxy.py) that answers 30 % of its requests with 500, 503, 429 or 504 for a while,
   then holds 20 % of them for 8 s before passing them on.
 
-Afterwards: every call got exactly one answer, every run reached one terminal phase, no run had
-two sandbox Pods (every Pod event in the runs namespace is watched during the suite), exactly
+Afterwards: every call got exactly one answer, every run reached one terminal phase, no run's
+program reached two sandbox Pods (every Pod event in the runs namespace is watched during the
+suite, and the sandboxes' own log files read for the runner's line that a program arrived: a
+run may own a second Pod by design, a warm sandbox claimed and never sent its program), exactly
 one audit line per run (read from the node's container log files, so the lines of killed
 operator containers count too), no Pod left behind.
 
@@ -19,8 +21,9 @@ And the suite can fail for an outage, not only for a miscount: each fault is che
 taken effect (the killed processes died and others took their place, running sandboxes were
 deleted, the kubelet was stopped, the proxy saw requests and failed or held some), each kind of
 call still succeeded at least once, every call that failed overlapped a fault's window (the fault
-and RECOVERY seconds after it), and the Pod watch saw the sandbox of every Python run that
-succeeded (but for runs in flight while the watch was reconnecting).
+and RECOVERY seconds after it), the Pod watch saw the sandbox of every Python run that
+succeeded (but for runs in flight while the watch was reconnecting), and the sandboxes' logs
+showed the program of most of them.
 
 This drives the local cluster of e2e/cluster/up.sh on this machine: it signals the cluster's
 processes (their pid files under the cluster's state directory) and reads /var/log/pods, so it
@@ -45,6 +48,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import glob
 import json
 import os
 import random
@@ -299,6 +303,66 @@ class PodWatch:
             self._stop.wait(0.5)
 
 
+class ProgramsReceived:
+    """The sandbox Pods that received a program, read off their own log files on the node every
+    fraction of a second (the runner writes its confirmation line to stdout as the program has
+    arrived; a Pod's files go with the Pod, so they are read while it lives). Named as the Pod
+    watch names them."""
+
+    def __init__(self) -> None:
+        self.pods: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> "ProgramsReceived":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.2):
+            self.poll()
+
+    def poll(self) -> None:
+        for path in glob.glob(f"{stress.POD_LOGS}/{stress.RUNS_NS}_*/*/*.log*"):
+            # <namespace>_<pod>_<uid>: neither a Pod's name nor its uid has an underscore.
+            _, name, uid = os.path.basename(os.path.dirname(os.path.dirname(path))).split("_", 2)
+            pod = f"{name} (uid {uid})"
+            if pod in self.pods:
+                continue
+            try:
+                with open(path, "rb") as f:
+                    if PROGRAM_RECEIVED in f.read():
+                        self.pods.add(pod)
+            except OSError:
+                continue
+
+
+# The runner's line on its stdout once the whole program has arrived (core/src/runner.py).
+PROGRAM_RECEIVED = b"sandboxrun-program-received"
+
+
+def two_sandboxes(pods: PodWatch, programs: ProgramsReceived) -> list[str]:
+    """Runs whose program reached two sandboxes. A run may own two by design, the first never
+    sent its program: a warm sandbox claimed by an operator killed before it recorded the claim
+    (the claim is recorded before the program is sent), then deleted before the next operator
+    took it up, or taken up on other limits, and the run went cold. The sandbox's own log says
+    which received a program."""
+    problems = []
+    for run, owned in pods.owners.items():
+        received = sorted(owned & programs.pods)
+        if len(received) > 1:
+            problems.append(f"two sandboxes: run {run}'s program reached Pods {received}")
+        elif len(owned) > 1:
+            print(f"note: run {run} owned Pods {sorted(owned)}; only {received or 'none'} "
+                  "received its program")
+    return problems
+
+
 # --- the schedule ---------------------------------------------------------------------------------
 
 def schedule(stop_calls: threading.Event, rounds: int) -> list[str]:
@@ -487,9 +551,25 @@ def unwatched(calls: list[stress.Call], pods: "PodWatch") -> list[str]:
     return problems
 
 
+def unread(calls: list[stress.Call], pods: PodWatch, programs: ProgramsReceived) -> list[str]:
+    """The sandboxes' logs must show the program of most Python runs that succeeded (a Pod
+    deleted between two reads of the files goes unseen): a blind reader would make the
+    two-sandboxes check vacuous."""
+    runs = [c.run for c in calls
+            if c.kind.startswith("python") and stress.succeeded(c) and c.run in pods.owners]
+    read = [r for r in runs if pods.owners[r] & programs.pods]
+    print(f"the sandboxes' logs showed the program of {len(read)} of {len(runs)} Python runs "
+          "that succeeded")
+    if runs and len(read) * 2 < len(runs):
+        return [f"the sandboxes' logs showed the program of only {len(read)} of {len(runs)} "
+                "Python runs that succeeded"]
+    return []
+
+
 async def main(a: argparse.Namespace) -> int:
     audit = stress.AuditTail().start()
     pods = PodWatch().start()
+    programs = ProgramsReceived().start()
     calls: list[stress.Call] = []
     since = time.time()
     stop_flag = threading.Event()
@@ -513,6 +593,7 @@ async def main(a: argparse.Namespace) -> int:
     await loop.run_in_executor(None, stress.wait_ended, calls, a.settle)
     time.sleep(3)
     pods.stop()
+    programs.stop()
     audit.stop()
     print("\n## Faults\n")
     print("\n".join(f"- {d}" for d in done))
@@ -521,19 +602,22 @@ async def main(a: argparse.Namespace) -> int:
     # The operator is killed by "kill" and "failover" (its leader): an audit line it wrote but did
     # not record may be written again, identical (stress.check).
     killed = bool({"kill", "failover"} & set(CHOSEN))
-    problems = stress.check(calls, audit.lines, since, pods.owners, operator_killed=killed)
+    problems = stress.check(calls, audit.lines, since, operator_killed=killed)
+    problems += two_sandboxes(pods, programs)
     # Under faults, each kind of call still succeeds, and every failure is the faults' doing.
     problems += stress.floors(calls, 0.0)
     problems += unexplained(calls)
     problems += unwatched(calls, pods)
+    problems += unread(calls, pods, programs)
     problems += [f"fault not in effect: {what}" for what in INEFFECTIVE]
     if not WINDOWS:
         problems.append("no fault was injected")
-    explain(problems, audit, pods)
+    explain(problems, audit, pods, programs)
     return stress.verdict(problems)
 
 
-def explain(problems: list[str], audit: stress.AuditTail, pods: "PodWatch", most: int = 5) -> None:
+def explain(problems: list[str], audit: stress.AuditTail, pods: "PodWatch",
+            programs: "ProgramsReceived", most: int = 5) -> None:
     """For the runs a problem names (the first `most`): their status as it ended, the sandboxes
     the Pod watch saw them own, and every operator log line that names them, so that a red run
     can be read without the cluster (it is torn down after the suite)."""
@@ -551,7 +635,8 @@ def explain(problems: list[str], audit: stress.AuditTail, pods: "PodWatch", most
                       f"{c.get('message', '')[:200]}")
         except RuntimeError as e:
             print(f"status: not read ({e})")
-        print("sandboxes seen:", sorted(pods.owners.get(run, set())))
+        print("sandboxes seen:", sorted(pods.owners.get(run, set())),
+              "of which received a program:", sorted(pods.owners.get(run, set()) & programs.pods))
         for line in audit.trail(run)[-80:]:
             print(" ", line)
 

@@ -373,7 +373,7 @@ class AuditTail:
 
 
 def check(calls: list[Call], audit: list[dict] | None, since: float,
-          pod_owners: dict[str, set[str]] | None = None, operator_killed: bool = False) -> list[str]:
+          operator_killed: bool = False) -> list[str]:
     """Every exactly-once check; returns the problems found (empty: all held).
 
     A run's audit line is owed until the operator records it written (its `Audited` condition):
@@ -440,10 +440,6 @@ def check(calls: list[Call], audit: list[dict] | None, since: float,
                     continue
                 problems.append(f"audit: {name} ({c.kind}, {c.token}) has {len(lines)} audit "
                                 f"lines{'' if same else ', not identical'}")
-    if pod_owners is not None:
-        for run, pods in pod_owners.items():
-            if len(pods) > 1:
-                problems.append(f"two sandboxes: run {run} had Pods {sorted(pods)}")
     left = json.loads(kubectl("-n", RUNS_NS, "get", "pods", "-l", "sandboxrun.dev/run", "-o", "json"))
     for pod in left["items"]:
         if pod["metadata"].get("deletionTimestamp"):

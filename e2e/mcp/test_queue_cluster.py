@@ -183,7 +183,7 @@ def test_agents_take_turns_and_hear_their_place(one_sandbox_at_a_time):
     # One sandbox at a time: the order calls ended is the order they were let in. The light
     # agent's two calls, though they came last, go between the heavy agent's.
     order = [c.name for c in sorted(calls, key=lambda c: c.ended)]
-    assert order == ["a2", "b1", "a3", "b2", "a4"], order
+    assert order == ["a2", "b1", "a3", "b2", "a4"], f"{order}\n{describe([holder] + calls)}"
     # Every queued call heard where it stood; b1 joined the queue second (ahead of a3 and a4).
     for call in calls:
         assert call.positions(), f"{call.name} heard no place: {call.progress}"
@@ -195,6 +195,19 @@ def test_agents_take_turns_and_hear_their_place(one_sandbox_at_a_time):
         run = json.loads(kubectl("-n", RUNS_NS, "get", "sandboxrun", call.run_name(), "-o", "json"))
         assert run["status"].get("queuedAt"), run["status"]
         assert "queuePosition" not in run["status"], run["status"]
+
+
+def describe(calls: list[Call]) -> str:
+    """What a failed order is read by: when each call began and ended (the test's clock), and
+    when its run joined the queue and where it heard it stood."""
+    t0 = min(c.began for c in calls)
+    lines = []
+    for c in calls:
+        status = c.status()
+        lines.append(f"{c.name}: began {c.began - t0:.2f} s, ended {c.ended - t0:.2f} s, "
+                     f"queuedAt {status.get('queuedAt')}, heard {c.positions()}, "
+                     f"{status.get('phase')} {status.get('message', '')[:120]!r}")
+    return "\n".join(lines)
 
 
 def call_by(calls: list[Call], name: str) -> Call:
