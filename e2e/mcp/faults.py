@@ -303,29 +303,15 @@ class PodWatch:
             self._stop.wait(0.5)
 
 
-class ProgramsReceived:
+class ProgramsReceived(stress.Poller):
     """The sandbox Pods that received a program, read off their own log files on the node every
     fraction of a second (the runner writes its confirmation line to stdout as the program has
     arrived; a Pod's files go with the Pod, so they are read while it lives). Named as the Pod
     watch names them."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.pods: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def start(self) -> "ProgramsReceived":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.poll()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(0.2):
-            self.poll()
 
     def poll(self) -> None:
         for path in glob.glob(f"{stress.POD_LOGS}/{stress.RUNS_NS}_*/*/*.log*"):

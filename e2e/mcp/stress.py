@@ -309,21 +309,16 @@ def runs_by_token() -> tuple[dict[str, list[dict]], list[dict]]:
     return found, items
 
 
-class AuditTail:
-    """Reads the operator's audit lines straight from the node's container log files, every
-    fraction of a second, so lines of operator containers that were killed, restarted or
-    deleted meanwhile are kept (`kubectl logs` shows only the current and the previous one).
-    Every other line that names a run is kept too, by run (`trail`): what a problem's run went
-    through, from every operator that touched it, for the report to show."""
+class Poller:
+    """Reads something (`poll`) every fraction of a second on a thread of its own, from `start`
+    until `stop`, and once more at each: the node's log files, which go with their Pods, are read
+    while they are there."""
 
     def __init__(self) -> None:
-        self.offsets: dict[str, int] = {}
-        self.lines: list[dict] = []
-        self.by_run: dict[str, list[str]] = collections.defaultdict(list)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def start(self) -> "AuditTail":
+    def start(self):
         self.poll()
         self._thread.start()
         return self
@@ -336,6 +331,23 @@ class AuditTail:
     def _loop(self) -> None:
         while not self._stop.wait(0.2):
             self.poll()
+
+    def poll(self) -> None:
+        raise NotImplementedError
+
+
+class AuditTail(Poller):
+    """Reads the operator's audit lines straight from the node's container log files, every
+    fraction of a second, so lines of operator containers that were killed, restarted or
+    deleted meanwhile are kept (`kubectl logs` shows only the current and the previous one).
+    Every other line that names a run is kept too, by run (`trail`): what a problem's run went
+    through, from every operator that touched it, for the report to show."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offsets: dict[str, int] = {}
+        self.lines: list[dict] = []
+        self.by_run: dict[str, list[str]] = collections.defaultdict(list)
 
     def poll(self) -> None:
         for path in glob.glob(f"{POD_LOGS}/{SYSTEM_NS}_*operator*/operator/*.log*"):
