@@ -10,7 +10,8 @@
 # 2. In the cluster, through MCP over Streamable HTTP (e2e/mcp/bench_warm.py): `print(1)` warm
 #    (a pool of 4) against cold in alternating blocks, 0.5 s between calls; bursts of 10 with a
 #    full pool of 10; `import pandas, matplotlib.pyplot; print(1)` warm (the data pool) against
-#    cold, 3 s between calls (the replacement imports its stack meanwhile).
+#    cold, each warm call once the pool's replacement has imported its stack (a cold data
+#    sandbox takes 5-8 s here: 3 s between calls measured claims of sandboxes still importing).
 # 3. Embedded, through MCP stdio (mcp-frontend/tests/clients/bench_latency.py, the release
 #    sandboxrun-mcp): `print(1)` with armed sandboxes against none, bubblewrap and gVisor; the
 #    data program with an armed data sandbox, both engines.
@@ -38,7 +39,7 @@ say "cluster: print(1) warm against cold, and bursts of 10"
 say "cluster: import pandas, matplotlib.pyplot warm (the data pool) against cold"
 "$PYTHON" e2e/mcp/bench_warm.py --pool data --profile data \
   --code $'import pandas, matplotlib.pyplot\nprint(1)' --sequential $((N / 5)) --block 10 \
-  --think 3 --staggered 0 --burst 0 --replicas 1 --min-warm-share 0.8
+  --think 3 --refill --staggered 0 --burst 0 --replicas 1 --min-warm-share 0.8
 "$KUBECTL" -n sandboxrun-runs scale sandboxpool data --replicas=0 > /dev/null
 
 say "embedded: print(1), armed sandboxes against none; the data program with an armed data sandbox"

@@ -262,6 +262,14 @@ async fn operator_can_do_what_it_needs() -> Result<()> {
             SYSTEM_NAMESPACE,
         ),
         ("get", "coordination.k8s.io", "leases", "", SYSTEM_NAMESPACE),
+        // A standby watches the Lease to take it once released (operator/src/leader.rs).
+        (
+            "watch",
+            "coordination.k8s.io",
+            "leases",
+            "",
+            SYSTEM_NAMESPACE,
+        ),
     ];
     for (verb, group, resource, sub, ns) in needs {
         ensure!(

@@ -4,7 +4,10 @@
 
 use std::future::Future;
 
-use kube::Client;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -47,50 +50,86 @@ where
     F: Future<Output = ()>,
 {
     let holder = holder_identity(&lease.identity);
-    let manager = LeaseManagerBuilder::new(client, &lease.name)
-        .with_namespace(&lease.namespace)
-        .with_identity(&holder)
-        .with_duration(LEASE_DURATION_SECONDS)
-        .with_grace(LEASE_GRACE_SECONDS)
-        .with_field_manager("sandboxrun-operator-lease")
-        .build()
-        .await?;
-    let (leading, task) = manager.watch().await;
-    info!(lease = %lease.name, namespace = %lease.namespace, %holder, "waiting for leadership");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
+    'manager: loop {
+        let manager = LeaseManagerBuilder::new(client.clone(), &lease.name)
+            .with_namespace(&lease.namespace)
+            .with_identity(&holder)
+            .with_duration(LEASE_DURATION_SECONDS)
+            .with_grace(LEASE_GRACE_SECONDS)
+            .with_field_manager("sandboxrun-operator-lease")
+            .build()
+            .await?;
+        let (leading, task) = manager.watch().await;
+        info!(lease = %lease.name, namespace = %lease.namespace, %holder, "waiting for leadership");
 
-    loop {
-        // Wait to lead (or to stop).
-        let mut rx = leading.clone();
-        tokio::select! {
-            r = rx.wait_for(|l| *l) => if r.is_err() { warn!("lease manager stopped"); break; },
-            _ = shutdown.wait_for(|s| *s) => break,
-        }
-        info!(%holder, "became leader, starting controller");
-
-        // Lead until the lease is lost or shutdown starts.
-        let mut lost = leading.clone();
-        let mut stop = shutdown.clone();
-        let stop_leading = Box::pin(async move {
+        loop {
+            // Wait to lead, to stop, or for the leader to release the Lease. A standby of
+            // kube-lease-manager 0.13 sleeps until the expiry it last read (it does not watch
+            // the Lease), so a rolling update left the runs without a leader for up to
+            // LEASE_DURATION_SECONDS (14 s measured, 2026-12-07); a new manager takes a
+            // released Lease at once. The one waiting holds nothing, so it is just stopped.
+            let mut rx = leading.clone();
             tokio::select! {
-                _ = lost.wait_for(|l| !*l) => warn!("lost leadership, stopping controller"),
-                _ = stop.wait_for(|s| *s) => {},
+                r = rx.wait_for(|l| *l) => if r.is_err() { warn!("lease manager stopped"); break; },
+                _ = shutdown.wait_for(|s| *s) => break,
+                () = released(leases.clone(), &lease.name, &holder) => {
+                    info!(lease = %lease.name, "the leader released the Lease; taking it");
+                    task.abort();
+                    continue 'manager;
+                }
             }
-        });
-        work(stop_leading).await;
-        if *shutdown.borrow() {
-            break;
+            info!(%holder, "became leader, starting controller");
+
+            // Lead until the lease is lost or shutdown starts.
+            let mut lost = leading.clone();
+            let mut stop = shutdown.clone();
+            let stop_leading = Box::pin(async move {
+                tokio::select! {
+                    _ = lost.wait_for(|l| !*l) => warn!("lost leadership, stopping controller"),
+                    _ = stop.wait_for(|s| *s) => {},
+                }
+            });
+            work(stop_leading).await;
+            if *shutdown.borrow() {
+                break;
+            }
+        }
+
+        // Dropping the last receiver makes the manager release the Lease (when it holds it),
+        // which a standby's `released` sees.
+        drop(leading);
+        match task.await {
+            Ok(Ok(_)) => info!("lease released"),
+            Ok(Err(e)) => warn!(error = %e, "lease release failed"),
+            Err(e) => warn!(error = %e, "lease task failed"),
+        }
+        return Ok(());
+    }
+}
+
+/// Completes when another holder releases the Lease `name`: its holder seen set to another
+/// identity, then cleared. A Lease first seen free is the manager's to take, not a release;
+/// a watch that fails is retried (with the watcher's backoff), and a standby that never sees a
+/// release still takes the Lease at its expiry.
+async fn released(leases: Api<Lease>, name: &str, holder: &str) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(watcher(leases, config).default_backoff().applied_objects());
+    let mut held_by_another = false;
+    while let Some(event) = events.next().await {
+        let Ok(lease) = event else { continue };
+        let now = lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .filter(|h| !h.is_empty());
+        match now {
+            Some(h) => held_by_another = h != holder,
+            None if held_by_another => return,
+            None => {}
         }
     }
-
-    // Dropping the last receiver makes the manager release the Lease, so a standby replica
-    // takes over at once instead of waiting for expiry.
-    drop(leading);
-    match task.await {
-        Ok(Ok(_)) => info!("lease released"),
-        Ok(Err(e)) => warn!(error = %e, "lease release failed"),
-        Err(e) => warn!(error = %e, "lease task failed"),
-    }
-    Ok(())
+    // The stream ended (it does not): wait for the expiry like the manager does.
+    std::future::pending::<()>().await
 }
 
 #[cfg(test)]
