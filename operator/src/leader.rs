@@ -8,7 +8,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use kube_lease_manager::LeaseManagerBuilder;
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -51,65 +51,82 @@ where
 {
     let holder = holder_identity(&lease.identity);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
-    'manager: loop {
-        let manager = LeaseManagerBuilder::new(client.clone(), &lease.name)
-            .with_namespace(&lease.namespace)
-            .with_identity(&holder)
-            .with_duration(LEASE_DURATION_SECONDS)
-            .with_grace(LEASE_GRACE_SECONDS)
-            .with_field_manager("sandboxrun-operator-lease")
-            .build()
-            .await?;
-        let (leading, task) = manager.watch().await;
-        info!(lease = %lease.name, namespace = %lease.namespace, %holder, "waiting for leadership");
+    let (mut leading, mut task) = start_manager(&client, &lease, &holder).await?;
 
-        loop {
-            // Wait to lead, to stop, or for the leader to release the Lease. A standby of
-            // kube-lease-manager 0.13 sleeps until the expiry it last read (it does not watch
-            // the Lease), so a rolling update left the runs without a leader for up to
-            // LEASE_DURATION_SECONDS (14 s measured, 2026-12-07); a new manager takes a
-            // released Lease at once. The one waiting holds nothing, so it is just stopped.
-            let mut rx = leading.clone();
+    loop {
+        // Wait to lead, to stop, or for the Lease to be let go. A standby of kube-lease-manager
+        // 0.13 sleeps until the expiry it last read (it does not watch the Lease), so a rolling
+        // update left the runs without a leader for up to LEASE_DURATION_SECONDS (14 s
+        // measured, 2026-12-07); a new manager takes a free Lease at once. The one waiting
+        // holds nothing, so it is just stopped.
+        let mut rx = leading.clone();
+        tokio::select! {
+            r = rx.wait_for(|l| *l) => if r.is_err() { warn!("lease manager stopped"); break; },
+            _ = shutdown.wait_for(|s| *s) => break,
+            () = released(leases.clone(), &lease.name, &holder) => {
+                info!(lease = %lease.name, "the Lease was let go; taking it");
+                task.abort();
+                (leading, task) = start_manager(&client, &lease, &holder).await?;
+                continue;
+            }
+        }
+        info!(%holder, "became leader, starting controller");
+
+        // Lead until the lease is lost or shutdown starts.
+        let mut lost = leading.clone();
+        let mut stop = shutdown.clone();
+        let stop_leading = Box::pin(async move {
             tokio::select! {
-                r = rx.wait_for(|l| *l) => if r.is_err() { warn!("lease manager stopped"); break; },
-                _ = shutdown.wait_for(|s| *s) => break,
-                () = released(leases.clone(), &lease.name, &holder) => {
-                    info!(lease = %lease.name, "the leader released the Lease; taking it");
-                    task.abort();
-                    continue 'manager;
-                }
+                _ = lost.wait_for(|l| !*l) => warn!("lost leadership, stopping controller"),
+                _ = stop.wait_for(|s| *s) => {},
             }
-            info!(%holder, "became leader, starting controller");
-
-            // Lead until the lease is lost or shutdown starts.
-            let mut lost = leading.clone();
-            let mut stop = shutdown.clone();
-            let stop_leading = Box::pin(async move {
-                tokio::select! {
-                    _ = lost.wait_for(|l| !*l) => warn!("lost leadership, stopping controller"),
-                    _ = stop.wait_for(|s| *s) => {},
-                }
-            });
-            work(stop_leading).await;
-            if *shutdown.borrow() {
-                break;
-            }
+        });
+        work(stop_leading).await;
+        if *shutdown.borrow() {
+            break;
         }
-
-        // Dropping the last receiver makes the manager release the Lease (when it holds it),
-        // which a standby's `released` sees.
-        drop(leading);
-        match task.await {
-            Ok(Ok(_)) => info!("lease released"),
-            Ok(Err(e)) => warn!(error = %e, "lease release failed"),
-            Err(e) => warn!(error = %e, "lease task failed"),
-        }
-        return Ok(());
     }
+
+    // Dropping the last receiver makes the manager release the Lease (when it holds it), which
+    // a standby's `released` sees.
+    drop(leading);
+    match task.await {
+        Ok(Ok(_)) => info!("lease released"),
+        Ok(Err(e)) => warn!(error = %e, "lease release failed"),
+        Err(e) => warn!(error = %e, "lease task failed"),
+    }
+    Ok(())
 }
 
-/// Completes when another holder releases the Lease `name`: its holder seen set to another
-/// identity, then cleared. A Lease first seen free is the manager's to take, not a release;
+/// A started lease manager: whether it leads, and its task (which releases the Lease, if held,
+/// once every receiver is dropped).
+type Manager = (
+    watch::Receiver<bool>,
+    tokio::task::JoinHandle<kube_lease_manager::Result<LeaseManager>>,
+);
+
+/// A lease manager for `holder`, started.
+async fn start_manager(
+    client: &Client,
+    lease: &LeaseConfig,
+    holder: &str,
+) -> anyhow::Result<Manager> {
+    let manager = LeaseManagerBuilder::new(client.clone(), &lease.name)
+        .with_namespace(&lease.namespace)
+        .with_identity(holder)
+        .with_duration(LEASE_DURATION_SECONDS)
+        .with_grace(LEASE_GRACE_SECONDS)
+        .with_field_manager("sandboxrun-operator-lease")
+        .build()
+        .await?;
+    let started = manager.watch().await;
+    info!(lease = %lease.name, namespace = %lease.namespace, %holder, "waiting for leadership");
+    Ok(started)
+}
+
+/// Completes when the Lease `name` is let go by another holder (released by a leader that
+/// stopped, or by a standby as it expired): its holder seen set to another identity, then
+/// cleared. A Lease first seen free is the manager's to take, not a release;
 /// a watch that fails is retried (with the watcher's backoff), and a standby that never sees a
 /// release still takes the Lease at its expiry.
 async fn released(leases: Api<Lease>, name: &str, holder: &str) {
