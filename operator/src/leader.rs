@@ -125,33 +125,68 @@ async fn start_manager(
 }
 
 /// Completes when the Lease `name` is let go by another holder (released by a leader that
-/// stopped, or by a standby as it expired): its holder seen set to another identity, then
-/// cleared. A Lease first seen free is the manager's to take, not a release;
-/// a watch that fails is retried (with the watcher's backoff), and a standby that never sees a
-/// release still takes the Lease at its expiry.
+/// stopped, or by a standby as it expired): [`LetGo`] on each version the watch shows. A watch
+/// that fails is retried (with the watcher's backoff), and a standby that never sees a release
+/// still takes the Lease at its expiry.
 async fn released(leases: Api<Lease>, name: &str, holder: &str) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut events = std::pin::pin!(watcher(leases, config).default_backoff().applied_objects());
-    let mut held_by_another = false;
+    let mut let_go = LetGo::default();
     while let Some(event) = events.next().await {
         let Ok(lease) = event else { continue };
-        let now = lease
-            .spec
-            .and_then(|s| s.holder_identity)
-            .filter(|h| !h.is_empty());
-        match now {
-            Some(h) => held_by_another = h != holder,
-            None if held_by_another => return,
-            None => {}
+        let now = lease.spec.and_then(|s| s.holder_identity);
+        if let_go.seen(now.as_deref(), holder) {
+            return;
         }
     }
     // The stream ended (it does not): wait for the expiry like the manager does.
     std::future::pending::<()>().await
 }
 
+/// Whether a Lease's holder, version after version, let it go: seen held by another identity
+/// than ours, then cleared. A Lease first seen free is the manager's to take, not a release;
+/// one we held and cleared is ours.
+#[derive(Default)]
+struct LetGo {
+    held_by_another: bool,
+}
+
+impl LetGo {
+    /// The Lease's holder now (`None` or empty: nobody); `ours`: this process's identity.
+    fn seen(&mut self, now: Option<&str>, ours: &str) -> bool {
+        match now.filter(|h| !h.is_empty()) {
+            Some(h) => {
+                self.held_by_another = h != ours;
+                false
+            }
+            None => self.held_by_another,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::holder_identity;
+    use super::{LetGo, holder_identity};
+
+    #[test]
+    fn a_lease_is_let_go_when_another_holder_clears_it() {
+        let seen = |versions: &[Option<&str>]| {
+            let mut let_go = LetGo::default();
+            versions
+                .iter()
+                .map(|v| let_go.seen(*v, "us"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(seen(&[Some("them"), None]), [false, true]);
+        assert_eq!(seen(&[Some("them"), Some(""), None]), [false, true, true]);
+        // First seen free: the manager takes it, nobody let it go.
+        assert_eq!(seen(&[None, Some("")]), [false, false]);
+        // Ours, then cleared: our own release.
+        assert_eq!(
+            seen(&[Some("them"), Some("us"), None]),
+            [false, false, false]
+        );
+    }
 
     #[test]
     fn every_process_holds_the_lease_under_its_own_identity() {
