@@ -6,16 +6,25 @@ and a floor: each kind of call reached its outcome (stress.succeeded) for at lea
 calls (0.95). Prints p50/p99 per kind of call, the outcomes, the paths the Python runs took and
 the throughput.
 
-With --saturation S it first measures the saturation throughput of Python alone: the same agents
-making only the mix's Python calls for S seconds, their successes a second. Then the mixed load's
-Python throughput (its Python calls' successes over the span they were made in) must be at least
---throughput-share (0.9) of it: the queue, the refusals and the other tools cost Python at most a
-tenth of what the machine can do. Both come from one run on one machine, as the comparison needs.
+With --saturation S it also measures the saturation throughput of Python alone: the same agents
+making only the mix's Python calls for S seconds, their successes a second, once before the mixed
+load and once after it. The mixed load's Python throughput (its Python calls' successes over the
+span they were made in) must be at least --throughput-share (0.9) of the mean of the two: the
+queue, the refusals and the other tools cost Python at most a tenth of what the machine can do.
+All three phases come from one run on one machine, as the comparison needs, and the two alone
+phases bracket the mix because this machine's pace drifts within a run (e2e/BENCHMARKS.md, "The
+full load on a fresh install": 81-83 Python successes a minute alone, 52-66 late in the mix, the
+same build 0.86-1.34 calls/s alone from run to run): a single alone phase before the mix compared
+a rested machine with a tired one as much as Python alone with Python in the mix.
+
+With --refusal-within S every refusal for capacity must reach its caller within S seconds (the
+caller's clock, from the call to its answer). A benchmark criterion (e2e/BENCHMARKS.md), not a
+check for CI's short form: how soon an answer comes depends on the machine.
 
 Usage (MCP_URL, MCP_API_KEY, KUBECTL as for the e2e/mcp suite; the agents' keys installed with
 `stress.py keys N`, as e2e/run-tests.sh does):
     load.py [--agents 100] [--calls 20] [--floor 0.95] [--call-timeout S] [--settle S] [--refused]
-            [--saturation S [--throughput-share 0.9]]
+            [--saturation S [--throughput-share 0.9]] [--refusal-within S]
 
 The suite's self-tests (e2e/run-tests.sh) run it where it must fail: --refused makes every agent
 call with the key of an agent the frontend refuses everything (stress.REFUSED_AGENT), and with the
@@ -66,18 +75,34 @@ async def saturation(a: argparse.Namespace) -> tuple[list[stress.Call], float]:
     return calls, ok / span if span else 0.0
 
 
+def slow_refusals(calls: list[stress.Call], within: float | None) -> list[str]:
+    """The refusals for capacity answered later than `within` seconds (None: not checked)."""
+    if within is None:
+        return []
+    slow = [c for c in calls if c.refused_for_capacity and c.ms > within * 1000]
+    return [f"refused late: {len(slow)} refusals for capacity answered after more than "
+            f"{within:g} s (slowest {max(c.ms for c in slow):.0f} ms)"] if slow else []
+
+
+async def alone(a: argparse.Namespace, label: str) -> tuple[float, list[str]]:
+    """One phase of Python alone, reported and checked; its throughput and its problems."""
+    since = time.time()
+    calls, rate = await saturation(a)
+    stress.wait_ended(calls, a.settle)
+    print(f"## Python alone, {label}: {a.agents} agents for {a.saturation:.0f} s\n")
+    print(stress.report(calls, a.saturation))
+    print(f"\nsaturation throughput, Python alone ({label}): {rate:.2f} successful calls/s\n")
+    problems = stress.check(calls, audit_lines_all(), since) + slow_refusals(calls, a.refusal_within)
+    return rate, [f"alone {label}: {p}" for p in problems]
+
+
 async def main(a: argparse.Namespace) -> int:
     problems: list[str] = []
-    alone = None
+    rates: list[float] = []
     if a.saturation:
-        alone_since = time.time()
-        alone_calls, alone = await saturation(a)
-        stress.wait_ended(alone_calls, a.settle)
-        print(f"## Python alone: {a.agents} agents for {a.saturation:.0f} s\n")
-        print(stress.report(alone_calls, a.saturation))
-        print(f"\nsaturation throughput, Python alone: {alone:.2f} successful calls/s\n")
-        problems += [f"alone: {p}" for p in
-                     stress.check(alone_calls, audit_lines_all(), alone_since)]
+        rate, found = await alone(a, "before the mix")
+        rates.append(rate)
+        problems += found
     calls: list[stress.Call] = []
     since = time.time()
     t0 = time.perf_counter()
@@ -94,16 +119,23 @@ async def main(a: argparse.Namespace) -> int:
                                 for c in calls if c.kind.startswith("python") and c.answers)
     print(f"Python runs by path: {dict(paths)}")
     problems += stress.check(calls, audit_lines_all(), since) + stress.floors(calls, a.floor)
+    problems += slow_refusals(calls, a.refusal_within)
     ok, span = python_throughput(calls)
     mixed = ok / span if span else 0.0
-    print(f"Python throughput in the mix: {ok} successful calls in {span:.0f} s, {mixed:.2f}/s")
-    if alone is not None:
-        share = mixed / alone if alone else 0.0
-        print(f"against Python alone: {share:.0%} of {alone:.2f}/s "
-              f"(at least {a.throughput_share:.0%} required)")
+    print(f"Python throughput in the mix: {ok} successful calls in {span:.0f} s, {mixed:.2f}/s\n")
+    if a.saturation:
+        rate, found = await alone(a, "after the mix")
+        rates.append(rate)
+        problems += found
+        base = sum(rates) / len(rates)
+        share = mixed / base if base else 0.0
+        print(f"Python in the mix: {share:.0%} of {base:.2f}/s, the mean of the two phases alone "
+              f"({rates[0]:.2f} before it, {rates[1]:.2f} after it; at least "
+              f"{a.throughput_share:.0%} required)")
         if share < a.throughput_share:
             problems.append(f"throughput: Python in the mix made {mixed:.2f} successful calls/s, "
-                            f"{share:.0%} of the {alone:.2f}/s it made alone")
+                            f"{share:.0%} of the {base:.2f}/s it made alone (the mean of "
+                            f"{rates[0]:.2f} before the mix and {rates[1]:.2f} after it)")
     return stress.verdict(problems)
 
 
@@ -117,6 +149,7 @@ if __name__ == "__main__":
     p.add_argument("--refused", action="store_true")
     p.add_argument("--saturation", type=float, default=0.0)
     p.add_argument("--throughput-share", type=float, default=0.9)
+    p.add_argument("--refusal-within", type=float, default=None)
     args = p.parse_args()
     stress.CALL_TIMEOUT = args.call_timeout
     raise SystemExit(asyncio.run(main(args)))
