@@ -413,8 +413,9 @@ pub type Stage<T> = Result<ControlFlow<Action, T>, Error>;
 /// A decision policy took in this reconciliation.
 pub struct Decided {
     pub decision: Decision,
-    /// Not in the run's status yet (an Allow of a python run of its own): the python stage
-    /// writes it with its first status write, which comes before anything executes.
+    /// Not in the run's status yet (an Allow of a run that is not a call in a session): the
+    /// execute stage writes it with its first status write, which comes before anything
+    /// executes (a python run's, or a query's claim).
     pub unrecorded: bool,
 }
 
@@ -596,11 +597,11 @@ impl<'a> Reconcile<'a> {
         info!(run = %self.name, namespace = %self.ns, decision = %decision, "policy decision");
         self.ctx.events.decided(self.run, &record).await;
         // Recorded before anything executes; Block and Escalate record it with their phase in
-        // the gate. A python run's own next stage makes a status write before anything executes
-        // (its place in the queue, its refusal, or the write just before a sandbox is claimed
-        // or created for it): its Allow goes out with that write, one fewer on the call's path.
-        let unrecorded =
-            record.verdict == Verdict::Allow && tool == Tool::Python && !self.is_session_call();
+        // the gate. A run's own next stage makes a status write before anything executes (a
+        // python run's place in the queue, its refusal, or the write just before a sandbox is
+        // claimed or created for it; a query's claim): its Allow goes out with that write, one
+        // fewer on the call's path. A call in a session is the session's to record.
+        let unrecorded = record.verdict == Verdict::Allow && !self.is_session_call();
         if record.verdict == Verdict::Allow {
             let status = gate::decided_status(&prev, tool, record, self.generation);
             if !unrecorded {
@@ -721,7 +722,7 @@ impl<'a> Reconcile<'a> {
             .apply_if_unchanged(&status, fresh.resource_version())
             .await
         {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {
                 info!(run = %self.name, "the run changed before it was recorded waiting; looking again");
                 return Ok(ControlFlow::Break(Action::requeue(Duration::from_millis(
@@ -745,21 +746,18 @@ impl<'a> Reconcile<'a> {
     ) -> Result<Action, Error> {
         match tool {
             Tool::Python => self.python(prev, decided).await,
-            // The query starts from the run as the API server has it, not from `prev`.
-            Tool::Sql | Tool::Metrics => self.query(tool).await,
+            Tool::Sql | Tool::Metrics => self.query(prev, tool, decided).await,
         }
     }
 
-    /// [`Self::apply`], only if the run is still at `resource_version` (409 Conflict otherwise):
-    /// a resourceVersion in an applied object is a precondition.
+    /// [`Self::apply_recorded`], only if the run is still at `resource_version` (409 Conflict
+    /// otherwise): a resourceVersion in an applied object is a precondition.
     pub(crate) async fn apply_if_unchanged(
         &self,
         status: &SandboxRunStatus,
         resource_version: Option<String>,
-    ) -> Result<(), Error> {
-        self.apply_status(status, resource_version)
-            .await
-            .map(|_| ())
+    ) -> Result<Option<String>, Error> {
+        self.apply_status(status, resource_version).await
     }
 
     /// The terminal status of `outcome`, built on `prev`.
@@ -806,27 +804,32 @@ impl<'a> Reconcile<'a> {
         pod: Option<&str>,
         written: Option<String>,
     ) -> Result<Action, Error> {
-        // A run ends once: one terminal status, one audit line, even when this reconcile started
-        // from a cached copy that predates a terminal status written by the previous one.
-        let read_at = match written {
-            Some(rv) => Some(rv),
-            None => {
-                let fresh = self.current_run().await?;
-                if let Some(done) = fresh
-                    .as_ref()
-                    .and_then(|r| r.status.clone())
-                    .filter(is_terminal)
-                {
-                    return self.finished(&done).await;
-                }
-                fresh.and_then(|r| r.metadata.resource_version)
-            }
-        };
-        // The status first: the Pod (and its log) must outlive the only record of the result.
-        // Only over the run as read (or as written): a replica that lost its lease with this
-        // very end in flight (held by a slow API server, say) may still deliver it after the new
-        // leader ended the run; its late write then fails the precondition instead of ending
-        // the run a second time with a second audit line.
+        self.end_once(status, outcome, pod, written, Overwritten::LookAgain)
+            .await
+    }
+
+    /// [`Self::finish_over`] for an end that exists only in this reconcile's memory (a query's
+    /// result): written over the run as this reconcile's own last write left it (`written`),
+    /// and if someone wrote the run since (its caller's cancel, say), over the run as it is now
+    /// unless it has ended. Looking again later would lose the result.
+    pub(crate) async fn finish_result(
+        &self,
+        status: SandboxRunStatus,
+        outcome: &Outcome,
+        written: Option<String>,
+    ) -> Result<Action, Error> {
+        self.end_once(status, outcome, None, written, Overwritten::ReadAndEnd)
+            .await
+    }
+
+    async fn end_once(
+        &self,
+        status: SandboxRunStatus,
+        outcome: &Outcome,
+        pod: Option<&str>,
+        written: Option<String>,
+        overwritten: Overwritten,
+    ) -> Result<Action, Error> {
         // Written with its audit line owed: if this process dies before the line is out, the
         // next one to reconcile the run writes it (`finished`).
         let mut status = status;
@@ -839,7 +842,46 @@ impl<'a> Reconcile<'a> {
             self.generation,
             self.now,
         );
-        if let Err(e) = self.apply_if_unchanged(&status, read_at).await {
+        let mut written = written;
+        let result = loop {
+            // A run ends once: one terminal status, one audit line, even when this reconcile
+            // started from a cached copy that predates a terminal status written by the
+            // previous one.
+            let over_own_write = written.is_some();
+            let read_at = match written.take() {
+                Some(rv) => Some(rv),
+                None => {
+                    let fresh = self.current_run().await?;
+                    if let Some(done) = fresh
+                        .as_ref()
+                        .and_then(|r| r.status.clone())
+                        .filter(is_terminal)
+                    {
+                        return self.finished(&done).await;
+                    }
+                    fresh.and_then(|r| r.metadata.resource_version)
+                }
+            };
+            // The status first: the Pod (and its log) must outlive the only record of the
+            // result. Only over the run as read (or as written): a replica that lost its lease
+            // with this very end in flight (held by a slow API server, say) may still deliver
+            // it after the new leader ended the run; its late write then fails the
+            // precondition instead of ending the run a second time with a second audit line.
+            match self.apply_if_unchanged(&status, read_at).await {
+                // Someone wrote the run since this reconcile's own last write (its caller's
+                // cancel, say): an end that lives only in memory is written over the run as
+                // it is now, unless that has ended ([`Self::finish_result`]).
+                Err(Error::Kube(kube::Error::Api(conflict)))
+                    if conflict.code == 409
+                        && over_own_write
+                        && overwritten == Overwritten::ReadAndEnd =>
+                {
+                    info!(run = %self.name, "the run changed since this reconcile wrote it; reading it before its end is recorded");
+                }
+                other => break other,
+            }
+        };
+        if let Err(e) = result {
             if let Error::Kube(kube::Error::Api(conflict)) = &e
                 && conflict.code == 409
             {
@@ -1234,6 +1276,17 @@ pub async fn reconcile(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         .expect("not poisoned")
         .remove(&ObjectRef::from_obj(run.as_ref()));
     Ok(action)
+}
+
+/// What an end written over the run as this reconcile last wrote it does when someone wrote
+/// the run since (409 Conflict).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Overwritten {
+    /// Nothing is written; the run is looked at again (the end can be found again: a sandbox's
+    /// log, a refusal decided again on the run as it is then).
+    LookAgain,
+    /// The run is read as it is now, and ended over that unless it has ended.
+    ReadAndEnd,
 }
 
 /// Whether `status` shows no decision yet: a run not judged by policy.

@@ -517,25 +517,18 @@ async fn a_refused_runner_config_map_fails_the_run_for_good_and_makes_no_pod() {
 }
 
 #[tokio::test]
-async fn a_query_run_reads_the_api_server_before_executing() {
+async fn a_query_run_is_claimed_with_its_decision_and_ended_without_a_read() {
     let (audit, _guard) = Captured::audit();
     let sql = json!({"sql": {"database": "demo", "query": "SELECT id FROM ledger"}});
     let api = FakeApi::start(run_json(sql)).await;
     let ctx = context(&api, None);
     reconcile_as(cached(&api), &ctx).await;
-    // decide (on the cached run, Allow recorded over it), the fresh read and the claim before
-    // the query, the terminal check, the terminal status and the record that its audit line is
-    // out.
+    // Decided on the cached run, the Allow written with the claim (over that copy) before the
+    // query, the terminal status (over the claim as written) and the record that its audit
+    // line is out: three writes, no read.
     assert_eq!(
         api.take_requests(),
-        [
-            patch_status(),
-            get_run(),
-            patch_status(),
-            get_run(),
-            patch_status(),
-            patch_status()
-        ]
+        [patch_status(), patch_status(), patch_status()]
     );
     let status = api.status();
     assert_eq!(
@@ -546,6 +539,7 @@ async fn a_query_run_reads_the_api_server_before_executing() {
             &json!("sql")
         )
     );
+    assert_eq!(status["decision"]["verdict"], "Allow", "{status}");
     assert!(status.get("result").is_none());
     // The stale copy (before the terminal status) does not execute again.
     let mut stale = cached(&api);
@@ -553,6 +547,82 @@ async fn a_query_run_reads_the_api_server_before_executing() {
     reconcile_as(stale, &ctx).await;
     assert_eq!(api.take_requests(), [get_run()]);
     assert_eq!(audit.lines().len(), 1);
+}
+
+/// A context whose operator has the SQLite demo database as `demo`, and the embedded policy
+/// (which lets any agent read its `ledger` table).
+async fn context_with_demo_database(api: &FakeApi, tag: &str) -> Arc<Context> {
+    let dir = std::env::temp_dir().join(format!("sbr-ctl-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("demo.sqlite");
+    sandboxrun_core::query::demo::ensure_sqlite(&path)
+        .await
+        .unwrap();
+    let config = std::collections::BTreeMap::from([(
+        "demo".to_owned(),
+        sandboxrun_core::query::demo::database_config(&path),
+    )]);
+    let databases = sandboxrun_core::Databases::from_config(&config).unwrap();
+    let policy = sandboxrun_core::policy::embedded::EMBEDDED_POLICY;
+    let ctx = Arc::try_unwrap(context(api, Some(policy)))
+        .ok()
+        .expect("not shared yet")
+        .with_databases(Some(databases));
+    Arc::new(ctx)
+}
+
+#[tokio::test]
+async fn a_query_result_is_recorded_though_the_run_was_written_after_its_claim() {
+    // Someone writes the run while its query executes: the end, written over the claim as
+    // this reconcile wrote it, is refused (409). The result exists only in this reconcile, so
+    // the run is read as it is now and ended over that: once, with its result.
+    let (audit, _guard) = Captured::audit();
+    let sql =
+        json!({"sql": {"database": "demo", "query": "SELECT id FROM ledger ORDER BY id LIMIT 2"}});
+    let api = FakeApi::start(run_json(sql)).await;
+    let ctx = context_with_demo_database(&api, "written-after-claim").await;
+    api.with(|s| s.write_after_status_writes = 1);
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(
+        api.take_requests(),
+        [
+            patch_status(),
+            patch_status(),
+            get_run(),
+            patch_status(),
+            patch_status()
+        ]
+    );
+    let status = api.status();
+    assert_eq!(
+        (&status["phase"], &status["reason"]),
+        (&json!("Succeeded"), &json!("QueryCompleted")),
+        "{status}"
+    );
+    assert_eq!(
+        status["result"]["rows"].as_array().map(Vec::len),
+        Some(2),
+        "{status}"
+    );
+    assert_eq!(audit.lines().len(), 1, "{:?}", audit.lines());
+    // A run another replica ended meanwhile is not ended again: the end found on the read is
+    // kept, and no second audit line is written.
+    let sql = json!({"sql": {"database": "demo", "query": "SELECT 1"}});
+    let api = FakeApi::start(run_json(sql)).await;
+    let ctx = context_with_demo_database(&api, "ended-after-claim").await;
+    let now = Timestamp::now().to_string();
+    let ended = json!({"phase": "Cancelled", "reason": "CallCancelled", "tool": "sql",
+        "completionTime": now,
+        "conditions": [{"type": "Audited", "status": "True", "reason": "Written",
+            "message": "m", "lastTransitionTime": now}]});
+    api.with(|s| {
+        s.write_after_status_writes = 1;
+        s.written_status = Some(ended);
+    });
+    let lines = audit.lines().len();
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.status()["phase"], "Cancelled", "{}", api.status());
+    assert_eq!(audit.lines().len(), lines, "{:?}", audit.lines());
 }
 
 #[tokio::test]

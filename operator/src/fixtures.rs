@@ -45,6 +45,12 @@ pub struct ApiState {
     /// Reads of the run after which someone else writes it (its resourceVersion moves on),
     /// counted down per read: a concurrent writer, such as a second leader.
     pub write_after_reads: u32,
+    /// Status writes of the run after which someone else writes it, counted down per write
+    /// that commits: a caller's cancel landing while the operator works on the run.
+    pub write_after_status_writes: u32,
+    /// The status that write leaves, when set (another replica's end, say); else only the
+    /// resourceVersion moves on.
+    pub written_status: Option<Value>,
     /// Idle sandboxes of warm pools (listed by label selector, claimed by a patch that the
     /// resourceVersion precondition guards; a claimed one becomes [`ApiState::pod`]).
     pub pool_pods: Vec<Value>,
@@ -395,6 +401,16 @@ async fn handle(
                         run["status"] = body["status"].clone();
                     }
                     let answer = json_response(200, run);
+                    if s.write_after_status_writes > 0 {
+                        s.write_after_status_writes -= 1;
+                        let written = s.written_status.take();
+                        if let Some(run) = s.run.as_mut() {
+                            bump(run);
+                            if let Some(status) = written {
+                                run["status"] = status;
+                            }
+                        }
+                    }
                     if s.lose_status_responses > 0 {
                         s.lose_status_responses -= 1;
                         return status(504, "Timeout");

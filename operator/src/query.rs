@@ -32,7 +32,7 @@ use serde_json::Value;
 use tracing::info;
 
 use crate::audit;
-use crate::controller::{Error, Reconcile, is_terminal, until};
+use crate::controller::{Decided, Error, Reconcile, is_terminal, until};
 use crate::outcome::{Outcome, millis_between, rejected};
 
 /// The message of an sql run when the operator has no databases.
@@ -266,21 +266,41 @@ impl Reconcile<'_> {
     /// claimed it, by a status write conditional on the run being unchanged since it was read
     /// (its resourceVersion). A claim found afterwards is never executed again: its holder
     /// finishes it, or, gone past the query's deadline, the run ends `QueryInterrupted`.
-    pub(crate) async fn query(&self, tool: Tool) -> Result<Action, Error> {
-        let Some(fresh) = self.runs.get_opt(&self.name).await? else {
-            return Ok(Action::await_change());
-        };
-        let current = fresh.status.clone().unwrap_or_default();
-        if is_terminal(&current) {
-            return self.finished(&current).await;
-        }
+    ///
+    /// A run decided in this reconcile (`decided`, its Allow not written yet) is claimed over
+    /// the copy it was decided on, and the claim records the decision: one write before the
+    /// query instead of a decision, a read and a claim. Otherwise the claim is written over the
+    /// run as the API server has it now. The end is written over the claim as written, so
+    /// nothing is read again on the query's path either.
+    pub(crate) async fn query(
+        &self,
+        prev: SandboxRunStatus,
+        tool: Tool,
+        decided: Option<Decided>,
+    ) -> Result<Action, Error> {
         let claim_message = format!(
             "the query started on operator replica {}",
             self.ctx.identity
         );
-        if current.reason.as_deref() == Some(Reason::QueryStarted.as_str()) {
-            return self.claimed(&current, &claim_message).await;
-        }
+        let decided_on = decided
+            .filter(|d| d.unrecorded)
+            .and_then(|_| self.known_version());
+        let (current, read_at) = match decided_on {
+            Some(version) => (prev, Some(version)),
+            None => {
+                let Some(fresh) = self.runs.get_opt(&self.name).await? else {
+                    return Ok(Action::await_change());
+                };
+                let current = fresh.status.clone().unwrap_or_default();
+                if is_terminal(&current) {
+                    return self.finished(&current).await;
+                }
+                if current.reason.as_deref() == Some(Reason::QueryStarted.as_str()) {
+                    return self.claimed(&current, &claim_message).await;
+                }
+                (current, fresh.resource_version())
+            }
+        };
         let claim = SandboxRunStatus {
             phase: Some(Phase::Running),
             tool: Some(tool),
@@ -290,21 +310,19 @@ impl Reconcile<'_> {
                 self.now,
             )),
             observed_generation: self.generation,
-            ..current.clone()
+            ..current
         };
-        match self
-            .apply_if_unchanged(&claim, fresh.resource_version())
-            .await
-        {
-            Ok(()) => {}
-            // Someone wrote the run since we read it: look again rather than execute.
+        let claimed_at = match self.apply_if_unchanged(&claim, read_at).await {
+            Ok(version) => version,
+            // Someone wrote the run since we read it (or since the copy it was decided on:
+            // its caller's cancel, say): look again rather than execute.
             Err(Error::Kube(kube::Error::Api(e))) if e.code == 409 => {
                 info!(run = %self.name, "the run changed before the query was claimed; looking again");
                 return Ok(Action::requeue(Duration::from_secs(1)));
             }
             Err(e) => return Err(e),
-        }
-        let prev = SandboxRunStatus { ..claim };
+        };
+        let prev = claim;
         let (ctx, now) = (self.ctx, Timestamp::now());
         // Executed as recorded: the decision the gate passed, and the approval it recorded.
         let recorded = Recorded {
@@ -324,7 +342,7 @@ impl Reconcile<'_> {
             result,
             ..self.terminal(&prev, Some(tool), &outcome, None)
         };
-        self.finish(status, &outcome, None).await
+        self.finish_result(status, &outcome, claimed_at).await
     }
 
     /// A query someone claimed: ours, whose terminal write failed (written now), or another
