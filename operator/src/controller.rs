@@ -26,7 +26,7 @@ use sandboxrun_core::{
     CallContext, Databases, Decision, Environment, Phase, PolicyStore, Reason, Tool, Verdict,
 };
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::admission::Placement;
 use crate::events::Events;
@@ -128,6 +128,13 @@ pub struct Context {
     /// until the cache shows them decided: their cached copy lags this process's own write, so
     /// they are decided on the run as the API server has it ([`Reconcile::decide`]).
     written_undecided: Mutex<std::collections::HashSet<String>>,
+    /// Runs this process ended whose cached copy has not shown the end yet, by uid, and when
+    /// they ended: a reconcile of such a copy (woken by the run's Pod, whose event came first)
+    /// does nothing ([`Reconcile::stages`]). Acting on the copy from before the end took a run
+    /// that waited in the queue, then ended on a warm sandbox, for one still waiting: it joined
+    /// the queue again as nobody, at its old place, and wrote a place over its end (refused by
+    /// the CRD's forward-only rule, four times in the full load of 2026-12-08).
+    ended_uncached: Mutex<HashMap<String, Timestamp>>,
     /// Sandbox Pods of finished runs this process deleted, by `namespace/name`, and when: a
     /// finished run's reconcile deletes its Pod again only where this process did not (it
     /// stopped in between), for [`POD_CLEANUP_WINDOW`].
@@ -191,6 +198,7 @@ impl Context {
             pods_deleted: Mutex::default(),
             audit_written: Mutex::default(),
             written_undecided: Mutex::default(),
+            ended_uncached: Mutex::default(),
         }
     }
 
@@ -317,6 +325,30 @@ impl Context {
     /// that [`Self::wrote_undecided`] tracks.
     fn caught_up(&self, uid: &str) {
         self.written_undecided
+            .lock()
+            .expect("not poisoned")
+            .remove(uid);
+    }
+
+    /// This process wrote the end of the run `uid` at `now`; its cache may not show it yet.
+    fn ended_here(&self, uid: &str, now: Timestamp) {
+        let mut ended = self.ended_uncached.lock().expect("not poisoned");
+        // A run deleted before its cache showed its end is never seen again.
+        ended.retain(|_, at| now.duration_since(*at) < POD_CLEANUP_WINDOW);
+        ended.insert(uid.to_owned(), now);
+    }
+
+    /// Whether this process ended the run `uid` and its cache has not shown the end since.
+    fn ended_uncached(&self, uid: &str) -> bool {
+        self.ended_uncached
+            .lock()
+            .expect("not poisoned")
+            .contains_key(uid)
+    }
+
+    /// The cache shows the run `uid` ended, or going: it lags no end of this process's.
+    fn end_cached(&self, uid: &str) {
+        self.ended_uncached
             .lock()
             .expect("not poisoned")
             .remove(uid);
@@ -519,6 +551,7 @@ impl<'a> Reconcile<'a> {
     async fn stages(&self) -> Result<Action, Error> {
         if self.run.metadata.deletion_timestamp.is_some() {
             self.ctx.caught_up(&self.uid());
+            self.ctx.end_cached(&self.uid());
             // Garbage collection removes the Pod through its ownerReference.
             return Ok(Action::await_change());
         }
@@ -528,7 +561,15 @@ impl<'a> Reconcile<'a> {
             self.ctx.caught_up(&self.uid());
         }
         if is_terminal(&prev) {
+            self.ctx.end_cached(&self.uid());
             return self.finished(&prev).await;
+        }
+        if self.ctx.ended_uncached(&self.uid()) {
+            // This process ended the run and the copy is from before: whatever it says the
+            // run waits for is over. The end's own watch event reconciles the run again; the
+            // requeue is for a watch that lost it.
+            debug!(run = %self.name, "the cached run predates this process's own end of it; waiting for the cache");
+            return Ok(Action::requeue(Duration::from_secs(5)));
         }
         if self.run.spec.cancelled {
             return self.cancel(&prev).await;
@@ -906,6 +947,7 @@ impl<'a> Reconcile<'a> {
             .lock()
             .expect("not poisoned")
             .remove(&self.uid());
+        self.ctx.ended_here(&self.uid(), self.now);
         self.ctx.feeds.forget(&self.uid());
         if status.tool == Some(Tool::Python) {
             // Out of the queue if it waited there; its sandbox, if it had one, is freed below.

@@ -215,12 +215,10 @@ async fn a_python_run_is_decided_executed_and_finished_once() {
     assert_eq!(status["durationMillis"], 42);
     assert!(api.with(|s| s.pod.is_none()));
 
-    // A reconcile from the stale cache (before the terminal status) ends nothing again.
+    // A reconcile from the stale cache (before the terminal status) does nothing: this
+    // process ended the run, and its cache has not shown the end yet.
     reconcile_as(stale, &ctx).await;
-    let requests = api.take_requests();
-    assert!(!requests.contains(&patch_status()), "{requests:?}");
-    // Nor deletes the Pod again: this process did.
-    assert_eq!(requests, [get_pod(), get_run()]);
+    assert_eq!(api.take_requests(), Vec::<String>::new());
 
     // The finished run waits for its TTL.
     let action = reconcile_as(cached(&api), &ctx).await;
@@ -541,10 +539,14 @@ async fn a_query_run_is_claimed_with_its_decision_and_ended_without_a_read() {
     );
     assert_eq!(status["decision"]["verdict"], "Allow", "{status}");
     assert!(status.get("result").is_none());
-    // The stale copy (before the terminal status) does not execute again.
+    // The stale copy (before the terminal status) does not execute again, nor is it read.
     let mut stale = cached(&api);
     stale.status = serde_json::from_value(json!({"decision": status["decision"]})).unwrap();
-    reconcile_as(stale, &ctx).await;
+    reconcile_as(stale.clone(), &ctx).await;
+    assert_eq!(api.take_requests(), Vec::<String>::new());
+    // Nor by another process (a new leader), which reads the run before it claims.
+    let other = context(&api, None);
+    reconcile_as(stale, &other).await;
     assert_eq!(api.take_requests(), [get_run()]);
     assert_eq!(audit.lines().len(), 1);
 }
@@ -721,6 +723,50 @@ async fn an_exhausted_quota_puts_the_run_in_the_queue_until_there_is_room() {
     // Out of the queue; when it began waiting stays on the record.
     assert!(status.get("queuePosition").is_none(), "{status}");
     assert!(status["queuedAt"].is_string(), "{status}");
+}
+
+/// A run that waited in the queue and ended here (its caller cancelled it), reconciled again
+/// on a copy from before its end (woken by its Pod or the queue before the cache showed the
+/// end): the copy says it waits. Nothing is done, not even a read: in the full load of
+/// 2026-12-08, acting on such copies put ended runs back in the queue and wrote places over
+/// their ends (refused there by the CRD's forward-only rule).
+#[tokio::test]
+async fn a_copy_from_before_this_processs_own_end_of_the_run_is_not_acted_on() {
+    let (audit, _guard) = Captured::audit();
+    let api = FakeApi::start(run_json(python())).await;
+    refuse_pods_for_quota(&api);
+    let ctx = context(&api, None);
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.status()["reason"], "Queued", "{}", api.status());
+    let waiting = cached(&api);
+    someone_else_writes(&api, |run| {
+        run["spec"]["cancelled"] = json!(true);
+        run["metadata"]["generation"] = json!(2);
+    });
+    reconcile_as(cached(&api), &ctx).await;
+    assert_eq!(api.status()["phase"], "Cancelled", "{}", api.status());
+    api.take_requests();
+    for _ in 0..2 {
+        reconcile_as(waiting.clone(), &ctx).await;
+        assert_eq!(api.take_requests(), Vec::<String>::new());
+    }
+    assert_eq!(api.status()["phase"], "Cancelled", "{}", api.status());
+    assert_eq!(audit.lines().len(), 1, "{:?}", audit.lines());
+    // The queue holds nobody: the next run goes at once.
+    let next = ObjectRef::<SandboxRun>::new("next").within(NS);
+    let ask = ctx.admission.ask(
+        &next,
+        "uid-next",
+        "another-agent",
+        None,
+        std::time::Duration::from_secs(1),
+        None,
+        Timestamp::now(),
+    );
+    assert!(matches!(ask, crate::admission::Ask::Go), "{ask:?}");
+    // Once the cache shows the end, the run is an ended one again (its TTL, its audit record).
+    let action = reconcile_as(cached(&api), &ctx).await;
+    assert!(action != Action::await_change());
 }
 
 #[tokio::test]
