@@ -554,17 +554,7 @@ async fn a_query_run_is_claimed_with_its_decision_and_ended_without_a_read() {
 /// A context whose operator has the SQLite demo database as `demo`, and the embedded policy
 /// (which lets any agent read its `ledger` table).
 async fn context_with_demo_database(api: &FakeApi, tag: &str) -> Arc<Context> {
-    let dir = std::env::temp_dir().join(format!("sbr-ctl-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let path = dir.join("demo.sqlite");
-    sandboxrun_core::query::demo::ensure_sqlite(&path)
-        .await
-        .unwrap();
-    let config = std::collections::BTreeMap::from([(
-        "demo".to_owned(),
-        sandboxrun_core::query::demo::database_config(&path),
-    )]);
-    let databases = sandboxrun_core::Databases::from_config(&config).unwrap();
+    let (databases, _dir) = crate::fixtures::demo_databases(tag).await;
     let policy = sandboxrun_core::policy::embedded::EMBEDDED_POLICY;
     let ctx = Arc::try_unwrap(context(api, Some(policy)))
         .ok()

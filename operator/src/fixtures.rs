@@ -508,3 +508,22 @@ async fn handle(
     }
     status(404, "NotFound")
 }
+
+/// The SQLite demo database (`config/demo/demo.sql`) as the operator's `demo` database, in a
+/// directory of its own (returned, for the test to remove).
+pub async fn demo_databases(tag: &str) -> (sandboxrun_core::Databases, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sbr-operator-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let path = dir.join("demo.sqlite");
+    sandboxrun_core::query::demo::ensure_sqlite(&path)
+        .await
+        .unwrap();
+    let config = std::collections::BTreeMap::from([(
+        "demo".to_owned(),
+        sandboxrun_core::query::demo::database_config(&path),
+    )]);
+    (
+        sandboxrun_core::Databases::from_config(&config).unwrap(),
+        dir,
+    )
+}

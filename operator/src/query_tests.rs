@@ -8,6 +8,7 @@ use sandboxrun_core::metrics::{ResultType, Series};
 use sandboxrun_core::tools::sql::SqlResult;
 use sandboxrun_core::{CallContext, Environment, PolicyStore, QueryError, QueryResult, Tool};
 
+use crate::fixtures::demo_databases;
 use crate::gate;
 use serde_json::json;
 
@@ -38,21 +39,6 @@ fn typed<T: serde::de::DeserializeOwned>(result: Option<Value>) -> Option<T> {
     }
     .typed_result::<T>()
     .map(|r| r.expect("the result reads back typed"))
-}
-
-/// The SQLite demo database (`config/demo/demo.sql`) as the operator's `demo` database.
-async fn demo_databases(tag: &str) -> (Databases, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!("sbr-operator-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let path = dir.join("demo.sqlite");
-    sandboxrun_core::query::demo::ensure_sqlite(&path)
-        .await
-        .unwrap();
-    let config = BTreeMap::from([(
-        "demo".to_owned(),
-        sandboxrun_core::query::demo::database_config(&path),
-    )]);
-    (Databases::from_config(&config).unwrap(), dir)
 }
 
 /// What the operator executes for `run`: judged once on its full context by `policy` (no
